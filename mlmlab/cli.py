@@ -1,0 +1,139 @@
+"""The ``mlmlab`` command: one function per subcommand, no logic beyond parsing and calling."""
+
+import argparse
+import json
+import os
+import sys
+
+from mlmlab.errors import UserError
+
+
+def cmd_tokenizer(args) -> None:
+    from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer, train_tokenizer
+
+    if args.vocab:
+        out = adopt_vocab(args.vocab, args.out, lowercase=not args.cased)
+    else:
+        if not args.corpus:
+            raise UserError("give --corpus PATH... to train a tokenizer, or --vocab FILE to adopt a vocab.txt")
+        out = train_tokenizer(args.corpus, args.vocab_size, args.out, lowercase=not args.cased)
+    print(f"tokenizer with {len(load_tokenizer(out))} tokens saved to {out}")
+
+
+def cmd_prepare(args) -> None:
+    from mlmlab.data.store import TokenStore, prepare
+
+    out = prepare(args.corpus, tokenizer_dir=args.tokenizer, max_seq_length=args.max_seq_length,
+                  objective=args.objective, short_seq_prob=args.short_seq_prob, seed=args.seed,
+                  out_dir=args.out, num_workers=args.workers)
+    print(f"{len(TokenStore(out))} instances in {out}")
+
+
+def cmd_dump(args) -> None:
+    from mlmlab.show import dump_instances
+
+    for record in dump_instances(args.data, args.n, start=args.start, masked=args.masked, seed=args.seed,
+                                 epoch=args.epoch, strategy=args.strategy, dupe_factor=args.dupe_factor):
+        print(json.dumps(record, ensure_ascii=False))
+
+
+def cmd_mask(args) -> None:
+    from mlmlab.show import mask_sentence
+
+    print(mask_sentence(args.text, tokenizer=args.tokenizer, seed=args.seed, epoch=args.epoch, rate=args.rate))
+
+
+def cmd_pretrain(args) -> None:
+    from mlmlab.config import load_config
+    from mlmlab.train.loop import pretrain
+
+    summary = pretrain(load_config(args.config, args.overrides), resume=args.resume, progress=not args.no_progress)
+    print(json.dumps(summary, indent=1))
+
+
+def cmd_evaluate(args) -> None:
+    from mlmlab.evaluate.perplexity import evaluate_model, format_eval_table
+
+    report = evaluate_model(args.model, args.data, batch_size=args.batch_size, max_batches=args.max_batches)
+    print(format_eval_table(report))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report, handle, indent=1)
+    print(json.dumps(report))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mlmlab", description="Pretrain BERT-style encoders and compare masking strategies.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("tokenizer", help="train a WordPiece tokenizer or adopt a BERT vocab.txt")
+    p.add_argument("--corpus", nargs="+", help="text files (plain, WikiExtractor <doc>, JSONL; .gz ok)")
+    p.add_argument("--vocab", help="adopt this vocab.txt instead of training")
+    p.add_argument("--vocab-size", type=int, default=30522)
+    p.add_argument("--cased", action="store_true", help="keep case (default: lowercase, like bert-base-uncased)")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_tokenizer)
+
+    p = sub.add_parser("prepare", help="turn raw text into NSP instances / packed blocks (memory-mapped shards)")
+    p.add_argument("--corpus", nargs="+", required=True)
+    p.add_argument("--tokenizer", required=True, help="a tokenizer folder (see `mlmlab tokenizer`)")
+    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--objective", choices=["nsp", "mlm"], default="nsp")
+    p.add_argument("--short-seq-prob", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--out", default=None, help="dataset folder (default: the cache, named by a hash of inputs)")
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("dump", help="print prepared instances as JSON lines (optionally masked)")
+    p.add_argument("--data", required=True)
+    p.add_argument("-n", type=int, default=5)
+    p.add_argument("--start", type=int, default=0)
+    p.add_argument("--masked", action="store_true", help="add masked input_ids and labels as training makes them")
+    p.add_argument("--seed", type=int, default=0, help="masking.seed")
+    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--strategy", choices=["static", "dynamic"], default="dynamic")
+    p.add_argument("--dupe-factor", type=int, default=10)
+    p.set_defaults(func=cmd_dump)
+
+    p = sub.add_parser("mask", help="show how one sentence is masked")
+    p.add_argument("text")
+    p.add_argument("--tokenizer", default="", help="tokenizer folder or vocab.txt (default: bundled uncased vocab)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--rate", type=float, default=0.15)
+    p.set_defaults(func=cmd_mask)
+
+    p = sub.add_parser("pretrain", help="pretrain a BERT with MLM (+ NSP)")
+    p.add_argument("--config", default="tiny", help="preset name or YAML file (default: tiny)")
+    p.add_argument("--resume", default=None, help="'auto' (newest intact checkpoint of the run) or a checkpoint folder")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.max_steps=100")
+    p.set_defaults(func=cmd_pretrain)
+
+    p = sub.add_parser("evaluate", help="held-out MLM perplexity (fixed uniform masks) and NSP accuracy")
+    p.add_argument("--model", required=True, help="a model folder written by mlmlab")
+    p.add_argument("--data", required=True, help="a prepared dataset folder, or text files to prepare")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-batches", type=int, default=None)
+    p.add_argument("--json", help="also write the report to this file")
+    p.set_defaults(func=cmd_evaluate)
+    return parser
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork DataLoader workers
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except UserError as err:
+        print(f"mlmlab: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mlmlab: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

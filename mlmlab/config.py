@@ -1,0 +1,246 @@
+"""Typed configuration: one dataclass per component, YAML presets, dotted overrides.
+
+A preset is a YAML file holding only what differs from the defaults below. The
+resolution order is: defaults < preset or config file < ``key=value`` overrides.
+Any key that is not a field is an error, so a typo never silently trains the wrong model.
+"""
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from mlmlab.errors import UserError
+
+PRESET_DIR = Path(__file__).parent / "configs"
+
+
+@dataclass
+class ModelConfig:
+    hidden_size: int = 128  # tiny by default: runs on a laptop CPU in minutes
+    num_layers: int = 2
+    num_heads: int = 2
+    intermediate_size: int = 512  # 4x hidden, as in BERT
+    max_position_embeddings: int = 512  # sequences longer than this are refused at prepare/train time
+    dropout: float = 0.1
+    attention: str = "sdpa"  # "sdpa" measured faster than "eager" (benchmarks/throughput.py)
+    pad_vocab_multiple: int = 64  # matmul-friendly vocab size; padded ids are never targets
+
+
+@dataclass
+class DataConfig:
+    corpus: list[str] = field(default_factory=list)  # empty: the sample bundled with the package
+    valid_corpus: list[str] = field(default_factory=list)  # empty: the bundled validation sample
+    tokenizer: str = ""  # a tokenizer folder or a vocab.txt; empty: bundled bert-base-uncased vocab
+    max_seq_length: int = 128
+    objective: str = "nsp"  # "nsp": sentence pairs + NSP loss; "mlm": packed full sentences, no NSP
+    short_seq_prob: float = 0.1  # google-research/bert: share of instances with a shorter target length
+    prepare_seed: int = 12345  # NSP pair sampling; part of the prepared dataset's hash
+    loader_workers: int = 1  # DataLoader worker processes that prefetch batches
+
+
+@dataclass
+class MaskingConfig:
+    strategy: str = "dynamic"  # "static" (BERT), "dynamic" (RoBERTa), "adaptive" (ADM)
+    rate: float = 0.15  # share of eligible positions selected per sequence
+    mask_prob: float = 0.8  # of the selected: shown as [MASK]
+    random_prob: float = 0.1  # of the selected: shown as a random ordinary token; the rest unchanged
+    dupe_factor: int = 10  # static only: number of distinct masks cycled over epochs
+    seed: int = 0  # masks are a function of (seed, example, epoch, position)
+    mask_unk: bool = False  # whether [UNK] may be selected (it carries no learnable identity)
+    whole_word: bool = False  # select whole words ("##" pieces follow their word), for every strategy
+    rate_schedule: str = "constant"  # "constant" (rate) or "linear_decay" from rate_start to rate (Ankner et al. 2024)
+    rate_start: float = 0.30  # linear_decay only: the mask rate at step 0
+    scorer: str = "entropy"  # adaptive: entropy (seed's), max_prob, grad_norm, loss_ema (nearly free), context
+    adapt_schedule: str = "quadratic"  # adaptive: shape of a(progress); the seed's is progress ** 2
+    a_max: float = 1.0  # adaptive: a = a_max * f(progress); lower keeps some uniform masking at the end
+    floor: float = 0.1  # adaptive: least weight of any eligible position (the seed's 0.1), so none starves
+    normalize: str = "mean"  # adaptive: "mean" scales scores to mean 1 per sequence; "raw" is the seed's formula
+    score_every: int = 1  # adaptive, model scorers: score every K-th step, uniform masks between (cost control)
+    score_fraction: float = 1.0  # adaptive, model scorers: score only this leading share of each batch's rows
+    score_chunk: int = 2048  # entropy/max_prob: positions projected onto the vocabulary at once (memory cap)
+    ema_decay: float = 0.95  # loss_ema/context: weight of the old running loss at each update of an entry
+    context_buckets: int = 1048576  # context: hashed (left, token, right) loss table size; collisions share entries
+    freq_buckets: str = "1000,10000"  # stats: frequency-rank cut-offs of the selected-token share per bucket
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 32  # global batch per optimizer step = batch_size * grad_accum * processes
+    grad_accum: int = 1
+    lr: float = 1e-3  # small models tolerate a high LR (cramming, academic-budget-bert)
+    weight_decay: float = 0.01  # decoupled (AdamW); never on bias or LayerNorm
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98  # RoBERTa's value, more stable than 0.999 with large LR
+    adam_eps: float = 1e-6
+    warmup_steps: int = 100
+    max_steps: int = 800
+    max_grad_norm: float = 1.0
+    log_every: int = 20
+    eval_every: int = 200  # steps between held-out evaluations; 0 disables
+    eval_batches: int = 20  # held-out batches per evaluation (fixed masks, same every time)
+    save_every: int = 200  # steps between checkpoints; the final one is always written
+    keep_last: int = 2  # checkpoints kept on disk
+    seed: int = 0  # model initialisation, dropout and data order
+    precision: str = "auto"  # "auto": bf16 autocast on CUDA, fp32 on CPU (autocast is 10-100x slower on CPU)
+    max_bad_steps: int = 5  # consecutive non-finite losses (each skipped) before training aborts
+    out_dir: str = ""  # empty: runs/<hash of the resolved config>, so a rerun resumes the same run
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self):
+        validate(self)
+
+
+def validate(cfg: Config) -> None:
+    """Refuse values that cannot train, with a message that says what to change."""
+    m = cfg.masking
+    if not 0.0 < m.rate < 1.0:
+        raise UserError(f"masking.rate={m.rate} is outside (0, 1); use e.g. masking.rate=0.15")
+    if m.mask_prob < 0 or m.random_prob < 0 or m.mask_prob + m.random_prob > 1.0:
+        raise UserError(
+            f"masking.mask_prob + masking.random_prob = {m.mask_prob + m.random_prob} must be within [0, 1]"
+        )
+    if m.strategy not in ("static", "dynamic", "adaptive"):
+        raise UserError(f"masking.strategy={m.strategy!r} is unknown; choose static, dynamic or adaptive")
+    if m.dupe_factor < 1:
+        raise UserError(f"masking.dupe_factor={m.dupe_factor} must be at least 1")
+    if m.rate_schedule not in ("constant", "linear_decay"):
+        raise UserError(f"masking.rate_schedule={m.rate_schedule!r} is unknown; choose constant or linear_decay")
+    if not 0.0 < m.rate_start < 1.0:
+        raise UserError(f"masking.rate_start={m.rate_start} is outside (0, 1); use e.g. masking.rate_start=0.3")
+    if m.scorer not in ("entropy", "max_prob", "grad_norm", "loss_ema", "context"):
+        raise UserError(f"masking.scorer={m.scorer!r} is unknown; choose entropy, max_prob, grad_norm, loss_ema or context")
+    if m.adapt_schedule not in ("quadratic", "linear", "cosine", "exponential", "sigmoid", "constant"):
+        raise UserError(
+            f"masking.adapt_schedule={m.adapt_schedule!r} is unknown; "
+            "choose quadratic, linear, cosine, exponential, sigmoid or constant"
+        )
+    if not 0.0 <= m.a_max <= 1.0:
+        raise UserError(f"masking.a_max={m.a_max} is outside [0, 1]; use e.g. masking.a_max=1.0")
+    if m.floor <= 0.0:
+        raise UserError(f"masking.floor={m.floor} must be positive so every eligible position can be drawn; use e.g. 0.1")
+    if m.normalize not in ("mean", "raw"):
+        raise UserError(f"masking.normalize={m.normalize!r} is unknown; choose mean or raw")
+    if m.score_every < 1 or m.score_chunk < 1 or m.context_buckets < 1:
+        raise UserError("masking.score_every, masking.score_chunk and masking.context_buckets must be at least 1")
+    if not 0.0 < m.score_fraction <= 1.0:
+        raise UserError(f"masking.score_fraction={m.score_fraction} is outside (0, 1]; use e.g. 0.25")
+    if not 0.0 <= m.ema_decay < 1.0:
+        raise UserError(f"masking.ema_decay={m.ema_decay} is outside [0, 1); use e.g. 0.95")
+    try:
+        cuts = [int(c) for c in str(m.freq_buckets).split(",") if c.strip()]
+    except ValueError:
+        cuts = [0]
+    if not cuts or any(c < 1 for c in cuts) or cuts != sorted(set(cuts)):
+        raise UserError(f"masking.freq_buckets={m.freq_buckets!r} must be increasing positive ranks, e.g. \"1000,10000\"")
+    if cfg.data.objective not in ("nsp", "mlm"):
+        raise UserError(f"data.objective={cfg.data.objective!r} is unknown; choose nsp or mlm")
+    if cfg.data.max_seq_length > cfg.model.max_position_embeddings:
+        raise UserError(
+            f"data.max_seq_length={cfg.data.max_seq_length} exceeds model.max_position_embeddings="
+            f"{cfg.model.max_position_embeddings}; lower the first or raise the second"
+        )
+    if cfg.model.hidden_size % cfg.model.num_heads:
+        raise UserError(f"model.hidden_size={cfg.model.hidden_size} is not divisible by model.num_heads={cfg.model.num_heads}")
+    if cfg.train.precision not in ("auto", "fp32", "bf16", "fp16"):
+        raise UserError(f"train.precision={cfg.train.precision!r} is unknown; choose auto, fp32, bf16 or fp16")
+    for name in ("batch_size", "grad_accum", "max_steps"):
+        if getattr(cfg.train, name) < 1:
+            raise UserError(f"train.{name} must be at least 1")
+
+
+def load_config(source: str | None = None, overrides: list[str] = ()) -> Config:
+    """Defaults < preset name or YAML file < ``section.key=value`` overrides."""
+    tree = _read_yaml(source) if source else {}
+    for item in overrides:
+        key, value = _parse_override(item)
+        _set_dotted(tree, key, value)
+    return from_dict(tree)
+
+
+def from_dict(tree: dict) -> Config:
+    """Build a Config from a nested dict, refusing unknown sections and keys."""
+    if not isinstance(tree, dict):
+        raise UserError("a config must be a mapping of sections (model, data, masking, train)")
+    sections = {f.name: f.type for f in dataclasses.fields(Config)}
+    unknown = set(tree) - set(sections)
+    if unknown:
+        raise UserError(f"unknown config section {sorted(unknown)[0]!r}; valid sections: {', '.join(sections)}")
+    return Config(**{name: _build_section(name, cls, tree.get(name) or {}) for name, cls in sections.items()})
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def config_text(cfg: Config) -> str:
+    """The resolved config as YAML: what a run folder records and a rerun compares against."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def _read_yaml(source: str) -> dict:
+    path = Path(source)
+    if not path.exists() and not source.endswith((".yaml", ".yml")):
+        path = PRESET_DIR / f"{source}.yaml"
+    if not path.exists():
+        raise UserError(f"no config file or preset named {source!r}; presets: {', '.join(preset_names())}")
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise UserError(f"{path} is not valid YAML ({str(err).splitlines()[0]}); fix the file") from None
+    return tree
+
+
+def _parse_override(item: str) -> tuple[str, object]:
+    if "=" not in item:
+        raise UserError(f"override {item!r} is not key=value; write e.g. train.lr=3e-4")
+    key, raw = item.split("=", 1)
+    return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def _set_dotted(tree: dict, key: str, value) -> None:
+    parts = key.split(".")
+    if len(parts) != 2:
+        raise UserError(f"override key {key!r} must be section.field, e.g. train.lr")
+    section = tree.setdefault(parts[0], {})
+    if not isinstance(section, dict):
+        raise UserError(f"config section {parts[0]!r} must be a mapping")
+    section[parts[1]] = value
+
+
+def _build_section(name: str, cls, values: dict):
+    hints = typing.get_type_hints(cls)
+    unknown = set(values) - set(hints)
+    if unknown:
+        key = sorted(unknown)[0]
+        raise UserError(f"unknown config key '{name}.{key}'; valid keys in {name}: {', '.join(hints)}")
+    return cls(**{key: _coerce(f"{name}.{key}", hints[key], value) for key, value in values.items()})
+
+
+def _coerce(key: str, hint, value):
+    """Check a value against its field type; ints are accepted where floats are expected."""
+    if hint is float and isinstance(value, (int, str)) and not isinstance(value, bool):
+        try:  # YAML 1.1 reads "3e-4" (no dot) as a string
+            return float(value)
+        except ValueError:
+            pass
+    if typing.get_origin(hint) is list:
+        value = [value] if isinstance(value, str) else value
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return value
+    elif isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
+        return value
+    raise UserError(f"config key '{key}' expects {getattr(hint, '__name__', hint)}, got {value!r}")

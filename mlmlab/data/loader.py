@@ -1,0 +1,89 @@
+"""Batches from a prepared TokenStore: a deterministic order, padding only, stateful.
+
+The loader never masks (masking needs the current model, so it runs in the training
+step). The order of epoch e is a permutation drawn from a generator keyed by
+(seed, e), split into global batches; rank r of w takes every w-th example of each
+global batch. Where the loop stands is just (epoch, batches done in that epoch), so
+resuming needs no iterator state: the same batches follow.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from mlmlab.errors import UserError
+
+KEYS_PADDED = ("input_ids", "token_type_ids")
+
+
+@dataclass
+class LoaderPosition:
+    epoch: int = 0
+    batch: int = 0  # global batches already consumed in this epoch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch": self.batch}
+
+
+def epoch_batches(num_examples: int, global_batch: int, seed: int, epoch: int) -> np.ndarray:
+    """(num_batches, global_batch) example ids of one epoch; the ragged tail is dropped."""
+    order = np.random.default_rng([seed, epoch]).permutation(num_examples)
+    num_batches = num_examples // global_batch
+    return order[: num_batches * global_batch].reshape(num_batches, global_batch)
+
+
+def collate(examples: list[dict], example_ids, pad_id: int) -> dict:
+    """Pad to the longest example of the batch; returns HF-named (B, T) tensors + example_ids."""
+    length = max(len(e["input_ids"]) for e in examples)
+    batch = {key: np.full((len(examples), length), pad_id if key == "input_ids" else 0, dtype=np.int64) for key in KEYS_PADDED}
+    attention = np.zeros((len(examples), length), dtype=np.int64)
+    for row, example in enumerate(examples):
+        n = len(example["input_ids"])
+        for key in KEYS_PADDED:
+            batch[key][row, :n] = example[key]
+        attention[row, :n] = 1
+    out = {key: torch.from_numpy(value) for key, value in batch.items()}
+    out["attention_mask"] = torch.from_numpy(attention)
+    out["example_ids"] = torch.as_tensor(np.asarray(example_ids), dtype=torch.long)
+    labels = [e["next_sentence_label"] for e in examples]
+    if all(label >= 0 for label in labels):  # the mlm objective has no NSP label
+        out["next_sentence_label"] = torch.tensor(labels, dtype=torch.long)
+    return out
+
+
+class _BatchDataset(Dataset):
+    """Index = a list of example ids; one call builds a whole batch (cheap in workers)."""
+
+    def __init__(self, store, pad_id: int):
+        self.store = store
+        self.pad_id = pad_id
+
+    def __len__(self):
+        return len(self.store)
+
+    def __getitem__(self, example_ids):
+        return collate([self.store[int(i)] for i in example_ids], example_ids, self.pad_id)
+
+
+def iterate_batches(store, *, batch_size: int, seed: int, start: LoaderPosition, rank: int = 0,
+                    world_size: int = 1, workers: int = 0, pad_id: int = 0):
+    """Yield (LoaderPosition after this batch, batch) forever, starting at ``start``.
+
+    Each yielded batch is this rank's share (batch_size examples) of a global batch of
+    batch_size * world_size examples.
+    """
+    dataset = _BatchDataset(store, pad_id)
+    global_batch = batch_size * world_size
+    if len(store) < global_batch:
+        raise UserError(f"the dataset has {len(store)} instances, fewer than one global batch of {global_batch}; "
+                        "use more text or a smaller train.batch_size")
+    epoch, first = start.epoch, start.batch
+    while True:
+        plan = epoch_batches(len(store), global_batch, seed, epoch)[first:, rank::world_size]
+        loader = DataLoader(dataset, batch_size=None, sampler=list(plan), num_workers=workers,
+                            prefetch_factor=4 if workers else None, persistent_workers=False)
+        for offset, batch in enumerate(loader):
+            yield LoaderPosition(epoch, first + offset + 1), batch
+        epoch, first = epoch + 1, 0

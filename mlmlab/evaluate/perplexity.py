@@ -1,0 +1,140 @@
+"""Held-out MLM perplexity and NSP accuracy under fixed uniform masks.
+
+Every model is scored with the same masks (``eval_masks``: uniform 15%, fixed seed),
+whatever strategy trained it; otherwise perplexities of strategies that choose
+*which* tokens to mask would not be comparable. Perplexity = exp(mean cross-entropy
+over all masked tokens of the evaluated set), also per corpus-frequency bucket of the
+target token.
+"""
+
+import math
+
+import numpy as np
+import torch
+
+from mlmlab.data.loader import LoaderPosition, iterate_batches
+from mlmlab.masking.strategies import eval_masks
+from mlmlab.errors import UserError
+from mlmlab.model import SparsePretraining
+
+DEFAULT_BUCKETS = (1000, 10000)  # rank cut-offs: the 1k most frequent ids, the next 9k, the rest
+
+
+def frequency_buckets(token_counts: np.ndarray, cutoffs=DEFAULT_BUCKETS) -> tuple[torch.Tensor, list[str]]:
+    """(V,) bucket index per id by corpus-frequency rank, and the bucket names."""
+    rank = np.empty(len(token_counts), dtype=np.int64)
+    rank[np.argsort(-token_counts, kind="stable")] = np.arange(len(token_counts))
+    bucket = np.searchsorted(np.asarray(cutoffs), rank, side="right")
+    edges = (0, *cutoffs)
+    names = [f"top{edges[i]}-{edges[i + 1]}" for i in range(len(cutoffs))] + [f"rank>{cutoffs[-1]}"]
+    return torch.as_tensor(bucket), names
+
+
+class _Totals:
+    """Running sums of losses and hits, overall and per bucket."""
+
+    def __init__(self, num_buckets: int):
+        self.loss = 0.0
+        self.count = 0
+        self.correct = 0
+        self.nsp_correct = 0
+        self.nsp_count = 0
+        self.bucket_loss = torch.zeros(num_buckets, dtype=torch.float64)
+        self.bucket_count = torch.zeros(num_buckets, dtype=torch.float64)
+
+    def add(self, result: dict, targets: torch.Tensor, bucket_of: torch.Tensor | None, nsp_labels) -> None:
+        losses = result["token_losses"].double().cpu()  # (M,)
+        self.loss += losses.sum().item()
+        self.count += len(losses)
+        self.correct += int(result["mlm_correct"])
+        if bucket_of is not None:
+            buckets = bucket_of[targets.cpu()]  # (M,)
+            self.bucket_loss.index_add_(0, buckets, losses)
+            self.bucket_count.index_add_(0, buckets, torch.ones_like(losses))
+        if "nsp_correct" in result:
+            self.nsp_correct += int(result["nsp_correct"])
+            self.nsp_count += len(nsp_labels)
+
+
+@torch.no_grad()
+def evaluate_mlm(bert, store, info, *, batch_size: int = 32, max_batches: int | None = None,
+                 device: torch.device | str = "cpu", token_counts: np.ndarray | None = None) -> dict:
+    """Perplexity, MLM accuracy, NSP accuracy (and per-bucket perplexity) on ``store``."""
+    module = SparsePretraining(bert, use_nsp=True)
+    was_training = bert.training
+    bert.eval()
+    bucket_of, names = frequency_buckets(token_counts) if token_counts is not None else (None, [])
+    totals = _Totals(len(names))
+    num_batches = min(max_batches or len(store) // batch_size, max(1, len(store) // batch_size))
+    batches = iterate_batches(store, batch_size=min(batch_size, len(store)), seed=0, start=LoaderPosition(),
+                              pad_id=store.pad_id)
+    for _ in range(num_batches):
+        _, batch = next(batches)
+        masked = {k: v.to(device) for k, v in eval_masks(batch, info).items()}
+        result = module(**masked)
+        targets = masked["labels"].flatten().index_select(0, result["selected_index"])
+        totals.add(result, targets, bucket_of, masked.get("next_sentence_label"))
+    bert.train(was_training)
+    return _summarise(totals, names)
+
+
+def _summarise(totals: _Totals, names: list[str]) -> dict:
+    mean = totals.loss / max(totals.count, 1)
+    report = {
+        "mlm_loss": mean,
+        "perplexity": math.exp(mean),
+        "mlm_accuracy": totals.correct / max(totals.count, 1),
+        "masked_tokens": totals.count,
+    }
+    if totals.nsp_count:
+        report["nsp_accuracy"] = totals.nsp_correct / totals.nsp_count
+    for i, name in enumerate(names):
+        n = totals.bucket_count[i].item()
+        report[f"perplexity_{name}"] = math.exp(totals.bucket_loss[i].item() / n) if n else float("nan")
+        report[f"masked_tokens_{name}"] = int(n)
+    return report
+
+
+def load_pretrained(model_dir):
+    """A BertForPreTraining and its tokenizer from an mlmlab model folder, or a clear error."""
+    from pathlib import Path
+
+    from transformers import BertForPreTraining
+
+    from mlmlab.data.tokenizer import load_tokenizer
+
+    folder = Path(model_dir)
+    if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
+        raise UserError(f"{folder} is not a model folder (needs config.json and model.safetensors); "
+                        "pass the model/ folder of a run or a checkpoint's model/ folder")
+    try:
+        bert = BertForPreTraining.from_pretrained(folder)
+    except Exception as err:  # transformers raises many types for foreign or corrupt files
+        raise UserError(f"cannot load the model in {folder}: {str(err).splitlines()[0]}") from None
+    return bert, load_tokenizer(folder)
+
+
+def evaluate_model(model_dir, data, *, batch_size: int = 32, max_batches: int | None = None) -> dict:
+    """``mlmlab evaluate``: perplexity per frequency bucket + NSP accuracy on a prepared dataset."""
+    from pathlib import Path
+
+    from mlmlab.data.store import TokenStore
+    from mlmlab.masking.select import token_info_for
+
+    bert, tokenizer = load_pretrained(model_dir)
+    store = TokenStore(data)
+    if store.meta.get("vocab_size") != len(tokenizer):
+        raise UserError(f"{data} was prepared with a {store.meta.get('vocab_size')}-token vocabulary, the model uses "
+                        f"{len(tokenizer)}; prepare the data with the model's tokenizer")
+    counts_path = Path(model_dir) / "token_counts.npy"
+    counts = np.load(counts_path) if counts_path.is_file() else store.token_counts
+    report = evaluate_mlm(bert, store, token_info_for(tokenizer), batch_size=batch_size, max_batches=max_batches,
+                          token_counts=counts)
+    report["frequency_source"] = "pretraining corpus" if counts_path.is_file() else "evaluated data"
+    return report
+
+
+def format_eval_table(report: dict) -> str:
+    rows = [f"{key:<32} {value:>12.4f}" if isinstance(value, float) else f"{key:<32} {value!s:>12}"
+            for key, value in report.items()]
+    return "\n".join(rows)

@@ -1,0 +1,165 @@
+"""The one selection mechanism every masking strategy shares.
+
+A strategy only decides per-position weights; this module turns weights into exactly
+k selected positions per sequence (Gumbel-top-k = weighted sampling without
+replacement) and corrupts them 80/10/10. Uniform weights give BERT/RoBERTa masking.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from mlmlab import seeding
+
+IGNORE_INDEX = -100  # the label of every position that is not predicted (HF convention)
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """What masking needs to know about the vocabulary."""
+
+    mask_id: int
+    special_ids: tuple[int, ...]  # never selected: [CLS], [SEP], [PAD], [MASK], [UNK]...
+    ordinary_ids: torch.Tensor  # (V_ord,) random replacements come only from these
+
+
+@dataclass(frozen=True)
+class Corruption:
+    """How selected positions are shown to the model (BERT: 80% [MASK], 10% random, 10% kept)."""
+
+    mask_prob: float = 0.8
+    random_prob: float = 0.1
+
+
+def token_info_for(tokenizer, mask_unk: bool = False) -> TokenInfo:
+    """TokenInfo from a HF tokenizer; [UNK] is excluded from selection unless ``mask_unk``."""
+    from mlmlab.data.tokenizer import ordinary_token_ids
+
+    specials = {tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id, tokenizer.mask_token_id}
+    if not mask_unk:
+        specials.add(tokenizer.unk_token_id)
+    return TokenInfo(
+        mask_id=tokenizer.mask_token_id,
+        special_ids=tuple(sorted(specials)),
+        ordinary_ids=torch.as_tensor(ordinary_token_ids(tokenizer), dtype=torch.long),
+    )
+
+
+def eligible_positions(input_ids: torch.Tensor, special_ids: tuple[int, ...]) -> torch.Tensor:
+    """(B, T) bool: positions that may be selected (not a special token, not padding)."""
+    specials = torch.tensor(special_ids, device=input_ids.device)
+    return ~torch.isin(input_ids, specials)
+
+
+def count_to_select(eligible: torch.Tensor, rate) -> torch.Tensor:
+    """(B,) long: k = round(rate * eligible), at least 1 when anything is eligible.
+
+    ``rate`` is a float or a (B,) tensor. The minimum of one follows google-research/bert:
+    a short sequence still yields a prediction.
+    """
+    n = eligible.sum(dim=1)  # (B,)
+    k = torch.round(torch.as_tensor(rate, dtype=torch.float32, device=n.device) * n).long()
+    return torch.minimum(k.clamp(min=1), n)
+
+
+def gumbel_top_k(weights: torch.Tensor, eligible: torch.Tensor, k: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: k[b] eligible positions of row b, drawn without replacement with P ∝ weights.
+
+    Adding Gumbel noise to log-weights and keeping the k largest keys is exactly
+    sequential weighted sampling without replacement (Vieira 2014; Kool et al. 2019).
+    """
+    gumbel = -torch.log(-torch.log(u))  # (B, T)
+    keys = torch.log(weights.clamp(min=1e-30)) + gumbel  # (B, T)
+    keys = keys.masked_fill(~eligible, float("-inf"))
+    order = keys.argsort(dim=1, descending=True)  # (B, T)
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.size(1), device=order.device).expand_as(order))
+    return (rank < k[:, None]) & eligible
+
+
+def continuation_table(vocab) -> torch.Tensor:
+    """(V,) bool per vocabulary id: True for WordPiece continuation pieces ("##...").
+
+    ``vocab`` is a tokenizer (anything with ``get_vocab()``), a token -> id mapping, or a
+    list of tokens in id order. Index it with input_ids to get a batch's (B, T) mask.
+    """
+    if hasattr(vocab, "get_vocab"):
+        vocab = vocab.get_vocab()
+    if isinstance(vocab, dict):
+        table = torch.zeros(max(vocab.values()) + 1, dtype=torch.bool)
+        for token, index in vocab.items():
+            table[index] = token.startswith("##")
+        return table
+    return torch.tensor([token.startswith("##") for token in vocab], dtype=torch.bool)
+
+
+def word_starts(eligible: torch.Tensor, is_continuation: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: eligible tokens that begin a word; a "##" piece after a special token starts one."""
+    prev_eligible = torch.zeros_like(eligible)
+    prev_eligible[:, 1:] = eligible[:, :-1]
+    return eligible & ~(is_continuation & prev_eligible)
+
+
+def gumbel_top_k_words(weights, eligible, is_continuation, k, u) -> torch.Tensor:
+    """(B, T) bool: whole words drawn without replacement, P ∝ mean weight of their pieces.
+
+    Words are ranked by Gumbel keys (uniform weights: every word equally likely, as in
+    google-research/bert's whole-word masking) and taken in that order while the token
+    count gets closer to k[b], so counts stay within half a word of round(rate * eligible).
+    """
+    length_t = eligible.size(1)
+    starts = word_starts(eligible, is_continuation)  # (B, T)
+    positions = torch.arange(length_t, device=eligible.device).expand_as(starts)
+    owner = torch.where(starts, positions, torch.full_like(positions, -1)).cummax(dim=1).values  # (B, T)
+    member = eligible & (owner >= 0)  # (B, T) tokens that belong to a word
+    owner = owner.clamp(min=0)
+    length = torch.zeros_like(weights, dtype=torch.float32).scatter_add_(1, owner, member.float())  # (B, T) at starts
+    total = torch.zeros_like(length).scatter_add_(1, owner, torch.where(member, weights.float(), 0.0))
+    word_weight = total / length.clamp(min=1)  # (B, T) mean piece weight, at word starts
+    keys = torch.log(word_weight.clamp(min=1e-30)) - torch.log(-torch.log(u))  # (B, T)
+    keys = keys.masked_fill(~starts, float("-inf"))
+    order = keys.argsort(dim=1, descending=True)  # (B, T)
+    is_word = starts.gather(1, order)
+    sorted_length = length.gather(1, order) * is_word  # (B, T)
+    after = sorted_length.cumsum(dim=1)
+    before = after - sorted_length
+    kf = k[:, None].float()
+    first = (torch.arange(length_t, device=order.device) == 0)[None, :] & (kf >= 1)
+    take = is_word & (before < kf) & ((after <= kf) | (after - kf <= kf - before) | first)  # (B, T)
+    chosen = torch.zeros_like(starts).scatter_(1, order, take)  # (B, T) chosen word starts
+    return chosen.gather(1, owner) & member
+
+
+def corrupt(input_ids, selected, u_action, u_token, info: TokenInfo, corruption: Corruption):
+    """Apply 80/10/10 to selected positions; returns (masked input_ids, labels), both (B, T)."""
+    labels = torch.where(selected, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
+    to_mask = selected & (u_action < corruption.mask_prob)
+    to_random = selected & ~to_mask & (u_action < corruption.mask_prob + corruption.random_prob)
+    ordinary = info.ordinary_ids.to(input_ids.device)
+    random_ids = ordinary[(u_token * len(ordinary)).long().clamp(max=len(ordinary) - 1)]  # (B, T)
+    masked = torch.where(to_mask, torch.full_like(input_ids, info.mask_id), input_ids)
+    masked = torch.where(to_random, random_ids, masked)
+    return masked, labels
+
+
+def select_and_corrupt(
+    input_ids, example_ids, epoch_keys, *, seed, rate, info, corruption, weights=None, eligible=None, is_continuation=None
+):
+    """Masks for a batch as a pure function of (seed, example, epoch key, position).
+
+    input_ids (B, T); example_ids, epoch_keys (B,); weights (B, T) or None for uniform;
+    is_continuation (B, T) bool or None: when given, whole words are selected.
+    Returns (masked input_ids, labels, selected), all (B, T).
+    """
+    batch, length = input_ids.shape
+    if eligible is None:
+        eligible = eligible_positions(input_ids, info.special_ids)
+    if weights is None:
+        weights = torch.ones(batch, length, device=input_ids.device)
+    draws = {s: seeding.uniforms(seed, s, example_ids, epoch_keys, length) for s in seeding.MASK_STREAMS}
+    k = count_to_select(eligible, rate)  # (B,)
+    if is_continuation is None:
+        selected = gumbel_top_k(weights, eligible, k, draws[seeding.STREAM_SELECT])
+    else:
+        selected = gumbel_top_k_words(weights, eligible, is_continuation, k, draws[seeding.STREAM_SELECT])
+    masked, labels = corrupt(input_ids, selected, draws[seeding.STREAM_ACTION], draws[seeding.STREAM_TOKEN], info, corruption)
+    return masked, labels, selected

@@ -1,0 +1,92 @@
+"""A transformers BERT, trained with the MLM head on selected positions only.
+
+The model is a plain ``BertForPreTraining`` so that every checkpoint loads with the
+Auto classes. Training does not call its forward: that projects all B*T positions
+onto the vocabulary, while only ~15% carry a label. Gathering the selected hidden
+states first ("sparse prediction", as google-research/bert, fairseq, cramming and
+MosaicBERT do) gives the same loss for a fraction of the work.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import BertConfig, BertForPreTraining
+
+from mlmlab.config import ModelConfig
+from mlmlab.masking.select import IGNORE_INDEX
+
+
+def padded_vocab_size(vocab_size: int, multiple: int) -> int:
+    return int(math.ceil(vocab_size / multiple) * multiple) if multiple > 1 else vocab_size
+
+
+def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> BertForPreTraining:
+    """A freshly initialised BERT; initialisation draws from torch's default generator."""
+    bert_config = BertConfig(
+        vocab_size=padded_vocab_size(vocab_size, cfg.pad_vocab_multiple),
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        hidden_dropout_prob=cfg.dropout,
+        attention_probs_dropout_prob=cfg.dropout,
+        pad_token_id=pad_token_id,
+    )
+    bert_config._attn_implementation = cfg.attention
+    return BertForPreTraining(bert_config)
+
+
+def encode(bert: BertForPreTraining, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encoder outputs: hidden states (B, T, H) and pooled [CLS] (B, H)."""
+    out = bert.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    token_type_ids=batch["token_type_ids"])
+    return out[0], out[1]
+
+
+class SparsePretraining(nn.Module):
+    """L = L_MLM + L_NSP over a BertForPreTraining, with the MLM head on labelled positions only.
+
+    A module (not a function) so that DDP/FSDP wrappers see the forward call. The
+    denominators let the caller normalise by the count over the *global* batch (all
+    micro-batches and ranks), so the loss equals that of one big batch exactly.
+    """
+
+    def __init__(self, bert: BertForPreTraining, use_nsp: bool = True):
+        super().__init__()
+        self.bert = bert
+        self.use_nsp = use_nsp
+
+    def forward(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None,
+                mlm_denominator=None, nsp_denominator=None, **_unused) -> dict:
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        hidden, pooled = encode(self.bert, inputs)  # (B, T, H), (B, H)
+        selected_index = (labels != IGNORE_INDEX).flatten().nonzero().squeeze(1)  # (M,)
+        hidden_selected = hidden.flatten(0, 1).index_select(0, selected_index)  # (M, H)
+        logits = self.bert.cls.predictions(hidden_selected)  # (M, V)
+        targets = labels.flatten().index_select(0, selected_index)  # (M,)
+        token_losses = F.cross_entropy(logits.float(), targets, reduction="none")  # (M,)
+        mlm_loss = token_losses.sum() / (mlm_denominator or max(len(targets), 1))
+        result = {
+            "mlm_loss": mlm_loss,
+            "token_losses": token_losses.detach(),
+            "selected_index": selected_index,
+            "mlm_correct": (logits.argmax(-1) == targets).sum().detach(),
+            "mlm_count": torch.tensor(len(targets)),
+        }
+        loss = mlm_loss
+        if self.use_nsp and next_sentence_label is not None:
+            nsp_logits = self.bert.cls.seq_relationship(pooled)  # (B, 2)
+            nsp_sum = F.cross_entropy(nsp_logits.float(), next_sentence_label, reduction="sum")
+            result["nsp_loss"] = nsp_sum / (nsp_denominator or len(next_sentence_label))
+            result["nsp_correct"] = (nsp_logits.argmax(-1) == next_sentence_label).sum().detach()
+            loss = loss + result["nsp_loss"]
+        result["loss"] = loss
+        return result
+
+
+def pretraining_loss(bert: BertForPreTraining, batch: dict, use_nsp: bool = True) -> dict:
+    """One-off sparse pretraining loss of a batch (evaluation, scorers, benchmarks)."""
+    return SparsePretraining(bert, use_nsp)(**batch)

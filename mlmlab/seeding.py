@@ -1,0 +1,54 @@
+"""Counter-based random numbers: a pure function of (seed, stream, example, epoch, position).
+
+Masks must not depend on batch composition, DataLoader workers, the number of ranks or
+the resume point, so no draw may come from a stateful generator. Instead every uniform
+number is a hash of its coordinates (like fairseq's ``numpy_seed(seed, epoch, index)``,
+but vectorised in torch so it runs on the device that runs the model).
+
+The hash is Chris Wellons' "lowbias32" integer mixer, with both multipliers chosen
+below 2**31 so that a 32-bit value times a multiplier stays below 2**63: int64 torch
+arithmetic then never overflows, on CPU or CUDA.
+"""
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+_MUL1 = 0x7FEB352D
+_MUL2 = 0x6C8E9CF5
+_GOLDEN = 0x1E3779B9  # decorrelates consecutive keys before mixing
+
+# Independent streams for the independent decisions of one masking step.
+STREAM_SELECT = 1
+STREAM_ACTION = 2
+STREAM_TOKEN = 3
+MASK_STREAMS = (STREAM_SELECT, STREAM_ACTION, STREAM_TOKEN)
+STREAM_SCORE = 4  # the uniformly masked copy that the grad_norm scorer differentiates
+
+
+def mix32(x):
+    """Bijective 32-bit mixer; works on Python ints and on int64 tensors alike."""
+    x = x & _MASK32
+    x = x ^ (x >> 16)
+    x = (x * _MUL1) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * _MUL2) & _MASK32
+    return x ^ (x >> 16)
+
+
+def _absorb(state, key):
+    """Fold one more coordinate into a hash state."""
+    return mix32(state ^ mix32(key + _GOLDEN))
+
+
+def key_hash(seed: int, stream: int, example_ids: torch.Tensor, epoch_keys: torch.Tensor, length: int) -> torch.Tensor:
+    """32-bit hashes of every (seed, stream, example, epoch, position); shape (B, length), int64."""
+    base = _absorb(_absorb(0, seed), stream)  # Python int
+    per_example = _absorb(_absorb(base, example_ids.long()), epoch_keys.long())  # (B,)
+    positions = torch.arange(length, device=example_ids.device)  # (T,)
+    return _absorb(per_example[:, None], positions[None, :])  # (B, T)
+
+
+def uniforms(seed: int, stream: int, example_ids: torch.Tensor, epoch_keys: torch.Tensor, length: int) -> torch.Tensor:
+    """Uniform floats strictly inside (0, 1), shape (B, length), float32, 24 random bits each."""
+    bits = key_hash(seed, stream, example_ids, epoch_keys, length) >> 8  # (B, T) in [0, 2**24)
+    return (bits.float() + 0.5) / float(1 << 24)

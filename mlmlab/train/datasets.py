@@ -1,0 +1,46 @@
+"""Resolve a config's data section to prepared stores and a tokenizer.
+
+Empty corpus / tokenizer settings mean the sample bundled with the package, so that
+``mlmlab pretrain`` runs with nothing else on disk. Prepared data and adopted
+tokenizers live in the cache, in folders named by a hash of what made them.
+"""
+
+import hashlib
+from pathlib import Path
+
+from mlmlab.config import Config, config_text
+from mlmlab.data.store import TokenStore, cache_root, prepare
+from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer
+
+SAMPLE_DIR = Path(__file__).resolve().parent.parent / "resources" / "sample"
+SAMPLE_TRAIN = SAMPLE_DIR / "train.txt.gz"
+SAMPLE_VALID = SAMPLE_DIR / "valid.txt.gz"
+SAMPLE_VOCAB = SAMPLE_DIR / "vocab.txt"
+
+
+def run_dir_for(cfg: Config) -> Path:
+    """``train.out_dir``, or runs/<hash of the resolved config> so a rerun finds its own run."""
+    if cfg.train.out_dir:
+        return Path(cfg.train.out_dir)
+    digest = hashlib.sha256(config_text(cfg).encode()).hexdigest()[:12]
+    return Path("runs") / digest
+
+
+def tokenizer_dir_for(setting: str) -> Path:
+    """A tokenizer folder as is; a vocab.txt (or the bundled one) adopted into the cache."""
+    source = Path(setting) if setting else SAMPLE_VOCAB
+    if source.is_dir():
+        return source
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16] if source.is_file() else "missing"
+    return adopt_vocab(source, cache_root().parent / "tokenizers" / digest)
+
+
+def prepare_datasets(cfg: Config):
+    """(train TokenStore, valid TokenStore, tokenizer) for a config, preparing what is missing."""
+    data = cfg.data
+    tokenizer_dir = tokenizer_dir_for(data.tokenizer)
+    common = dict(tokenizer_dir=tokenizer_dir, max_seq_length=data.max_seq_length, objective=data.objective,
+                  short_seq_prob=data.short_seq_prob, seed=data.prepare_seed)
+    train = TokenStore(prepare(data.corpus or [SAMPLE_TRAIN], **common))
+    valid = TokenStore(prepare(data.valid_corpus or [SAMPLE_VALID], **common))
+    return train, valid, load_tokenizer(tokenizer_dir)

@@ -1,0 +1,286 @@
+"""The pretraining loop: prepare data, build model, train, evaluate, checkpoint, resume.
+
+One step = ``grad_accum`` micro-batches per process. All micro-batches of a step are
+masked first, so the MLM loss can be normalised by the number of masked tokens of the
+whole global batch (all micro-batches, all ranks): the gradient then equals that of
+one big batch, whatever the split.
+"""
+
+import json
+import math
+import signal
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedDataParallelKwargs, set_seed
+from safetensors.torch import load_model
+from tqdm.auto import tqdm
+
+from mlmlab.config import Config, config_text
+from mlmlab.data.loader import LoaderPosition, iterate_batches
+from mlmlab.errors import UserError
+from mlmlab.evaluate.perplexity import evaluate_mlm
+from mlmlab.masking.select import Corruption, IGNORE_INDEX, token_info_for
+from mlmlab.masking.strategies import build_strategy, mask_batch
+from mlmlab.model import SparsePretraining, build_model
+from mlmlab.train import checkpoint
+from mlmlab.train.datasets import prepare_datasets, run_dir_for
+from mlmlab.train.optim import build_optimizer, build_scheduler
+
+
+@dataclass
+class TrainerState:
+    step: int = 0
+    position: LoaderPosition = field(default_factory=LoaderPosition)
+    tokens: int = 0  # non-padding tokens seen, all ranks
+    seconds: float = 0.0  # training wall-clock, excluding evaluation and checkpoints
+    bad_steps: int = 0  # consecutive non-finite losses
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "position": self.position.state_dict(), "tokens": self.tokens,
+                "seconds": self.seconds, "bad_steps": self.bad_steps}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TrainerState":
+        return cls(data["step"], LoaderPosition(**data["position"]), data["tokens"], data["seconds"], data["bad_steps"])
+
+
+class _StopRequest:
+    """SIGTERM sets a flag; the loop saves a checkpoint at the next step boundary and exits."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def restore(self):
+        signal.signal(signal.SIGTERM, self._previous)
+
+
+def _mixed_precision(precision: str) -> str:
+    if precision == "auto":
+        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    return {"fp32": "no"}.get(precision, precision)
+
+
+class Trainer:
+    """Holds what one run needs; each method does one part of the loop."""
+
+    def __init__(self, cfg: Config, resume: str | None = None, progress: bool = True):
+        self.cfg = cfg
+        self.progress = progress
+        ddp_kwargs = DistributedDataParallelKwargs(find_unused_parameters=cfg.data.objective == "mlm")
+        self.accelerator = Accelerator(mixed_precision=_mixed_precision(cfg.train.precision), kwargs_handlers=[ddp_kwargs])
+        if self.accelerator.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        self.run_dir = run_dir_for(cfg)
+        with self.accelerator.main_process_first():
+            self.train_store, self.valid_store, self.tokenizer = prepare_datasets(cfg)
+        self.info = token_info_for(self.tokenizer, cfg.masking.mask_unk)
+        self.corruption = Corruption(cfg.masking.mask_prob, cfg.masking.random_prob)
+        # Weight init and dropout draw from torch's default generator: transformers offers no
+        # other, so seed it here and save/restore its state in checkpoints.
+        set_seed(cfg.train.seed)
+        self.bert = build_model(cfg.model, len(self.tokenizer), self.tokenizer.pad_token_id)
+        self.module = SparsePretraining(self.bert, use_nsp=cfg.data.objective == "nsp")
+        self.optimizer = build_optimizer(self.module, cfg.train, self.accelerator.device)
+        self.scheduler = build_scheduler(self.optimizer, cfg.train)
+        self.strategy = build_strategy(cfg.masking)
+        self.state = TrainerState()
+        self._start(resume)
+        self.module, self.optimizer = self.accelerator.prepare(self.module, self.optimizer)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+
+    # ----- run folder and resume -------------------------------------------------------
+    def _start(self, resume: str | None) -> None:
+        config_path = self.run_dir / "config.yaml"
+        existing = checkpoint.complete_checkpoints(self.run_dir, check=False)
+        if resume is None and existing:
+            if config_path.read_text() != config_text(self.cfg):
+                raise UserError(f"{self.run_dir} holds a run with a different config; choose another train.out_dir "
+                                "or pass --resume auto to continue it with this config")
+            resume = "auto"
+        folder = checkpoint.resolve_resume(resume, self.run_dir)
+        if folder is not None:
+            self._load(folder)
+        elif self.accelerator.is_main_process:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            config_path.write_text(config_text(self.cfg))
+
+    def _load(self, folder: Path) -> None:
+        self._log_line(f"resuming from {folder}")
+        load_model(self.bert, folder / "model" / "model.safetensors", strict=False)
+        states = checkpoint.load_torch(folder / "training_state.pt")
+        self.optimizer.load_state_dict(states["optimizer"])
+        self.scheduler.load_state_dict(states["scheduler"])
+        self.strategy.load_state_dict(states["strategy"])
+        torch.set_rng_state(states["torch_rng"])
+        if torch.cuda.is_available() and "cuda_rng" in states:
+            torch.cuda.set_rng_state_all(states["cuda_rng"])
+        self.state = TrainerState.from_json(json.loads((folder / "trainer_state.json").read_text()))
+
+    def _save(self) -> Path | None:
+        self.accelerator.wait_for_everyone()
+        if not self.accelerator.is_main_process:
+            return None
+
+        def write(folder: Path) -> None:
+            self.export_model(folder / "model")
+            states = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                      "strategy": self.strategy.state_dict(), "torch_rng": torch.get_rng_state()}
+            if torch.cuda.is_available():
+                states["cuda_rng"] = torch.cuda.get_rng_state_all()
+            checkpoint.save_torch(states, folder / "training_state.pt")
+            (folder / "trainer_state.json").write_text(json.dumps(self.state.to_json()))
+
+        return checkpoint.save(self.run_dir, self.state.step, write, self.cfg.train.keep_last)
+
+    def export_model(self, folder: Path) -> None:
+        """A HuggingFace folder: safetensors weights, config and tokenizer."""
+        self.bert.save_pretrained(folder, safe_serialization=True)
+        self.tokenizer.save_pretrained(folder)
+        # Frequency buckets of later evaluations are defined by the pretraining corpus.
+        np.save(folder / "token_counts.npy", self.train_store.token_counts)
+
+    # ----- one step ----------------------------------------------------------------------
+    def _masked_micro_batches(self, batches) -> list[dict]:
+        progress = self.state.step / self.cfg.train.max_steps
+        micro = []
+        for _ in range(self.cfg.train.grad_accum):
+            self.state.position, batch = next(batches)
+            batch = {k: v.to(self.accelerator.device) for k, v in batch.items()}
+            weights = self.strategy.weights(self.bert, batch, progress)
+            micro.append(mask_batch(batch, seed=self.cfg.masking.seed, epoch_key=self.strategy.epoch_key(self.state.position.epoch),
+                                    rate=self.cfg.masking.rate, info=self.info, corruption=self.corruption, weights=weights))
+        return micro
+
+    def _global_denominators(self, micro: list[dict]) -> tuple[float, float]:
+        """Masked tokens and examples over the global batch, divided by the process count.
+
+        DDP averages gradients over processes, so each process divides its sum by
+        global count / processes to make the average equal the global-batch mean.
+        """
+        local = torch.tensor([sum(int((m["labels"] != IGNORE_INDEX).sum()) for m in micro),
+                              sum(len(m["input_ids"]) for m in micro)], device=self.accelerator.device, dtype=torch.float64)
+        total = self.accelerator.reduce(local, reduction="sum")
+        world = self.accelerator.num_processes
+        return (total[0] / world).item(), (total[1] / world).item()
+
+    def train_step(self, batches) -> dict:
+        micro = self._masked_micro_batches(batches)
+        mlm_denominator, nsp_denominator = self._global_denominators(micro)
+        sums = {"loss": 0.0, "mlm_loss": 0.0, "nsp_loss": 0.0}
+        for i, batch in enumerate(micro):
+            sync = nullcontext() if i == len(micro) - 1 else self.accelerator.no_sync(self.module)
+            with sync, self.accelerator.autocast():
+                result = self.module(**batch, mlm_denominator=mlm_denominator, nsp_denominator=nsp_denominator)
+                self.accelerator.backward(result["loss"])
+            for key in sums:
+                if key in result:
+                    sums[key] += result[key].detach().float()
+            self.strategy.observe(batch, result)
+        tokens = self.accelerator.reduce(torch.tensor(sum(int(m["attention_mask"].sum()) for m in micro),
+                                                      device=self.accelerator.device), reduction="sum")
+        losses = {k: (self.accelerator.reduce(torch.as_tensor(v, device=self.accelerator.device), reduction="sum")
+                      / self.accelerator.num_processes).item() for k, v in sums.items()}
+        return self._apply_update(losses, int(tokens))
+
+    def _apply_update(self, losses: dict, tokens: int) -> dict:
+        """Optimizer step, or skip it when the loss is not finite (and abort after too many)."""
+        if not math.isfinite(losses["loss"]):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.state.bad_steps += 1
+            if self.state.bad_steps >= self.cfg.train.max_bad_steps:
+                raise UserError(f"{self.state.bad_steps} non-finite losses in a row at step {self.state.step}; "
+                                f"lower train.lr or check the data; the last good checkpoint is kept in {self.run_dir}")
+            return {**losses, "skipped": True}
+        grad_norm = self.accelerator.clip_grad_norm_(self.module.parameters(), self.cfg.train.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.bad_steps = 0
+        self.state.tokens += tokens
+        return {**losses, "grad_norm": float(grad_norm), "tokens": tokens}
+
+    # ----- the loop ----------------------------------------------------------------------
+    def train(self) -> dict:
+        cfg = self.cfg.train
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        batches = iterate_batches(self.train_store, batch_size=cfg.batch_size, seed=cfg.seed, start=self.state.position,
+                                  rank=rank, world_size=world, workers=self.cfg.data.loader_workers,
+                                  pad_id=self.tokenizer.pad_token_id)
+        stop = _StopRequest()
+        bar = tqdm(total=cfg.max_steps, initial=self.state.step, disable=not (self.progress and self.accelerator.is_main_process),
+                   dynamic_ncols=True, desc="pretrain")
+        window = {"tokens": 0, "seconds": 0.0}
+        try:
+            while self.state.step < cfg.max_steps and not stop.requested:
+                started = time.perf_counter()
+                out = self.train_step(batches)
+                elapsed = time.perf_counter() - started
+                self.state.seconds += elapsed
+                self.state.step += 1
+                window["tokens"] += out.get("tokens", 0)
+                window["seconds"] += elapsed
+                bar.update(1)
+                bar.set_postfix(loss=f"{out['loss']:.3f}", tok_s=f"{window['tokens'] / max(window['seconds'], 1e-9):.0f}")
+                self._after_step(out, window)
+            if stop.requested:
+                self._log_line(f"SIGTERM: saving a checkpoint at step {self.state.step} before exiting")
+                self._save()
+                raise SystemExit(143)
+        finally:
+            bar.close()
+            stop.restore()
+        return self._finish()
+
+    def _after_step(self, out: dict, window: dict) -> None:
+        cfg, step = self.cfg.train, self.state.step
+        if step % cfg.log_every == 0 or out.get("skipped"):
+            record = {"step": step, "lr": self.scheduler.get_last_lr()[0], **{k: v for k, v in out.items()},
+                      "tokens_per_s": window["tokens"] / max(window["seconds"], 1e-9), "tokens_seen": self.state.tokens,
+                      **self.strategy.stats()}
+            self._write_metrics(record)
+            window.update(tokens=0, seconds=0.0)
+        if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
+            self._write_metrics({"step": step, "eval": self.evaluate(cfg.eval_batches)})
+        if cfg.save_every and step % cfg.save_every == 0 and step < cfg.max_steps:
+            self._save()
+
+    def evaluate(self, max_batches: int | None = None) -> dict:
+        return evaluate_mlm(self.bert, self.valid_store, self.info, batch_size=self.cfg.train.batch_size,
+                            max_batches=max_batches, device=self.accelerator.device,
+                            token_counts=self.train_store.token_counts)
+
+    def _finish(self) -> dict:
+        final_eval = self.evaluate(self.cfg.train.eval_batches)
+        summary = {"steps": self.state.step, "tokens_seen": self.state.tokens, "train_seconds": self.state.seconds,
+                   "tokens_per_s": self.state.tokens / max(self.state.seconds, 1e-9), "eval": final_eval,
+                   "run_dir": str(self.run_dir)}
+        self._write_metrics({"step": self.state.step, "eval": final_eval})
+        self._save()
+        if self.accelerator.is_main_process:
+            self.export_model(self.run_dir / "model")
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        return summary
+
+    def _write_metrics(self, record: dict) -> None:
+        if self.accelerator.is_main_process:
+            with open(self.metrics_path, "a") as handle:
+                handle.write(json.dumps(record) + "\n")
+
+    def _log_line(self, text: str) -> None:
+        if self.accelerator.is_main_process:
+            tqdm.write(text)
+
+
+def pretrain(cfg: Config, resume: str | None = None, progress: bool = True) -> dict:
+    return Trainer(cfg, resume=resume, progress=progress).train()

@@ -1,0 +1,32 @@
+import gzip
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data"
+SAMPLE = ROOT / "mlmlab" / "resources" / "sample"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_cache(tmp_path_factory):
+    """Prepared data and tokenizers go to a fresh cache, never the user's."""
+    os.environ["MLMLAB_CACHE"] = str(tmp_path_factory.mktemp("mlmlab-cache") / "prepared")
+
+
+@pytest.fixture(scope="session")
+def bert_tokenizer(tmp_path_factory):
+    from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer
+
+    return load_tokenizer(adopt_vocab(SAMPLE / "vocab.txt", tmp_path_factory.mktemp("tok") / "uncased"))
+
+
+@pytest.fixture(scope="session")
+def sample_paragraphs():
+    """Real Wikipedia paragraphs from the bundled sample (body lines of <doc> blocks)."""
+    with gzip.open(SAMPLE / "train.txt.gz", "rt", encoding="utf-8") as handle:
+        return [line.strip() for line in handle if len(line) > 200 and not line.startswith("<")]
