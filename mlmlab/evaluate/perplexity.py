@@ -67,7 +67,7 @@ def evaluate_mlm(bert, store, info, *, batch_size: int = 32, max_batches: int | 
     totals = _Totals(len(names))
     num_batches = min(max_batches or len(store) // batch_size, max(1, len(store) // batch_size))
     batches = iterate_batches(store, batch_size=min(batch_size, len(store)), seed=0, start=LoaderPosition(),
-                              pad_id=store.pad_id)
+                              pad_id=store.meta["special_token_ids"]["[PAD]"])
     for _ in range(num_batches):
         _, batch = next(batches)
         masked = {k: v.to(device) for k, v in eval_masks(batch, info).items()}

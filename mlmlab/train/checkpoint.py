@@ -70,6 +70,12 @@ def save(run_dir: Path, step: int, write_contents, keep_last: int) -> Path:
     return final
 
 
+def remove_partial(run_dir: Path) -> None:
+    """Delete temporary folders left by a writer that was killed mid-save."""
+    for partial in Path(run_dir).glob(f".tmp-{PREFIX}*"):
+        shutil.rmtree(partial, ignore_errors=True)
+
+
 def complete_checkpoints(run_dir: Path, check: bool = True, warn=print) -> list[Path]:
     """Checkpoint folders in step order; with ``check``, corrupt ones are reported and skipped."""
     folders = sorted(Path(run_dir).glob(f"{PREFIX}*")) if Path(run_dir).exists() else []

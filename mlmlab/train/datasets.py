@@ -6,11 +6,13 @@ tokenizers live in the cache, in folders named by a hash of what made them.
 """
 
 import hashlib
+import os
 from pathlib import Path
 
 from mlmlab.config import Config, config_text
 from mlmlab.data.store import TokenStore, cache_root, prepare
 from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer
+from mlmlab.errors import UserError
 
 SAMPLE_DIR = Path(__file__).resolve().parent.parent / "resources" / "sample"
 SAMPLE_TRAIN = SAMPLE_DIR / "train.txt.gz"
@@ -31,8 +33,14 @@ def tokenizer_dir_for(setting: str) -> Path:
     source = Path(setting) if setting else SAMPLE_VOCAB
     if source.is_dir():
         return source
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16] if source.is_file() else "missing"
-    return adopt_vocab(source, cache_root().parent / "tokenizers" / digest)
+    if not source.is_file():
+        raise UserError(f"data.tokenizer={setting!r} is neither a tokenizer folder nor a vocab file")
+    target = cache_root().parent / "tokenizers" / hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    if not target.is_dir():  # adopt once, atomically: concurrent runs may race here
+        staging = target.with_name(f".tmp-{target.name}-{os.getpid()}")
+        adopt_vocab(source, staging)
+        os.replace(staging, target)
+    return target
 
 
 def prepare_datasets(cfg: Config):

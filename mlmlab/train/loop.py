@@ -82,6 +82,7 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
         self.run_dir = run_dir_for(cfg)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
         with self.accelerator.main_process_first():
             self.train_store, self.valid_store, self.tokenizer = prepare_datasets(cfg)
         self.info = token_info_for(self.tokenizer, cfg.masking.mask_unk)
@@ -97,7 +98,6 @@ class Trainer:
         self.state = TrainerState()
         self._start(resume)
         self.module, self.optimizer = self.accelerator.prepare(self.module, self.optimizer)
-        self.metrics_path = self.run_dir / "metrics.jsonl"
 
     # ----- run folder and resume -------------------------------------------------------
     def _start(self, resume: str | None) -> None:
@@ -109,8 +109,11 @@ class Trainer:
                                 "or pass --resume auto to continue it with this config")
             resume = "auto"
         folder = checkpoint.resolve_resume(resume, self.run_dir)
+        if self.accelerator.is_main_process:
+            checkpoint.remove_partial(self.run_dir)
         if folder is not None:
             self._load(folder)
+            self._truncate_metrics(self.state.step)
         elif self.accelerator.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             config_path.write_text(config_text(self.cfg))
@@ -126,6 +129,13 @@ class Trainer:
         if torch.cuda.is_available() and "cuda_rng" in states:
             torch.cuda.set_rng_state_all(states["cuda_rng"])
         self.state = TrainerState.from_json(json.loads((folder / "trainer_state.json").read_text()))
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Drop records of steps after the checkpoint: they are about to be redone."""
+        if self.accelerator.is_main_process and self.metrics_path.exists():
+            lines = self.metrics_path.read_text().splitlines()
+            kept = [line for line in lines if line and json.loads(line)["step"] <= step]
+            self.metrics_path.write_text("".join(line + "\n" for line in kept))
 
     def _save(self) -> Path | None:
         self.accelerator.wait_for_everyone()
@@ -151,7 +161,7 @@ class Trainer:
         np.save(folder / "token_counts.npy", self.train_store.token_counts)
 
     # ----- one step ----------------------------------------------------------------------
-    def _masked_micro_batches(self, batches) -> list[dict]:
+    def masked_micro_batches(self, batches) -> list[dict]:
         progress = self.state.step / self.cfg.train.max_steps
         micro = []
         for _ in range(self.cfg.train.grad_accum):
@@ -175,7 +185,7 @@ class Trainer:
         return (total[0] / world).item(), (total[1] / world).item()
 
     def train_step(self, batches) -> dict:
-        micro = self._masked_micro_batches(batches)
+        micro = self.masked_micro_batches(batches)
         mlm_denominator, nsp_denominator = self._global_denominators(micro)
         sums = {"loss": 0.0, "mlm_loss": 0.0, "nsp_loss": 0.0}
         for i, batch in enumerate(micro):

@@ -1,0 +1,173 @@
+"""Pretraining throughput: mlmlab vs transformers' own pretraining loop, measured in one run.
+
+Baseline: ``BertForPreTraining`` (full MLM head over every position) fed by
+``DataCollatorForLanguageModeling`` in a plain PyTorch loop with AdamW -- what a
+researcher writes from the transformers docs. mlmlab: ``Trainer.train_step`` (masking
+in the step, MLM head on selected positions only). Same model size, vocabulary, data,
+batch and precision. Arms are interleaved and medians reported, because these shared
+machines swing +-30% between runs. Also reports MFU against the matmul FLOP/s measured
+here, and bf16 tokens/s of the base preset when a GPU is present.
+
+    python benchmarks/throughput.py                 # tiny and mini on this machine
+    python benchmarks/throughput.py --presets mini --steps 30 --rounds 5
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+from transformers import BertForPreTraining, DataCollatorForLanguageModeling
+
+from mlmlab.config import load_config
+from mlmlab.train.loop import Trainer
+
+
+def peak_matmul_flops(device, dtype=torch.float32, size=2048, repeats=20) -> float:
+    """Best-case dense matmul FLOP/s of this device: the MFU denominator."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    _sync(device)
+    return 2 * size**3 * repeats / (time.perf_counter() - start)
+
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def training_flops_per_step(model_cfg, vocab: int, batch: dict, masked_share: float, sparse: bool) -> float:
+    """Matmul FLOPs of forward + backward (3x forward) for one batch, attention included."""
+    tokens = int(batch["attention_mask"].sum())
+    seq = batch["input_ids"].shape[1]
+    h, ff, layers = model_cfg.hidden_size, model_cfg.intermediate_size, model_cfg.num_layers
+    per_token_layer = 2 * (4 * h * h + 2 * h * ff) + 2 * 2 * seq * h  # projections, FFN, QK^T and AV
+    head_tokens = tokens * masked_share if sparse else batch["input_ids"].numel()
+    head = head_tokens * 2 * (h * h + h * vocab)
+    return 3 * (tokens * layers * per_token_layer + head)
+
+
+def make_trainer(preset: str, batch_size: int, seq: int, run_dir: str, precision: str) -> Trainer:
+    cfg = load_config(preset, [f"train.batch_size={batch_size}", f"data.max_seq_length={seq}",
+                               "train.max_steps=100000", "train.eval_every=0", "train.save_every=0",
+                               f"train.out_dir={run_dir}", f"train.precision={precision}", "data.loader_workers=0"])
+    return Trainer(cfg, progress=False)
+
+
+class Baseline:
+    """transformers' BertForPreTraining + DataCollatorForLanguageModeling + AdamW."""
+
+    def __init__(self, trainer: Trainer):
+        self.device = trainer.accelerator.device
+        self.model = BertForPreTraining(trainer.bert.config).to(self.device).train()
+        self.collator = DataCollatorForLanguageModeling(trainer.tokenizer, mlm_probability=0.15)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.autocast = trainer.accelerator.autocast
+
+    def step(self, examples: list[dict]) -> int:
+        batch = self.collator([{"input_ids": e["input_ids"].tolist(), "token_type_ids": e["token_type_ids"].tolist()}
+                               for e in examples])
+        batch["next_sentence_label"] = torch.tensor([e["next_sentence_label"] for e in examples])
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        with self.autocast():
+            loss = self.model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return int(batch["attention_mask"].sum())
+
+
+def time_arm(step, steps: int, device) -> list[float]:
+    times = []
+    for _ in range(steps):
+        _sync(device)
+        start = time.perf_counter()
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def benchmark_preset(preset: str, args) -> dict:
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = make_trainer(preset, args.batch_size, args.seq, run_dir, args.precision)
+        device = trainer.accelerator.device
+        store = trainer.train_store
+        baseline = Baseline(trainer)
+        batches = _mlmlab_batches(trainer)
+        cursor = [0]
+
+        def baseline_step():
+            start = cursor[0] % (len(store) - args.batch_size)
+            cursor[0] += args.batch_size
+            baseline.step([store[i] for i in range(start, start + args.batch_size)])
+
+        def mlmlab_step():
+            trainer.train_step(batches)
+
+        time_arm(baseline_step, args.warmup, device)
+        time_arm(mlmlab_step, args.warmup, device)
+        base_times, ours_times = [], []
+        for _ in range(args.rounds):  # interleaved: both arms see the same machine load
+            base_times += time_arm(baseline_step, args.steps, device)
+            ours_times += time_arm(mlmlab_step, args.steps, device)
+        sample = trainer.masked_micro_batches(batches)[0]
+        tokens = int(sample["attention_mask"].sum())
+        masked_share = float((sample["labels"] != -100).sum()) / tokens
+        peak = peak_matmul_flops(device, torch.bfloat16 if trainer.accelerator.mixed_precision == "bf16" else torch.float32)
+        vocab = trainer.bert.config.vocab_size
+        base_step, ours_step = statistics.median(base_times), statistics.median(ours_times)
+        return {
+            "preset": preset, "device": str(device), "precision": trainer.accelerator.mixed_precision,
+            "tokens_per_step": tokens,
+            "baseline_tokens_per_s": tokens / base_step, "mlmlab_tokens_per_s": tokens / ours_step,
+            "ratio": base_step / ours_step,
+            "mlmlab_mfu": training_flops_per_step(trainer.cfg.model, vocab, sample, masked_share, True) / ours_step / peak,
+            "baseline_mfu": training_flops_per_step(trainer.cfg.model, vocab, sample, masked_share, False) / base_step / peak,
+            "peak_matmul_tflops": peak / 1e12,
+        }
+
+
+def _mlmlab_batches(trainer):
+    from mlmlab.data.loader import LoaderPosition, iterate_batches
+
+    return iterate_batches(trainer.train_store, batch_size=trainer.cfg.train.batch_size, seed=0, start=LoaderPosition(),
+                           pad_id=trainer.tokenizer.pad_token_id)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", nargs="+", default=["tiny", "mini"])
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per arm per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--precision", default="auto")
+    args = parser.parse_args(argv)
+    presets = list(args.presets)
+    if torch.cuda.is_available() and "base" not in presets:
+        presets.append("base")
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', 'unset')}", file=sys.stderr)
+    header = f"{'preset':<6} {'device':<6} {'prec':<5} {'baseline tok/s':>15} {'mlmlab tok/s':>13} {'ratio':>6} {'MFU':>6} {'base MFU':>8}"
+    print(header)
+    for preset in presets:
+        r = benchmark_preset(preset, args)
+        print(f"{r['preset']:<6} {r['device']:<6} {r['precision']:<5} {r['baseline_tokens_per_s']:>15.0f} "
+              f"{r['mlmlab_tokens_per_s']:>13.0f} {r['ratio']:>5.2f}x {r['mlmlab_mfu']:>6.1%} {r['baseline_mfu']:>8.1%}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

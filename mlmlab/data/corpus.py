@@ -1,0 +1,205 @@
+"""Read pretraining corpora as a stream of documents, each a list of sentences.
+
+Three formats are understood, each optionally gzip-compressed (detected by magic bytes):
+
+- plain text as google-research/bert expects it: one sentence or paragraph per line,
+  a blank line between documents;
+- WikiExtractor output: ``<doc ...>`` ... ``</doc>`` blocks whose first body line is the
+  article title (dropped); title-only blocks (about 62% of enwiki) are skipped;
+- JSONL: one JSON object per line with a ``text`` field, paragraphs separated by newlines.
+
+Documents stream one at a time so memory does not grow with corpus size.
+"""
+
+from __future__ import annotations
+
+import gzip
+import html
+import json
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from mlmlab.errors import UserError
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+# Why a regex and not nltk/spaCy: those need model downloads (machines here are offline),
+# are 10-100x slower, and NSP only needs roughly right segment boundaries (BERT itself
+# takes pre-split text and tolerates paragraph-sized segments).
+_ABBREVIATIONS = frozenset(
+    """
+    mr mrs ms dr prof sr jr st mt ft gen gov sen rep col lt sgt capt cmdr adm rev hon
+    vs etc al eg ie cf approx ca inc ltd co corp bros dept univ assn est fig figs vol
+    vols no nos op pp jan feb mar apr jun jul aug sep sept oct nov dec
+    """.split()
+)
+# A sentence ends at . ! or ? (plus closing quotes/brackets), then whitespace, then
+# something that can start a sentence.
+_BOUNDARY = re.compile(r"""[.!?]["'”’)\]]*\s+(?=["'“‘(\[]?[A-Z0-9])""")
+_LAST_WORD = re.compile(r"([A-Za-z][A-Za-z.]*)\.$")
+
+
+def split_sentences(paragraph: str) -> list[str]:
+    """Split one paragraph into sentences, keeping common abbreviations and initials intact."""
+    sentences = []
+    start = 0
+    for boundary in _BOUNDARY.finditer(paragraph):
+        if _ends_with_abbreviation(paragraph[start : boundary.start() + 1]):
+            continue
+        sentences.append(paragraph[start : boundary.end()].strip())
+        start = boundary.end()
+    sentences.append(paragraph[start:].strip())
+    return [s for s in sentences if s]
+
+
+def _ends_with_abbreviation(text: str) -> bool:
+    # Only the tail matters; searching the whole prefix each time is quadratic per paragraph.
+    match = _LAST_WORD.search(text[-40:])
+    if match is None:
+        return False
+    word = match.group(1)
+    # Single letters are initials ("J. R. R. Tolkien"); inner dots mean "U.S." / "e.g.".
+    return len(word) == 1 or "." in word or word.lower() in _ABBREVIATIONS
+
+
+def read_documents(paths: str | Path | Iterable[str | Path]) -> Iterator[list[str]]:
+    """Yield every document with text, in corpus order, as a list of sentences."""
+    for paragraphs in read_paragraph_documents(paths):
+        yield document_sentences(paragraphs)
+
+
+def document_sentences(paragraphs: list[str]) -> list[str]:
+    """Split a document's paragraphs into its list of sentences."""
+    return [sentence for paragraph in paragraphs for sentence in split_sentences(paragraph)]
+
+
+def read_paragraph_documents(paths: str | Path | Iterable[str | Path]) -> Iterator[list[str]]:
+    """Yield every document with text as a list of paragraphs (HTML entities unescaped).
+
+    Sentence splitting is left to the caller so that `prepare` can do it in worker
+    processes; raises UserError at the end when no file held any document.
+    """
+    paths = resolve_paths(paths)
+    found = False
+    for path in paths:
+        for document in _read_file(path):
+            found = True
+            yield document
+    if not found:
+        names = ", ".join(str(p) for p in paths)
+        raise UserError(
+            f"corpus {names} holds no document with text; "
+            "give files with a blank line between documents, <doc> blocks or JSONL with a 'text' field"
+        )
+
+
+def resolve_paths(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    """Normalise one path or many into a list of existing files."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    resolved = [Path(p) for p in paths]
+    if not resolved:
+        raise UserError("no corpus files given; pass at least one text, <doc> or JSONL file")
+    for path in resolved:
+        if not path.is_file():
+            raise UserError(f"corpus file {path} does not exist; check the path")
+    return resolved
+
+
+def _read_file(path: Path) -> Iterator[list[str]]:
+    with _open_binary(path) as raw:
+        lines = _decoded_lines(raw, path)
+        first = _first_nonblank(lines)
+        if first is None:
+            return
+        lines = _chain_first(first, lines)
+        if first[1].lstrip().startswith("<doc"):
+            yield from _wikiextractor_documents(lines)
+        elif first[1].lstrip().startswith("{"):
+            yield from _jsonl_documents(lines, path)
+        else:
+            yield from _plain_documents(lines)
+
+
+def _open_binary(path: Path) -> BinaryIO:
+    with open(path, "rb") as probe:
+        magic = probe.read(2)
+    return gzip.open(path, "rb") if magic == GZIP_MAGIC else open(path, "rb")
+
+
+def _decoded_lines(raw: BinaryIO, path: Path) -> Iterator[tuple[int, str]]:
+    """Yield (line number, text without newline); UTF-8 errors name file, line and byte."""
+    offset = 0
+    for number, line in enumerate(raw, start=1):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as err:
+            where = "uncompressed byte" if isinstance(raw, gzip.GzipFile) else "byte"
+            raise UserError(
+                f"{path} is not valid UTF-8 at line {number} ({where} offset {offset + err.start}); "
+                "re-encode it as UTF-8, e.g. `iconv -f latin1 -t utf-8`"
+            ) from None
+        offset += len(line)
+        yield number, text.rstrip("\r\n")
+
+
+def _first_nonblank(lines: Iterator[tuple[int, str]]) -> tuple[int, str] | None:
+    for number, text in lines:
+        if text.strip():
+            return number, text
+    return None
+
+
+def _chain_first(first: tuple[int, str], rest: Iterator[tuple[int, str]]) -> Iterator[tuple[int, str]]:
+    yield first
+    yield from rest
+
+
+def _paragraph(text: str) -> str:
+    return html.unescape(text).strip()
+
+
+def _plain_documents(lines: Iterator[tuple[int, str]]) -> Iterator[list[str]]:
+    document: list[str] = []
+    for _, text in lines:
+        paragraph = _paragraph(text)
+        if paragraph:
+            document.append(paragraph)
+        elif document:
+            yield document
+            document = []
+    if document:
+        yield document
+
+
+def _wikiextractor_documents(lines: Iterator[tuple[int, str]]) -> Iterator[list[str]]:
+    body: list[str] | None = None  # None = outside a <doc> block
+    for _, text in lines:
+        stripped = text.strip()
+        if stripped.startswith("<doc") and stripped.endswith(">"):
+            body = []
+        elif stripped == "</doc>":
+            # body[0] is the article title; title-only stubs yield nothing.
+            paragraphs = [p for p in (_paragraph(line) for line in (body or [])[1:]) if p]
+            if paragraphs:
+                yield paragraphs
+            body = None
+        elif body is not None and (stripped or body):
+            body.append(text)
+
+
+def _jsonl_documents(lines: Iterator[tuple[int, str]], path: Path) -> Iterator[list[str]]:
+    for number, text in lines:
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise UserError(f"{path} line {number} is not valid JSON ({err.msg}); fix or remove that line") from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise UserError(f"{path} line {number} has no string 'text' field; every JSONL line needs one")
+        paragraphs = [p for p in (_paragraph(line) for line in record["text"].split("\n")) if p]
+        if paragraphs:
+            yield paragraphs

@@ -1,0 +1,444 @@
+"""The prepared dataset: a folder of memory-mapped shards, named by a hash of what made it.
+
+`prepare` streams the corpus in chunks of `docs_per_shard` documents, turns each chunk into
+one shard in a worker process, and publishes the folder with one atomic rename, so a
+folder with meta.json is always complete. The main process holds at most two waves of
+chunks plus per-shard counts, so memory does not grow with the corpus.
+
+Limitation: a random NSP B is drawn from another document *of the same chunk*, not of
+the whole corpus; chunks are large (2000 documents by default), so a model cannot
+exploit this, and it is what lets chunks be built independently and in parallel.
+
+Layout::
+
+    <folder>/meta.json            hash, config, counts, special-token ids, shard list
+    <folder>/token_counts.npy     int64[vocab_size]: corpus token frequencies
+    <folder>/tokenizer/           copy of the tokenizer files (AutoTokenizer loads it)
+    <folder>/shard_00000/         input_ids (flat), offsets, a_len, nsp_label, doc_a,
+                                  doc_b, seg_a, seg_b (.npy each)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from itertools import chain, count, islice
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from mlmlab.data.corpus import document_sentences, read_paragraph_documents, resolve_paths
+from mlmlab.data.instances import RANDOM_NEXT, create_mlm_blocks, create_nsp_instances
+from mlmlab.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
+from mlmlab.errors import UserError
+
+# Bump whenever the shard layout or instance construction changes: old folders then
+# get a new hash instead of being misread.
+FORMAT_VERSION = 1
+OBJECTIVES = ("nsp", "mlm")
+SHARD_FIELDS = ("input_ids", "offsets", "a_len", "nsp_label", "doc_a", "doc_b", "seg_a", "seg_b")
+_HASH_BLOCK = 1 << 20
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _BuildConfig:
+    """Everything that determines the shards' content (all of it goes into the hash)."""
+
+    objective: str
+    max_seq_length: int
+    short_seq_prob: float
+    seed: int
+    docs_per_shard: int
+
+
+@dataclass(frozen=True)
+class _ShardTask:
+    index: int
+    first_doc: int
+    paragraph_docs: list[list[str]]
+    config: _BuildConfig
+    out_dir: str
+    cls_id: int
+    sep_id: int
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class _ShardSummary:
+    name: str
+    num_documents: int
+    num_instances: int
+    num_instance_tokens: int
+    num_random_next: int
+    token_counts: np.ndarray  # int64[vocab_size] over this chunk's corpus tokens
+
+
+def cache_root() -> Path:
+    """Where hash-named datasets live when no out_dir is given."""
+    return Path(os.environ.get("MLMLAB_CACHE") or Path.home() / ".cache" / "mlmlab" / "prepared")
+
+
+def prepare(
+    corpus_paths: str | Path | Iterable[str | Path],
+    tokenizer_dir: str | Path,
+    max_seq_length: int,
+    objective: str = "nsp",
+    short_seq_prob: float = 0.1,
+    seed: int = 12345,
+    out_dir: str | Path | None = None,
+    num_workers: int | None = None,
+    docs_per_shard: int = 2000,
+) -> Path:
+    """Build (or reuse) the prepared dataset for these inputs and settings; return its folder."""
+    config = _validated_config(objective, max_seq_length, short_seq_prob, seed, docs_per_shard)
+    num_workers = _validated_workers(num_workers)
+    paths = resolve_paths(corpus_paths)
+    tokenizer_dir = Path(tokenizer_dir)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    digest = dataset_hash(paths, tokenizer_dir, config)
+    target = Path(out_dir) if out_dir is not None else cache_root() / digest[:16]
+    if _holds_dataset(target, digest):
+        log.info("reusing prepared dataset %s", target)
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        _build(paths, tokenizer, tokenizer_dir, config, digest, staging, num_workers)
+        return _publish(staging, target, digest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def dataset_hash(paths: list[Path], tokenizer_dir: Path, config: _BuildConfig) -> str:
+    """sha256 over format version, config, corpus file contents and tokenizer files."""
+    digest = hashlib.sha256(json.dumps({"format": FORMAT_VERSION, **asdict(config)}, sort_keys=True).encode())
+    for path in paths:
+        digest.update(_file_sha256(path).encode())
+    digest.update(_tokenizer_sha256(tokenizer_dir).encode())
+    return digest.hexdigest()
+
+
+def _validated_config(objective, max_seq_length, short_seq_prob, seed, docs_per_shard) -> _BuildConfig:
+    if objective not in OBJECTIVES:
+        raise UserError(f"objective {objective!r} is unknown; use one of {', '.join(OBJECTIVES)}")
+    if not 8 <= max_seq_length <= 65535:
+        raise UserError(f"max_seq_length {max_seq_length} is out of range; use 8..65535 (BERT uses 128 then 512)")
+    if not 0.0 <= short_seq_prob <= 1.0:
+        raise UserError(f"short_seq_prob {short_seq_prob} is not a probability; use a value in [0, 1] (BERT: 0.1)")
+    if not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise UserError(f"seed {seed!r} must be a non-negative integer")
+    if docs_per_shard < 2:
+        raise UserError(f"docs_per_shard {docs_per_shard} is too small; random NSP pairs need >= 2 (default 2000)")
+    return _BuildConfig(objective, int(max_seq_length), float(short_seq_prob), int(seed), int(docs_per_shard))
+
+
+def _validated_workers(num_workers: int | None) -> int:
+    if num_workers is None:
+        return min(4, os.cpu_count() or 1)
+    if num_workers < 1:
+        raise UserError(f"num_workers {num_workers} must be at least 1")
+    return num_workers
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(_HASH_BLOCK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _tokenizer_sha256(tokenizer_dir: Path) -> str:
+    digest = hashlib.sha256()
+    for path in _tokenizer_files(tokenizer_dir):
+        digest.update(path.name.encode() + b"\0" + _file_sha256(path).encode())
+    return digest.hexdigest()
+
+
+def _tokenizer_files(tokenizer_dir: Path) -> list[Path]:
+    return sorted(p for p in tokenizer_dir.iterdir() if p.is_file())
+
+
+def _holds_dataset(target: Path, digest: str) -> bool:
+    """True when target is a complete dataset with this hash; refuse anything else non-empty."""
+    if not target.exists():
+        return False
+    if not target.is_dir():
+        raise UserError(f"{target} is a file, not a dataset folder; give a new or empty folder as out_dir")
+    if (target / "meta.json").is_file():
+        found = TokenStore(target).meta["hash"]
+        if found == digest:
+            return True
+        raise UserError(
+            f"{target} holds a dataset prepared from other inputs or settings (hash {found[:16]}, "
+            f"these give {digest[:16]}); pass another out_dir or delete that folder"
+        )
+    if any(target.iterdir()):
+        raise UserError(f"{target} exists and is not a prepared mlmlab dataset; give a new or empty folder as out_dir")
+    return False
+
+
+def _publish(staging: Path, target: Path, digest: str) -> Path:
+    """Rename the finished staging folder into place (atomic: readers never see half a dataset)."""
+    if target.is_dir() and not any(target.iterdir()):
+        target.rmdir()
+    try:
+        staging.rename(target)
+    except OSError:
+        # Another process (e.g. a second training rank) published the same dataset first.
+        if not _holds_dataset(target, digest):
+            raise
+        log.info("reusing prepared dataset %s (built concurrently)", target)
+    return target
+
+
+def _build(paths, tokenizer, tokenizer_dir, config, digest, staging: Path, num_workers: int) -> None:
+    shutil.copytree(tokenizer_dir, staging / "tokenizer")
+    vocab_size = len(tokenizer)
+    tasks = _shard_tasks(paths, config, staging, tokenizer, vocab_size)
+    context = multiprocessing.get_context()
+    initargs = (tokenizer.backend_tokenizer.to_str(),)
+    with context.Pool(num_workers, initializer=_init_worker, initargs=initargs) as pool:
+        summaries = _in_waves(pool, tasks, wave_size=num_workers)
+        totals = _accumulate(summaries, vocab_size)
+    if totals["num_instances"] == 0:
+        raise UserError(
+            f"no {config.objective} training instance could be made from {', '.join(p.name for p in paths)}: "
+            "the documents are too short or too few (NSP needs at least two documents); use more text"
+        )
+    np.save(staging / "token_counts.npy", totals.pop("token_counts"))
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "hash": digest,
+        "config": asdict(config),
+        "corpus": [str(p.resolve()) for p in paths],
+        "vocab_size": vocab_size,
+        "token_dtype": _token_dtype(vocab_size).__name__,
+        "special_token_ids": {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS},
+        **totals,
+    }
+    # meta.json is written last: its presence marks the folder complete.
+    (staging / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+
+
+def _shard_tasks(paths, config, staging, tokenizer, vocab_size) -> Iterator[_ShardTask]:
+    documents = read_paragraph_documents(paths)
+    first_doc = 0
+    for index in count():
+        chunk = list(islice(documents, config.docs_per_shard))
+        if not chunk:
+            return
+        yield _ShardTask(
+            index=index,
+            first_doc=first_doc,
+            paragraph_docs=chunk,
+            config=config,
+            out_dir=str(staging),
+            cls_id=tokenizer.cls_token_id,
+            sep_id=tokenizer.sep_token_id,
+            vocab_size=vocab_size,
+        )
+        first_doc += len(chunk)
+
+
+def _in_waves(pool, tasks: Iterable[_ShardTask], wave_size: int) -> Iterator[_ShardSummary]:
+    """Pool.imap in order, but at most two waves in flight.
+
+    Plain `pool.imap(f, tasks)` reads the whole corpus into its task queue ahead of the
+    workers; here the next wave is read while the workers process the current one.
+    """
+    in_flight: Iterator[_ShardSummary] = iter(())
+    while wave := list(islice(tasks, wave_size)):
+        submitted = pool.imap(_build_shard, wave)
+        yield from in_flight
+        in_flight = submitted
+    yield from in_flight
+
+
+def _accumulate(summaries: Iterable[_ShardSummary], vocab_size: int) -> dict:
+    totals = {"num_documents": 0, "num_instances": 0, "num_instance_tokens": 0, "num_random_next": 0}
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    shards = []
+    for summary in summaries:
+        for key in totals:
+            totals[key] += getattr(summary, key)
+        counts += summary.token_counts
+        shards.append({"name": summary.name, "num_instances": summary.num_instances})
+        log.info("shard %s: %d instances", summary.name, summary.num_instances)
+    return {**totals, "num_corpus_tokens": int(counts.sum()), "shards": shards, "token_counts": counts}
+
+
+def _token_dtype(vocab_size: int) -> type:
+    return np.uint16 if vocab_size <= 65536 else np.int32
+
+
+# Worker side. Each worker process parses the tokenizer once (initializer), then builds
+# whole shards; only a small summary travels back to the main process.
+_worker_tokenizer: Tokenizer | None = None
+
+
+def _init_worker(tokenizer_json: str) -> None:
+    global _worker_tokenizer
+    # The pool already uses every worker core; nested Rust threads would oversubscribe.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _worker_tokenizer = Tokenizer.from_str(tokenizer_json)
+    # Corpus text that literally says "[MASK]" or "[SEP]" is text, not a special token.
+    _worker_tokenizer.encode_special_tokens = True
+
+
+def _build_shard(task: _ShardTask) -> _ShardSummary:
+    documents, doc_ids = _tokenize(task.paragraph_docs, task.first_doc)
+    config = task.config
+    if config.objective == "nsp":
+        # Keyed by chunk index, so shards do not depend on the number of workers.
+        rng = np.random.default_rng([config.seed, task.index])
+        instances = create_nsp_instances(
+            documents, doc_ids, config.max_seq_length, config.short_seq_prob, task.cls_id, task.sep_id, rng
+        )
+    else:
+        instances = create_mlm_blocks(documents, doc_ids, config.max_seq_length, task.cls_id, task.sep_id)
+    name = f"shard_{task.index:05d}"
+    _write_shard(Path(task.out_dir) / name, instances, _token_dtype(task.vocab_size))
+    corpus_tokens = np.fromiter(chain.from_iterable(chain.from_iterable(documents)), dtype=np.int64)
+    return _ShardSummary(
+        name=name,
+        num_documents=len(task.paragraph_docs),
+        num_instances=len(instances),
+        num_instance_tokens=sum(len(x.input_ids) for x in instances),
+        num_random_next=sum(x.next_sentence_label == RANDOM_NEXT for x in instances),
+        token_counts=np.bincount(corpus_tokens, minlength=task.vocab_size),
+    )
+
+
+def _tokenize(paragraph_docs: list[list[str]], first_doc: int) -> tuple[list[list[list[int]]], list[int]]:
+    """Sentence-split and tokenize; drop sentences with no tokens and documents with none left."""
+    sentence_docs = [document_sentences(paragraphs) for paragraphs in paragraph_docs]
+    flat = [sentence for sentences in sentence_docs for sentence in sentences]
+    encodings = iter(_worker_tokenizer.encode_batch(flat, add_special_tokens=False))
+    documents, doc_ids = [], []
+    for position, sentences in enumerate(sentence_docs):
+        segments = [ids for ids in (next(encodings).ids for _ in sentences) if ids]
+        if segments:
+            documents.append(segments)
+            doc_ids.append(first_doc + position)
+    return documents, doc_ids
+
+
+def _write_shard(shard_dir: Path, instances, token_dtype: type) -> None:
+    shard_dir.mkdir()
+    lengths = np.array([len(x.input_ids) for x in instances], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    arrays = {
+        "input_ids": np.fromiter(chain.from_iterable(x.input_ids for x in instances), token_dtype, int(offsets[-1])),
+        "offsets": offsets,
+        "a_len": np.array([x.a_len for x in instances], dtype=np.int32),
+        "nsp_label": np.array([x.next_sentence_label for x in instances], dtype=np.int8),
+        "doc_a": np.array([x.doc_a for x in instances], dtype=np.int64),
+        "doc_b": np.array([x.doc_b for x in instances], dtype=np.int64),
+        "seg_a": np.array([x.seg_a for x in instances], dtype=np.int32).reshape(-1, 2),
+        "seg_b": np.array([x.seg_b for x in instances], dtype=np.int32).reshape(-1, 2),
+    }
+    for field in SHARD_FIELDS:
+        np.save(shard_dir / f"{field}.npy", arrays[field])
+
+
+class TokenStore:
+    """Random access to a prepared dataset; memmaps open lazily so the store pickles cheaply."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.meta = _read_meta(self.path)
+        counts = [shard["num_instances"] for shard in self.meta["shards"]]
+        self._starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        self._len = int(sum(counts))
+        self._shards: dict[int, dict[str, np.ndarray]] = {}
+        self._lengths: np.ndarray | None = None
+
+    def __getstate__(self) -> dict:
+        # DataLoader workers re-open memmaps themselves instead of receiving copies.
+        return {**self.__dict__, "_shards": {}, "_lengths": None}
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> dict:
+        if not -self._len <= index < self._len:
+            raise IndexError(f"instance {index} out of range for a store of {self._len}")
+        index %= self._len
+        shard_index = int(np.searchsorted(self._starts, index, side="right") - 1)  # skips empty shards
+        local = index - int(self._starts[shard_index])
+        shard = self._shard(shard_index)
+        start, end = shard["offsets"][local : local + 2]
+        input_ids = np.asarray(shard["input_ids"][start:end], dtype=np.int64)  # (T,)
+        token_type_ids = np.zeros_like(input_ids)  # (T,)
+        token_type_ids[int(shard["a_len"][local]) :] = 1
+        seg_a, seg_b = shard["seg_a"][local], shard["seg_b"][local]
+        return {
+            "input_ids": input_ids,
+            "token_type_ids": token_type_ids,
+            "next_sentence_label": int(shard["nsp_label"][local]),
+            "doc_a": int(shard["doc_a"][local]),
+            "doc_b": int(shard["doc_b"][local]),
+            "seg_a_start": int(seg_a[0]),
+            "seg_a_end": int(seg_a[1]),
+            "seg_b_start": int(seg_b[0]),
+            "seg_b_end": int(seg_b[1]),
+        }
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """int64[len(store)]: tokens per instance including specials (for length bucketing)."""
+        if self._lengths is None:
+            per_shard = [np.diff(self._shard(k)["offsets"]) for k in range(len(self._starts))]
+            self._lengths = np.concatenate(per_shard) if per_shard else np.zeros(0, dtype=np.int64)
+        return self._lengths
+
+    @property
+    def max_seq_length(self) -> int:
+        return int(self.meta["config"]["max_seq_length"])
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.path / "tokenizer"
+
+    @property
+    def token_counts(self) -> np.ndarray:
+        return np.load(self.path / "token_counts.npy")
+
+    def _shard(self, shard_index: int) -> dict[str, np.ndarray]:
+        if shard_index not in self._shards:
+            shard_dir = self.path / self.meta["shards"][shard_index]["name"]
+            self._shards[shard_index] = {f: np.load(shard_dir / f"{f}.npy", mmap_mode="r") for f in SHARD_FIELDS}
+        return self._shards[shard_index]
+
+
+def _read_meta(path: Path) -> dict:
+    """meta.json of a prepared folder, checked for format version and completeness."""
+    meta_path = path / "meta.json"
+    if not meta_path.is_file():
+        raise UserError(f"{path} is not a prepared mlmlab dataset (no meta.json); run `mlmlab prepare` first")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{meta_path} is corrupt ({err}); delete {path} and run `mlmlab prepare` again") from None
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise UserError(
+            f"{path} has dataset format {meta.get('format_version')} but this mlmlab reads format "
+            f"{FORMAT_VERSION}; run `mlmlab prepare` again into a new folder"
+        )
+    for required in [Path("token_counts.npy"), Path("tokenizer")] + [
+        Path(shard["name"]) / f"{field}.npy" for shard in meta["shards"] for field in SHARD_FIELDS
+    ]:
+        if not (path / required).exists():
+            raise UserError(f"{path} is incomplete (missing {required}); delete it and run `mlmlab prepare` again")
+    return meta

@@ -1,0 +1,107 @@
+"""Bad input: one clear line on stderr, a non-zero exit, nothing half-written."""
+
+import gzip
+
+import pytest
+
+from mlmlab.cli import main
+
+from conftest import SAMPLE
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.err.strip()
+
+
+def assert_one_line_error(code, err, *words):
+    assert code == 2
+    assert err.startswith("mlmlab: error: ") and "\n" not in err and "Traceback" not in err
+    for word in words:
+        assert word in err, err
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "tok"
+    assert main(["tokenizer", "--vocab", str(SAMPLE / "vocab.txt"), "--out", str(out)]) == 0
+    return out
+
+
+def test_empty_corpus(capsys, tmp_path, tokenizer_dir):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    out = tmp_path / "prepared"
+    code, err = run_cli(capsys, "prepare", "--corpus", str(empty), "--tokenizer", str(tokenizer_dir), "--out", str(out))
+    assert_one_line_error(code, err, "empty.txt")
+    assert not out.exists() and not list(tmp_path.glob(".*prepared*"))
+
+
+def test_undecodable_corpus(capsys, tmp_path, tokenizer_dir):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("Caf\xe9 au lait is a drink.\n".encode("latin-1") * 3)
+    out = tmp_path / "prepared"
+    code, err = run_cli(capsys, "prepare", "--corpus", str(bad), "--tokenizer", str(tokenizer_dir), "--out", str(out))
+    assert_one_line_error(code, err, "latin1.txt", "UTF-8")
+    assert not out.exists()
+
+
+def test_vocab_without_mask(capsys, tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(line for line in (SAMPLE / "vocab.txt").read_text().splitlines() if line != "[MASK]"))
+    code, err = run_cli(capsys, "tokenizer", "--vocab", str(vocab), "--out", str(tmp_path / "tok"))
+    assert_one_line_error(code, err, "[MASK]")
+
+
+@pytest.mark.parametrize("override, words", [
+    ("train.lrr=1e-3", ["train.lrr"]),
+    ("modle.hidden_size=64", ["modle"]),
+    ("masking.rate=1.5", ["masking.rate", "(0, 1)"]),
+    ("masking.rate=0", ["masking.rate"]),
+    ("data.max_seq_length=1024", ["max_position_embeddings"]),
+    ("train.lr=fast", ["train.lr"]),
+])
+def test_bad_config(capsys, tmp_path, override, words):
+    code, err = run_cli(capsys, "pretrain", override, f"train.out_dir={tmp_path / 'run'}")
+    assert_one_line_error(code, err, *words)
+    assert not (tmp_path / "run").exists()
+
+
+def test_mask_rate_on_the_mask_command(capsys):
+    code, err = run_cli(capsys, "mask", "a sentence", "--rate", "1.2")
+    assert_one_line_error(code, err, "rate")
+
+
+def test_not_a_prepared_dataset(capsys, tmp_path):
+    code, err = run_cli(capsys, "dump", "--data", str(tmp_path))
+    assert_one_line_error(code, err, "prepared")
+
+
+def test_not_a_model_folder(capsys, tmp_path, tokenizer_dir):
+    code, err = run_cli(capsys, "evaluate", "--model", str(tmp_path), "--data", str(tmp_path))
+    assert_one_line_error(code, err, "model folder")
+
+
+def test_corrupt_model_weights(capsys, tmp_path, tokenizer_dir):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "bert"}')
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    code, err = run_cli(capsys, "evaluate", "--model", str(folder), "--data", str(tmp_path))
+    assert_one_line_error(code, err, "cannot load")
+
+
+def test_missing_corpus_file(capsys, tmp_path, tokenizer_dir):
+    code, err = run_cli(capsys, "prepare", "--corpus", str(tmp_path / "nope.txt.gz"), "--tokenizer", str(tokenizer_dir))
+    assert_one_line_error(code, err, "nope.txt.gz")
+
+
+def test_short_documents_for_nsp(capsys, tmp_path, tokenizer_dir):
+    """A corpus of one one-sentence document cannot give a random B from another document."""
+    one = tmp_path / "one.txt.gz"
+    with gzip.open(one, "wt", encoding="utf-8") as handle:
+        handle.write("Just one sentence here.\n")
+    code, err = run_cli(capsys, "prepare", "--corpus", str(one), "--tokenizer", str(tokenizer_dir),
+                        "--out", str(tmp_path / "p"))
+    assert_one_line_error(code, err)

@@ -1,0 +1,339 @@
+"""Data pipeline: corpus readers, tokenizers, NSP/MLM instances, prepared token store."""
+
+import gzip
+import json
+import logging
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlmlab.data.corpus import read_documents, split_sentences
+from mlmlab.data.instances import (
+    IS_NEXT,
+    NO_NSP_LABEL,
+    RANDOM_NEXT,
+    _removal_counts,
+    create_mlm_blocks,
+    create_nsp_instances,
+    truncate_seq_pair,
+)
+from mlmlab.data.store import TokenStore, dataset_hash, prepare
+from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer, ordinary_token_ids, train_tokenizer
+from mlmlab.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "mlmlab" / "resources" / "sample"
+BERT_VOCAB = SAMPLE / "vocab.txt"  # bert-base-uncased, 30,522 lines
+
+
+def wiki_block(title, *paragraphs, doc_id=1):
+    body = "\n".join([title, "", *paragraphs])
+    return f'<doc id="{doc_id}" url="?curid={doc_id}" title="{title}">\n{body}\n</doc>\n'
+
+
+# ---------------------------------------------------------------- corpus
+
+
+def test_split_sentences_keeps_abbreviations_and_initials():
+    text = 'Dr. Smith met J. R. R. Tolkien in the U.S. in 1950. He left! "Why?" she asked. See e.g. Fig. 3 now.'
+    assert split_sentences(text) == [
+        "Dr. Smith met J. R. R. Tolkien in the U.S. in 1950.",
+        "He left!",
+        '"Why?" she asked.',
+        "See e.g. Fig. 3 now.",
+    ]
+
+
+def test_plain_text_blank_line_separates_documents(tmp_path):
+    path = tmp_path / "plain.txt"
+    path.write_text("First doc one. First doc two.\nA second line.\n\n\nSecond doc &amp; more.\n", encoding="utf-8")
+    assert list(read_documents(path)) == [
+        ["First doc one.", "First doc two.", "A second line."],
+        ["Second doc & more."],
+    ]
+
+
+def test_wikiextractor_drops_titles_and_skips_title_only_docs(tmp_path):
+    path = tmp_path / "wiki"
+    text = wiki_block("Stub") + wiki_block("Real", "Body one. Body two.", "Heading.", doc_id=2) + wiki_block("Stub2")
+    path.write_text(text, encoding="utf-8")
+    assert list(read_documents(path)) == [["Body one.", "Body two.", "Heading."]]
+
+
+def test_jsonl_and_gzip_detected_by_magic_bytes(tmp_path):
+    path = tmp_path / "corpus.txt"  # gzip behind a misleading extension
+    records = [{"text": "Para one. Still one.\nPara two &lt;x&gt;."}, {"text": "   "}, {"text": "Other doc."}]
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        handle.write("".join(json.dumps(r) + "\n" for r in records))
+    assert list(read_documents([path])) == [["Para one.", "Still one.", "Para two <x>."], ["Other doc."]]
+
+
+def test_missing_file_and_empty_corpus_raise_user_error(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        list(read_documents(tmp_path / "nope.txt"))
+    stubs = tmp_path / "stubs.txt"
+    stubs.write_text(wiki_block("Only a title") + "\n\n", encoding="utf-8")
+    with pytest.raises(UserError, match="no document with text"):
+        list(read_documents(stubs))
+
+
+def test_non_utf8_names_file_line_and_offset(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("Fine line.\nCaf\u00e9 au lait.\n".encode("latin-1"))
+    with pytest.raises(UserError) as err:
+        list(read_documents(path))
+    message = str(err.value)
+    assert "latin1.txt" in message and "line 2" in message and "offset 14" in message and "UTF-8" in message
+    assert "\n" not in message
+
+
+def test_jsonl_without_text_field_is_a_user_error(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "ok."}\n{"body": "no text"}\n', encoding="utf-8")
+    with pytest.raises(UserError, match="line 2 has no string 'text' field"):
+        list(read_documents(path))
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+def test_adopted_vocab_loads_with_autotokenizer_at_full_size(tmp_path):
+    from transformers import AutoTokenizer
+
+    folder = adopt_vocab(BERT_VOCAB, tmp_path / "tok")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    assert len(tokenizer) == 30522
+    encoded = tokenizer("Hello world", "Second part")
+    assert tokenizer.convert_ids_to_tokens(encoded["input_ids"]) == [
+        "[CLS]", "hello", "world", "[SEP]", "second", "part", "[SEP]"
+    ]
+    assert encoded["token_type_ids"] == [0, 0, 0, 0, 1, 1, 1]
+    ordinary = ordinary_token_ids(load_tokenizer(folder))
+    assert len(ordinary) == 30522 - 5 - 994  # minus specials and [unused0..993]
+    assert not set(ordinary.tolist()) & {0, 1, 100, 101, 102, 103}
+
+
+def test_trained_tokenizer_loads_with_its_vocab_size(tmp_path):
+    from transformers import AutoTokenizer
+
+    corpus = tmp_path / "corpus.txt"
+    sentences = [f"Sentence number {i} talks about topic {i % 7} and colour {i % 5}." for i in range(300)]
+    corpus.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    folder = train_tokenizer(corpus, vocab_size=300, out_dir=tmp_path / "trained")
+    lines = (folder / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    assert len(tokenizer) == len(lines) <= 300
+    assert lines[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert tokenizer("topic 3")["input_ids"][0] == tokenizer.cls_token_id
+
+
+def test_vocab_without_mask_is_a_user_error(tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"vocab .*vocab.txt has no \[MASK\] token; add"):
+        adopt_vocab(vocab, tmp_path / "out")
+
+
+# ---------------------------------------------------------------- instances
+
+CLS, SEP = 1, 2
+
+
+def coded_documents(rng, num_docs=60):
+    """Token id = 10**6 + doc*10**4 + segment*100 + position: each token says where it came from."""
+    documents = []
+    for doc in range(num_docs):
+        num_segments = int(rng.integers(1, 12))
+        lengths = rng.integers(1, 40, size=num_segments)
+        documents.append([[10**6 + doc * 10**4 + seg * 100 + pos for pos in range(n)] for seg, n in enumerate(lengths)])
+    return documents
+
+
+def decode(token):
+    doc, rest = divmod(token - 10**6, 10**4)
+    return doc, rest // 100, rest % 100
+
+
+def assert_contiguous_slice(tokens, documents, doc, seg_start, seg_end):
+    """tokens are a contiguous, in-order slice of the document's segments [seg_start, seg_end)."""
+    whole = [t for segment in documents[doc][seg_start:seg_end] for t in segment]
+    starts = [i for i, t in enumerate(whole[: len(whole) - len(tokens) + 1]) if t == tokens[0]]
+    assert any(whole[i : i + len(tokens)] == tokens for i in starts)
+
+
+def test_nsp_pairs_are_honest_and_fit(tmp_path):
+    rng = np.random.default_rng(0)
+    documents = coded_documents(rng)
+    doc_ids = list(range(len(documents)))
+    instances = create_nsp_instances(documents, doc_ids, 48, 0.1, CLS, SEP, np.random.default_rng(1))
+    assert len(instances) > 100
+    for x in instances:
+        assert len(x.input_ids) <= 48
+        assert x.input_ids[0] == CLS and x.input_ids[x.a_len - 1] == SEP and x.input_ids[-1] == SEP
+        tokens_a, tokens_b = x.input_ids[1 : x.a_len - 1], x.input_ids[x.a_len : -1]
+        assert tokens_a and tokens_b
+        assert_contiguous_slice(tokens_a, documents, x.doc_a, *x.seg_a)
+        assert_contiguous_slice(tokens_b, documents, x.doc_b, *x.seg_b)
+        if x.next_sentence_label == IS_NEXT:
+            assert x.doc_b == x.doc_a and x.seg_b[0] == x.seg_a[1]
+        else:
+            assert x.next_sentence_label == RANDOM_NEXT and x.doc_b != x.doc_a
+
+
+def test_single_segment_document_still_gives_random_pairs():
+    documents = [[[10, 11, 12]], [[20, 21], [22, 23]]]
+    labels = set()
+    for seed in range(20):
+        for x in create_nsp_instances(documents, [0, 1], 16, 0.0, CLS, SEP, np.random.default_rng(seed)):
+            if x.doc_a == 0:
+                labels.add(x.next_sentence_label)
+                assert x.doc_b == 1
+    assert labels == {RANDOM_NEXT}
+
+
+def test_truncation_matches_bert_token_by_token_lengths():
+    """BERT trims the longer side one token at a time (ties trim B); our counts agree."""
+    for len_a in range(0, 30):
+        for len_b in range(0, 30):
+            for max_tokens in (2, 7, 20, 45):
+                a, b = len_a, len_b
+                while a + b > max_tokens:
+                    if a > b:
+                        a -= 1
+                    else:
+                        b -= 1
+                assert _removal_counts(len_a, len_b, max_tokens) == (len_a - a, len_b - b)
+    a, b = truncate_seq_pair(list(range(50)), list(range(100, 130)), 40, np.random.default_rng(3))
+    assert len(a) == 20 and len(b) == 20
+    assert a == list(range(a[0], a[0] + 20))  # trimmed only at the ends
+
+
+def test_mlm_blocks_pack_every_token_in_order_within_length():
+    documents = coded_documents(np.random.default_rng(5), num_docs=30)
+    blocks = create_mlm_blocks(documents, list(range(30)), 64, CLS, SEP)
+    packed = []
+    for block in blocks:
+        assert len(block.input_ids) <= 64 and block.next_sentence_label == NO_NSP_LABEL
+        assert block.a_len == len(block.input_ids)
+        packed += [t for t in block.input_ids[1:-1] if t != SEP]
+    assert packed == [t for document in documents for segment in document for t in segment]
+    assert np.mean([len(b.input_ids) for b in blocks]) > 0.7 * 64  # segments of up to 40 tokens pack well
+
+
+# ---------------------------------------------------------------- store
+
+
+@pytest.fixture(scope="module")
+def vocab_dir(tmp_path_factory):
+    return adopt_vocab(BERT_VOCAB, tmp_path_factory.mktemp("vocab") / "uncased")
+
+
+@pytest.fixture(scope="module")
+def nsp_store(vocab_dir, tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("ds") / "nsp"
+    return TokenStore(prepare(SAMPLE / "train.txt.gz", vocab_dir, 128, out_dir=out_dir, num_workers=2))
+
+
+def sample_segments(tokenizer):
+    """The sample's documents as the store sees them: tokenized sentences, empty ones dropped."""
+    documents = []
+    for sentences in read_documents(SAMPLE / "train.txt.gz"):
+        ids = tokenizer(sentences, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        documents.append([x for x in ids if x])
+    return documents
+
+
+def test_nsp_acceptance_on_wikipedia_sample(nsp_store):
+    store = nsp_store
+    items = [store[i] for i in range(len(store))]
+    assert len(items) >= 5000
+    labels = np.array([x["next_sentence_label"] for x in items])
+    assert abs(labels.mean() - 0.5) <= 0.02
+    assert store.lengths.max() <= 128 == store.max_seq_length
+    assert np.array_equal(store.lengths, [len(x["input_ids"]) for x in items])
+    documents = sample_segments(load_tokenizer(store.tokenizer_dir))
+    for x in items:
+        ids, types = x["input_ids"].tolist(), x["token_type_ids"]
+        first_sep = ids.index(102)
+        assert ids[0] == 101 and ids[-1] == 102 and ids.count(102) == 2
+        assert not types[: first_sep + 1].any() and types[first_sep + 1 :].all()
+        assert_contiguous_slice(ids[1:first_sep], documents, x["doc_a"], x["seg_a_start"], x["seg_a_end"])
+        assert_contiguous_slice(ids[first_sep + 1 : -1], documents, x["doc_b"], x["seg_b_start"], x["seg_b_end"])
+        if x["next_sentence_label"] == 1:
+            assert x["doc_b"] != x["doc_a"]
+        else:
+            assert x["doc_b"] == x["doc_a"] and x["seg_b_start"] == x["seg_a_end"]
+
+
+def test_store_meta_counts_and_pickling(nsp_store):
+    meta = nsp_store.meta
+    assert meta["num_instances"] == len(nsp_store)
+    assert meta["vocab_size"] == 30522 == len(nsp_store.token_counts)
+    assert nsp_store.token_counts.sum() == meta["num_corpus_tokens"]
+    assert meta["special_token_ids"]["[MASK]"] == 103
+    clone = pickle.loads(pickle.dumps(nsp_store))
+    for index in (0, len(nsp_store) // 2, -1):
+        assert np.array_equal(clone[index]["input_ids"], nsp_store[index]["input_ids"])
+    with pytest.raises(IndexError):
+        nsp_store[len(nsp_store)]
+
+
+def test_prepare_reuses_hash_folder_and_refuses_a_different_one(vocab_dir, tmp_path, caplog, monkeypatch):
+    corpus = SAMPLE / "valid.txt.gz"
+    monkeypatch.setenv("MLMLAB_CACHE", str(tmp_path / "cache"))
+    first = prepare(corpus, vocab_dir, 64, num_workers=1)
+    assert first.parent == tmp_path / "cache" and len(first.name) == 16
+    with caplog.at_level(logging.INFO, logger="mlmlab.data.store"):
+        assert prepare(corpus, vocab_dir, 64, num_workers=2) == first
+    assert "reusing" in caplog.text
+    out = tmp_path / "mine"
+    prepare(corpus, vocab_dir, 64, out_dir=out, num_workers=1)
+    with pytest.raises(UserError, match="other inputs or settings"):
+        prepare(corpus, vocab_dir, 64, seed=7, out_dir=out, num_workers=1)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "notes.txt").write_text("mine", encoding="utf-8")
+    with pytest.raises(UserError, match="not a prepared mlmlab dataset"):
+        prepare(corpus, vocab_dir, 64, out_dir=tmp_path / "junk", num_workers=1)
+
+
+def test_results_identical_with_one_and_two_workers(vocab_dir, tmp_path):
+    folders = [
+        prepare(SAMPLE / "valid.txt.gz", vocab_dir, 64, out_dir=tmp_path / f"w{n}", num_workers=n, docs_per_shard=40)
+        for n in (1, 2)
+    ]
+    files = sorted(p.relative_to(folders[0]) for p in folders[0].rglob("*.npy"))
+    assert len(files) > 8 * 3  # several shards
+    for relative in files:
+        assert (folders[0] / relative).read_bytes() == (folders[1] / relative).read_bytes(), relative
+
+
+def test_mlm_objective_blocks_fit_and_carry_no_nsp_label(vocab_dir, tmp_path):
+    store = TokenStore(prepare(SAMPLE / "valid.txt.gz", vocab_dir, 64, objective="mlm", out_dir=tmp_path / "m"))
+    assert store.lengths.max() <= 64 and store.lengths.mean() > 0.7 * 64  # whole sentences, packed
+    item = store[3]
+    assert item["next_sentence_label"] == -1 and not item["token_type_ids"].any()
+
+
+def test_token_store_errors_are_user_errors(vocab_dir, tmp_path):
+    with pytest.raises(UserError, match=r"is not a prepared mlmlab dataset \(no meta.json\); run `mlmlab prepare`"):
+        TokenStore(tmp_path)
+    folder = prepare(SAMPLE / "valid.txt.gz", vocab_dir, 32, out_dir=tmp_path / "d", num_workers=1)
+    (folder / "shard_00000" / "offsets.npy").unlink()
+    with pytest.raises(UserError, match="incomplete"):
+        TokenStore(folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    (folder / "meta.json").write_text(json.dumps({**meta, "format_version": -1}))
+    with pytest.raises(UserError, match="format"):
+        TokenStore(folder)
+
+
+def test_hash_depends_on_corpus_content(vocab_dir, tmp_path):
+    from mlmlab.data.store import _validated_config
+
+    config = _validated_config("nsp", 128, 0.1, 1, 2000)
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("One.\n", encoding="utf-8")
+    b.write_text("Two.\n", encoding="utf-8")
+    assert dataset_hash([a], vocab_dir, config) != dataset_hash([b], vocab_dir, config)
