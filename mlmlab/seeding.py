@@ -10,6 +10,8 @@ below 2**31 so that a 32-bit value times a multiplier stays below 2**63: int64 t
 arithmetic then never overflows, on CPU or CUDA.
 """
 
+import functools
+
 import torch
 
 _MASK32 = 0xFFFFFFFF
@@ -40,15 +42,25 @@ def _absorb(state, key):
     return mix32(state ^ mix32(key + _GOLDEN))
 
 
-def key_hash(seed: int, stream: int, example_ids: torch.Tensor, epoch_keys: torch.Tensor, length: int) -> torch.Tensor:
-    """32-bit hashes of every (seed, stream, example, epoch, position); shape (B, length), int64."""
-    base = _absorb(_absorb(0, seed), stream)  # Python int
-    per_example = _absorb(_absorb(base, example_ids.long()), epoch_keys.long())  # (B,)
-    positions = torch.arange(length, device=example_ids.device)  # (T,)
-    return _absorb(per_example[:, None], positions[None, :])  # (B, T)
+@functools.lru_cache(maxsize=32)
+def _position_keys(length: int, device: torch.device) -> torch.Tensor:
+    """(T,) mixed positions: shared by every batch of this length, so computed once."""
+    return mix32(torch.arange(length, device=device) + _GOLDEN)
 
 
-def uniforms(seed: int, stream: int, example_ids: torch.Tensor, epoch_keys: torch.Tensor, length: int) -> torch.Tensor:
-    """Uniform floats strictly inside (0, 1), shape (B, length), float32, 24 random bits each."""
-    bits = key_hash(seed, stream, example_ids, epoch_keys, length) >> 8  # (B, T) in [0, 2**24)
+def key_hash(seed: int, streams, example_ids: torch.Tensor, epoch_keys: torch.Tensor, length: int) -> torch.Tensor:
+    """32-bit hashes of every (seed, stream, example, epoch, position): (S, B, T) int64.
+
+    ``streams`` is a sequence of S stream ids; they share every op, so drawing the three
+    streams of one masking step costs one pass.
+    """
+    streams = torch.as_tensor(streams, device=example_ids.device)[:, None]  # (S, 1)
+    per_example = _absorb(_absorb(_absorb(_absorb(0, seed), streams), example_ids.long()[None, :]),
+                          epoch_keys.long()[None, :])  # (S, B)
+    return mix32(per_example[:, :, None] ^ _position_keys(length, example_ids.device))  # (S, B, T)
+
+
+def uniforms(seed: int, streams, example_ids: torch.Tensor, epoch_keys: torch.Tensor, length: int) -> torch.Tensor:
+    """Uniform floats strictly inside (0, 1): (S, B, T) float32, 24 random bits each."""
+    bits = key_hash(seed, streams, example_ids, epoch_keys, length) >> 8  # in [0, 2**24)
     return (bits.float() + 0.5) / float(1 << 24)

@@ -13,21 +13,11 @@ import numpy as np
 import torch
 
 from mlmlab.data.loader import LoaderPosition, iterate_batches
-from mlmlab.masking.strategies import eval_masks
+from mlmlab.masking.strategies import eval_masks, frequency_buckets
 from mlmlab.errors import UserError
 from mlmlab.model import SparsePretraining
 
 DEFAULT_BUCKETS = (1000, 10000)  # rank cut-offs: the 1k most frequent ids, the next 9k, the rest
-
-
-def frequency_buckets(token_counts: np.ndarray, cutoffs=DEFAULT_BUCKETS) -> tuple[torch.Tensor, list[str]]:
-    """(V,) bucket index per id by corpus-frequency rank, and the bucket names."""
-    rank = np.empty(len(token_counts), dtype=np.int64)
-    rank[np.argsort(-token_counts, kind="stable")] = np.arange(len(token_counts))
-    bucket = np.searchsorted(np.asarray(cutoffs), rank, side="right")
-    edges = (0, *cutoffs)
-    names = [f"top{edges[i]}-{edges[i + 1]}" for i in range(len(cutoffs))] + [f"rank>{cutoffs[-1]}"]
-    return torch.as_tensor(bucket), names
 
 
 class _Totals:
@@ -63,7 +53,8 @@ def evaluate_mlm(bert, store, info, *, batch_size: int = 32, max_batches: int | 
     module = SparsePretraining(bert, use_nsp=True)
     was_training = bert.training
     bert.eval()
-    bucket_of, names = frequency_buckets(token_counts) if token_counts is not None else (None, [])
+    bucket_of, names = (frequency_buckets(token_counts, DEFAULT_BUCKETS, len(token_counts))
+                        if token_counts is not None else (None, []))
     totals = _Totals(len(names))
     num_batches = min(max_batches or len(store) // batch_size, max(1, len(store) // batch_size))
     batches = iterate_batches(store, batch_size=min(batch_size, len(store)), seed=0, start=LoaderPosition(),
@@ -90,8 +81,8 @@ def _summarise(totals: _Totals, names: list[str]) -> dict:
         report["nsp_accuracy"] = totals.nsp_correct / totals.nsp_count
     for i, name in enumerate(names):
         n = totals.bucket_count[i].item()
-        report[f"perplexity_{name}"] = math.exp(totals.bucket_loss[i].item() / n) if n else float("nan")
-        report[f"masked_tokens_{name}"] = int(n)
+        report[f"perplexity_freq_{name}"] = math.exp(totals.bucket_loss[i].item() / n) if n else float("nan")
+        report[f"masked_tokens_freq_{name}"] = int(n)
     return report
 
 

@@ -155,7 +155,7 @@ def select_and_corrupt(
         eligible = eligible_positions(input_ids, info.special_ids)
     if weights is None:
         weights = torch.ones(batch, length, device=input_ids.device)
-    draws = {s: seeding.uniforms(seed, s, example_ids, epoch_keys, length) for s in seeding.MASK_STREAMS}
+    draws = dict(zip(seeding.MASK_STREAMS, seeding.uniforms(seed, seeding.MASK_STREAMS, example_ids, epoch_keys, length)))
     k = count_to_select(eligible, rate)  # (B,)
     if is_continuation is None:
         selected = gumbel_top_k(weights, eligible, k, draws[seeding.STREAM_SELECT])

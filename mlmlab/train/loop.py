@@ -19,13 +19,15 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, set_seed
 from safetensors.torch import load_model
+from torch.utils.tensorboard import SummaryWriter
 from tqdm.auto import tqdm
 
 from mlmlab.config import Config, config_text
 from mlmlab.data.loader import LoaderPosition, iterate_batches
 from mlmlab.errors import UserError
 from mlmlab.evaluate.perplexity import evaluate_mlm
-from mlmlab.masking.select import Corruption, IGNORE_INDEX, token_info_for
+from mlmlab.masking.select import IGNORE_INDEX, Corruption, continuation_table, token_info_for
+from mlmlab.masking.schedules import rate_at
 from mlmlab.masking.strategies import build_strategy, mask_batch
 from mlmlab.model import SparsePretraining, build_model
 from mlmlab.train import checkpoint
@@ -77,12 +79,15 @@ class Trainer:
         self.cfg = cfg
         self.progress = progress
         ddp_kwargs = DistributedDataParallelKwargs(find_unused_parameters=cfg.data.objective == "mlm")
-        self.accelerator = Accelerator(mixed_precision=_mixed_precision(cfg.train.precision), kwargs_handlers=[ddp_kwargs])
+        # cpu=True is what makes accelerate run several CPU processes (gloo) under torchrun.
+        self.accelerator = Accelerator(mixed_precision=_mixed_precision(cfg.train.precision), kwargs_handlers=[ddp_kwargs],
+                                       cpu=not torch.cuda.is_available())
         if self.accelerator.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
         self.run_dir = run_dir_for(cfg)
         self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.tensorboard = None  # opened on first write, on the main process only
         with self.accelerator.main_process_first():
             self.train_store, self.valid_store, self.tokenizer = prepare_datasets(cfg)
         self.info = token_info_for(self.tokenizer, cfg.masking.mask_unk)
@@ -94,7 +99,9 @@ class Trainer:
         self.module = SparsePretraining(self.bert, use_nsp=cfg.data.objective == "nsp")
         self.optimizer = build_optimizer(self.module, cfg.train, self.accelerator.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.train)
-        self.strategy = build_strategy(cfg.masking)
+        self.strategy = build_strategy(cfg.masking, info=self.info, vocab_size=len(self.tokenizer),
+                                       token_counts=self.train_store.token_counts)
+        self.continuation = continuation_table(self.tokenizer) if cfg.masking.whole_word else None
         self.state = TrainerState()
         self._start(resume)
         self.module, self.optimizer = self.accelerator.prepare(self.module, self.optimizer)
@@ -163,13 +170,15 @@ class Trainer:
     # ----- one step ----------------------------------------------------------------------
     def masked_micro_batches(self, batches) -> list[dict]:
         progress = self.state.step / self.cfg.train.max_steps
+        masking = self.cfg.masking
         micro = []
         for _ in range(self.cfg.train.grad_accum):
             self.state.position, batch = next(batches)
             batch = {k: v.to(self.accelerator.device) for k, v in batch.items()}
             weights = self.strategy.weights(self.bert, batch, progress)
-            micro.append(mask_batch(batch, seed=self.cfg.masking.seed, epoch_key=self.strategy.epoch_key(self.state.position.epoch),
-                                    rate=self.cfg.masking.rate, info=self.info, corruption=self.corruption, weights=weights))
+            micro.append(mask_batch(batch, seed=masking.seed, epoch_key=self.strategy.epoch_key(self.state.position.epoch),
+                                    rate=rate_at(masking, progress), info=self.info, corruption=self.corruption,
+                                    weights=weights, whole_word=masking.whole_word, continuation=self.continuation))
         return micro
 
     def _global_denominators(self, micro: list[dict]) -> tuple[float, float]:
@@ -283,13 +292,29 @@ class Trainer:
         return summary
 
     def _write_metrics(self, record: dict) -> None:
-        if self.accelerator.is_main_process:
-            with open(self.metrics_path, "a") as handle:
-                handle.write(json.dumps(record) + "\n")
+        """One JSON line per record, and the same numbers as TensorBoard scalars."""
+        if not self.accelerator.is_main_process:
+            return
+        with open(self.metrics_path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if self.tensorboard is None:
+            self.tensorboard = SummaryWriter(str(self.run_dir / "tensorboard"))
+        for name, value in _flat_scalars(record):
+            self.tensorboard.add_scalar(name, value, record["step"])
+        self.tensorboard.flush()
 
     def _log_line(self, text: str) -> None:
         if self.accelerator.is_main_process:
             tqdm.write(text)
+
+
+def _flat_scalars(record: dict, prefix: str = ""):
+    """(name, value) for every number in a (nested) metrics record, except the step itself."""
+    for key, value in record.items():
+        if isinstance(value, dict):
+            yield from _flat_scalars(value, f"{prefix}{key}/")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
+            yield prefix + key, value
 
 
 def pretrain(cfg: Config, resume: str | None = None, progress: bool = True) -> dict:

@@ -1,0 +1,248 @@
+"""Uncertainty scores for Adaptive Dynamic Masking: how much a position is worth masking.
+
+Every scorer returns (B, T) float32 scores, high = hard, meaningful on eligible
+positions only (0 elsewhere). Two families:
+
+Model scorers run the current model on the batch before it is masked (no dropout:
+eval mode, restored afterwards, so scoring never draws from torch's global RNG):
+
+- ``entropy`` (the seed's): entropy of the MLM head's distribution at every eligible
+  position of the UNMASKED sequence. The vocabulary projection is done ``chunk``
+  positions at a time, so a B×T×V probability tensor never exists.
+- ``max_prob``: 1 / max_j p_j of the same distribution, same chunking.
+- ``grad_norm``: per-position L2 norm of d(MLM loss)/d(input embedding), where the MLM
+  loss is the summed cross-entropy of a uniformly 15%-masked copy of the batch (its own
+  counter-based stream, seeding.STREAM_SCORE). An extra forward AND backward: research only.
+
+Both ``entropy`` and ``max_prob`` look at a token the model can SEE. A trained encoder
+mostly copies a visible input token to its output, so after the first few hundred steps
+these scores measure how well the model copies (mostly: how rare and how poorly embedded
+the token is), not how hard the token is to infer from its context — which is what
+masking asks of the model.
+
+Loss scorers learn from the masked-LM losses the training step computes anyway
+(``observe``), so they cost a table lookup per position:
+
+- ``loss_ema``: per-vocabulary-id running mean (EMA) of the loss of that id when it was
+  masked and predicted. Unseen ids score the running mean loss over all tokens.
+- ``context``: the same running loss keyed by the token together with its immediate
+  context, a hash of (left id, id, right id) of the original sequence into a fixed table
+  (``context_buckets`` entries), backing off to the id's entry, then to the global mean.
+  Why this measures "hard to predict when masked": every entry is an average of losses
+  the model incurred predicting that token FROM ITS CONTEXT with the token hidden, so it
+  is the quantity masking trains on, not a copying score; keying by the neighbours
+  separates "the" after "of" (easy) from a name after "the" (hard) where ``loss_ema``
+  gives one number per id. Design choices: a per-(example, position) cache would be
+  exact but grows with the corpus and is refreshed only when that very position is
+  masked again (~15% of epochs); a hashed trigram table is fixed-size, shared across
+  examples, and refreshed by every occurrence. Hash collisions average unrelated
+  contexts; with 2**20 buckets that is a known, bounded blur. Entries lag the model by
+  their EMA horizon, which is what makes them free.
+"""
+
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+
+from mlmlab import seeding
+from mlmlab.masking.select import IGNORE_INDEX, Corruption, select_and_corrupt
+
+MODEL_SCORERS = ("entropy", "max_prob", "grad_norm")
+LOSS_SCORERS = ("loss_ema", "context")
+GRAD_NORM_RATE = 0.15  # mask rate of the copy whose loss grad_norm differentiates
+
+
+def unwrap(model):
+    """The BertForPreTraining inside a DDP/accelerate wrapper or a SparsePretraining module."""
+    model = getattr(model, "module", model)
+    return model if hasattr(model, "cls") else model.bert
+
+
+def encode(model, batch: dict) -> torch.Tensor:
+    """(B, T, H) final hidden states of a BertForPreTraining on an (unmasked) batch."""
+    out = model.bert(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
+    )
+    return out[0]
+
+
+@contextmanager
+def eval_mode(model):
+    """No dropout while scoring (and no draws from the global RNG); training mode restored."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (C, V)
+    return -(logp.exp() * logp).sum(dim=-1)  # (C,)
+
+
+def _inverse_max_prob(logits: torch.Tensor) -> torch.Tensor:
+    logits = logits.float()
+    return torch.exp(torch.logsumexp(logits, dim=-1) - logits.max(dim=-1).values)  # (C,) = 1 / max p
+
+
+def _over_vocab(model, batch, eligible, vocab_size: int, chunk: int, reduce) -> torch.Tensor:
+    """reduce(logits) at every eligible position, ``chunk`` positions per vocabulary projection."""
+    model = unwrap(model)
+    batch_size, length = eligible.shape
+    with torch.no_grad(), eval_mode(model):
+        hidden = encode(model, batch)  # (B, T, H)
+        index = eligible.flatten().nonzero().squeeze(1)  # (N,)
+        hidden = hidden.flatten(0, 1).index_select(0, index)  # (N, H)
+        scores = torch.zeros(batch_size * length, device=hidden.device)  # (B*T,)
+        for start in range(0, index.numel(), chunk):
+            logits = model.cls.predictions(hidden[start : start + chunk])[:, :vocab_size]  # (C, V)
+            scores[index[start : start + chunk]] = reduce(logits)
+    return scores.view(batch_size, length)
+
+
+def entropy_scores(model, batch, eligible, vocab_size: int, chunk: int = 2048) -> torch.Tensor:
+    """(B, T) entropy (nats) of the predicted distribution at each eligible, unmasked position."""
+    return _over_vocab(model, batch, eligible, vocab_size, chunk, _entropy)
+
+
+def max_prob_scores(model, batch, eligible, vocab_size: int, chunk: int = 2048) -> torch.Tensor:
+    """(B, T) 1 / max predicted probability at each eligible, unmasked position (>= 1)."""
+    return _over_vocab(model, batch, eligible, vocab_size, chunk, _inverse_max_prob)
+
+
+def naive_entropy_scores(model, batch, eligible, vocab_size: int) -> torch.Tensor:
+    """Reference: the full (B, T, V) softmax at once. Tests and benchmarks only."""
+    model = unwrap(model)
+    with torch.no_grad(), eval_mode(model):
+        hidden = encode(model, batch)  # (B, T, H)
+        logits = model.cls.predictions(hidden)[..., :vocab_size].float()  # (B, T, V)
+        probs = torch.softmax(logits, dim=-1)
+        entropy = -(probs * torch.log(probs.clamp(min=1e-30))).sum(dim=-1)  # (B, T)
+    return torch.where(eligible, entropy, torch.zeros_like(entropy))
+
+
+def score_seed(seed: int) -> int:
+    """The seed of grad_norm's masked copy: independent of the training masks' streams."""
+    return seeding.mix32(seeding.mix32(seed) ^ seeding.STREAM_SCORE)
+
+
+def grad_norm_scores(model, batch, eligible, *, info, vocab_size: int, seed: int, key: int) -> torch.Tensor:
+    """(B, T) norm of d(summed MLM loss of a uniformly masked copy)/d(input embedding) per position."""
+    model = unwrap(model)
+    example_ids = batch["example_ids"]
+    masked, labels, _ = select_and_corrupt(
+        batch["input_ids"], example_ids, torch.full_like(example_ids, key),
+        seed=score_seed(seed), rate=GRAD_NORM_RATE, info=info, corruption=Corruption(), eligible=eligible,
+    )
+    with torch.enable_grad(), eval_mode(model):
+        embeds = model.bert.embeddings.word_embeddings(masked).detach().requires_grad_(True)  # (B, T, H)
+        out = model.bert(
+            inputs_embeds=embeds, attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
+        )
+        index = (labels != IGNORE_INDEX).flatten().nonzero().squeeze(1)  # (M,)
+        logits = model.cls.predictions(out[0].flatten(0, 1).index_select(0, index))[:, :vocab_size]  # (M, V)
+        loss = F.cross_entropy(logits.float(), labels.flatten().index_select(0, index), reduction="sum")
+        (grad,) = torch.autograd.grad(loss, embeds)  # parameters' .grad untouched
+    return torch.where(eligible, grad.norm(dim=-1), torch.zeros(eligible.shape, device=grad.device))
+
+
+class LossTable:
+    """Running mean (EMA) of masked-LM loss per key; an entry's first observation sets it."""
+
+    def __init__(self, size: int, decay: float):
+        self.decay = decay
+        self.value = torch.zeros(size)  # (K,)
+        self.count = torch.zeros(size, dtype=torch.long)  # (K,) observations, 0 = never seen
+
+    def _follow(self, device) -> None:
+        """The table lives on the device of the batches that use it (no host round trip per step)."""
+        if self.value.device != device:
+            self.value, self.count = self.value.to(device), self.count.to(device)
+
+    def update(self, keys: torch.Tensor, losses: torch.Tensor) -> None:
+        self._follow(keys.device)
+        losses = losses.detach().float().to(keys.device)
+        unique, inverse = torch.unique(keys, return_inverse=True)  # (U,), (M,)
+        sums = torch.zeros(len(unique), device=keys.device).index_add_(0, inverse, losses)
+        hits = torch.zeros(len(unique), dtype=torch.long, device=keys.device).index_add_(0, inverse, torch.ones_like(inverse))
+        mean = sums / hits
+        old = self.value[unique]
+        seen = self.count[unique] > 0
+        self.value[unique] = torch.where(seen, self.decay * old + (1 - self.decay) * mean, mean)
+        self.count[unique] += hits
+
+    def lookup(self, keys: torch.Tensor, default: torch.Tensor) -> torch.Tensor:
+        """Entries at keys (any shape); ``default`` (same shape) where never seen."""
+        self._follow(keys.device)
+        flat = keys.flatten()
+        return torch.where(self.count[flat] > 0, self.value[flat], default.flatten()).view(keys.shape)
+
+    def state_dict(self, prefix: str) -> dict:
+        return {f"{prefix}_value": self.value.cpu().clone(), f"{prefix}_count": self.count.cpu().clone()}
+
+    def load_state_dict(self, state: dict, prefix: str) -> None:
+        self.value = state[f"{prefix}_value"].clone().float().cpu()
+        self.count = state[f"{prefix}_count"].clone().long().cpu()
+
+
+def context_keys(input_ids: torch.Tensor, buckets: int) -> torch.Tensor:
+    """(B, T) bucket of each position's (left id, id, right id); -1 stands for the sequence edge."""
+    edge = torch.full_like(input_ids[:, :1], -1)
+    left = torch.cat([edge, input_ids[:, :-1]], dim=1)  # (B, T)
+    right = torch.cat([input_ids[:, 1:], edge], dim=1)  # (B, T)
+    h = seeding.mix32(seeding.mix32(seeding.mix32(left.long()) ^ input_ids.long()) ^ (right.long() & 0xFFFFFFFF))
+    return h % buckets
+
+
+class LossScorer:
+    """loss_ema (per id) and context (per hashed trigram, backing off to per id) scores."""
+
+    def __init__(self, kind: str, vocab_size: int, decay: float, buckets: int):
+        self.kind = kind
+        self.buckets = buckets
+        self.ids = LossTable(vocab_size, decay)
+        self.contexts = LossTable(buckets, decay) if kind == "context" else None
+        self.global_value = torch.zeros(())  # EMA of the mean loss over all predicted tokens
+        self.global_count = torch.zeros((), dtype=torch.long)
+        self.decay = decay
+
+    def observe(self, original_ids: torch.Tensor, selected_index: torch.Tensor, token_losses: torch.Tensor) -> None:
+        """Learn from one step: original_ids (B, T), selected_index (M,) flat, token_losses (M,)."""
+        if selected_index.numel() == 0:
+            return
+        losses = token_losses.detach().float()
+        ids = original_ids.flatten().index_select(0, selected_index)  # (M,)
+        self.ids.update(ids, losses)
+        if self.contexts is not None:
+            keys = context_keys(original_ids, self.buckets).flatten().index_select(0, selected_index)
+            self.contexts.update(keys, losses)
+        mean = losses.mean()
+        old = self.global_value.to(mean.device)
+        seen = self.global_count.to(mean.device) > 0
+        self.global_value = torch.where(seen, self.decay * old + (1 - self.decay) * mean, mean)
+        self.global_count = self.global_count.to(mean.device) + 1
+
+    def scores(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) expected masked-LM loss of each position."""
+        default = self.global_value.to(input_ids.device).expand(input_ids.shape)
+        scores = self.ids.lookup(input_ids.clamp(max=len(self.ids.value) - 1), default)
+        if self.contexts is not None:
+            scores = self.contexts.lookup(context_keys(input_ids, self.buckets), scores)
+        return scores.float()
+
+    def state_dict(self) -> dict:
+        state = {**self.ids.state_dict("id"), "global_value": self.global_value.cpu().clone()}
+        state["global_count"] = self.global_count.cpu().clone()
+        if self.contexts is not None:
+            state.update(self.contexts.state_dict("context"))
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ids.load_state_dict(state, "id")
+        if self.contexts is not None:
+            self.contexts.load_state_dict(state, "context")
+        self.global_value = state["global_value"].clone().float().cpu()
+        self.global_count = state["global_count"].clone().long().cpu()

@@ -1,0 +1,271 @@
+"""Masking strategies: each one only decides the epoch key and per-position weights.
+
+``static`` (BERT) reuses ``dupe_factor`` distinct masks per example, cycled over epochs;
+``dynamic`` (RoBERTa) draws new masks every epoch. Both use uniform weights, so the
+selection itself is the shared Gumbel-top-k of ``select.py``.
+
+``adaptive`` (ADM, seeds/002) keys like ``dynamic`` and weights each eligible position
+w = max((1 - a) + a * s, floor), where s is the position's uncertainty score (scorers.py),
+normalised to mean 1 over the sequence's eligible positions (or raw, as the seed), and
+a = a_max * f(progress) (schedules.py). a = 0 gives exactly the dynamic masks. k stays
+round(rate * eligible); special tokens are never eligible, whatever their score.
+
+The training loop, per step (all randomness is counter-based, so resume is exact):
+
+    weights = strategy.weights(model, batch, progress)       # (B, T) or None = uniform
+    masked = mask_batch(batch, seed=..., epoch_key=strategy.epoch_key(epoch), rate=rate_at(cfg, progress),
+                        info=info, corruption=..., weights=weights, whole_word=cfg.whole_word, continuation=table)
+    result = pretraining_loss(model, masked)
+    strategy.observe(masked, result)
+    logs.update(strategy.stats())                             # window since the previous stats() call
+"""
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from mlmlab.config import MaskingConfig
+from mlmlab.errors import UserError
+from mlmlab.masking import scorers
+from mlmlab.masking.schedules import adapt_factor, rate_at  # noqa: F401  (rate_at is part of this API)
+from mlmlab.masking.select import IGNORE_INDEX, Corruption, TokenInfo, eligible_positions, select_and_corrupt
+
+EVAL_SEED = 20190611  # evaluation masks: fixed, uniform, the same whatever trained the model
+EVAL_RATE = 0.15
+
+
+def frequency_buckets(token_counts, cuts: tuple[int, ...], vocab_size: int) -> tuple[torch.Tensor, list[str]]:
+    """(V,) bucket index of every id by corpus-frequency rank, and the bucket names."""
+    counts = np.zeros(vocab_size, dtype=np.float64)
+    given = np.asarray(token_counts, dtype=np.float64)[:vocab_size]
+    counts[: len(given)] = given
+    rank = np.empty(vocab_size, dtype=np.int64)
+    rank[np.argsort(-counts, kind="stable")] = np.arange(vocab_size)
+    bucket = np.searchsorted(np.asarray(cuts), rank, side="right")
+    edges = (0, *cuts, None)
+    names = [f"{lo}_{hi if hi is not None else 'rest'}" for lo, hi in zip(edges[:-1], edges[1:])]
+    return torch.from_numpy(bucket), names
+
+
+class UniformStrategy:
+    """BERT static / RoBERTa dynamic masking: every eligible position equally likely."""
+
+    def __init__(self, cfg: MaskingConfig, vocab_size: int | None = None, token_counts=None):
+        self.cfg = cfg
+        self.step = 0  # calls to weights(): the scoring clock
+        self.bucket_of, self.bucket_names = None, []
+        if token_counts is not None and vocab_size is not None:
+            cuts = tuple(int(c) for c in cfg.freq_buckets.split(",") if c.strip())
+            self.bucket_of, self.bucket_names = frequency_buckets(token_counts, cuts, vocab_size)
+        self._reset_window()
+
+    def _reset_window(self) -> None:
+        self._bucket_hits = torch.zeros(len(self.bucket_names), dtype=torch.long)
+        self._score_sums = [0.0, 0.0, 0]  # mean score of selected, of eligible, steps scored
+        self._seconds = 0.0
+
+    def epoch_key(self, epoch: int) -> int:
+        # Static: the key ignores the epoch beyond dupe_factor distinct versions.
+        return epoch % self.cfg.dupe_factor if self.cfg.strategy == "static" else epoch
+
+    def weights(self, model, batch: dict, progress: float):
+        self.step += 1
+        return None  # uniform
+
+    def observe(self, batch: dict, result: dict) -> None:
+        """Learn from this step's masked-LM losses (adaptive) and count what was selected."""
+        if self.bucket_of is not None:
+            ids = batch["labels"].flatten().index_select(0, result["selected_index"]).cpu()  # (M,)
+            buckets = self.bucket_of[ids.clamp(max=len(self.bucket_of) - 1)]
+            self._bucket_hits += torch.bincount(buckets, minlength=len(self.bucket_names))
+
+    def stats(self) -> dict:
+        """Logs since the previous call: selected share per frequency bucket (and ADM's own)."""
+        out = {}
+        total = int(self._bucket_hits.sum())
+        for name, hits in zip(self.bucket_names, self._bucket_hits.tolist()):
+            out[f"mask_share_freq_{name}"] = hits / total if total else float("nan")
+        self._reset_window()
+        return out
+
+    def state_dict(self) -> dict:
+        return {"step": torch.tensor(self.step)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"]) if "step" in state else 0
+
+
+class AdaptiveStrategy(UniformStrategy):
+    """ADM: weights from uncertainty scores, blended with uniform by a = a_max * f(progress)."""
+
+    def __init__(self, cfg: MaskingConfig, info: TokenInfo, vocab_size: int, token_counts=None):
+        super().__init__(cfg, vocab_size, token_counts)
+        self.info = info
+        self.vocab_size = vocab_size
+        self.a = 0.0
+        self.score_seconds_total = 0.0
+        self.loss_scorer = None
+        if cfg.scorer in scorers.LOSS_SCORERS:
+            self.loss_scorer = scorers.LossScorer(cfg.scorer, vocab_size, cfg.ema_decay, cfg.context_buckets)
+        self._scores = None  # (B, T) normalised scores of the last scored batch, for stats()
+
+    def epoch_key(self, epoch: int) -> int:
+        return epoch  # dynamic: new masks every epoch
+
+    def weights(self, model, batch: dict, progress: float):
+        cfg = self.cfg
+        self.step += 1
+        self.a = adapt_factor(cfg.adapt_schedule, progress, cfg.a_max)
+        self._scores = None
+        model_scorer = self.loss_scorer is None
+        if self.a == 0.0 or (model_scorer and (self.step - 1) % cfg.score_every):
+            return None  # uniform: exactly the dynamic masks, and no scoring cost
+        input_ids = batch["input_ids"]  # (B, T)
+        eligible = eligible_positions(input_ids, self.info.special_ids)  # (B, T)
+        rows = math.ceil(cfg.score_fraction * input_ids.size(0)) if model_scorer else input_ids.size(0)
+        start = self._clock(input_ids)
+        raw = torch.zeros(input_ids.shape, device=input_ids.device)  # (B, T)
+        head = batch if rows == input_ids.size(0) else {k: v[:rows] if torch.is_tensor(v) and v.dim() else v for k, v in batch.items()}
+        raw[:rows] = self._score(head, model, eligible[:rows])
+        self._add_seconds(start, input_ids)
+        scores = normalise(raw, eligible, cfg.normalize)  # (B, T)
+        weights = blend(scores, self.a, cfg.floor)
+        weights[rows:] = 1.0  # rows not scored: uniform
+        self._scores = torch.where(eligible[:rows], scores[:rows], 0.0), eligible[:rows]
+        return weights
+
+    def _score(self, batch: dict, model, eligible: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        if self.loss_scorer is not None:
+            return self.loss_scorer.scores(batch["input_ids"])
+        if cfg.scorer == "entropy":
+            return scorers.entropy_scores(model, batch, eligible, self.vocab_size, cfg.score_chunk)
+        if cfg.scorer == "max_prob":
+            return scorers.max_prob_scores(model, batch, eligible, self.vocab_size, cfg.score_chunk)
+        return scorers.grad_norm_scores(
+            model, batch, eligible, info=self.info, vocab_size=self.vocab_size, seed=cfg.seed, key=self.step
+        )
+
+    @staticmethod
+    def _clock(tensor: torch.Tensor) -> float:
+        if tensor.is_cuda:
+            torch.cuda.synchronize(tensor.device)
+        return time.perf_counter()
+
+    def _add_seconds(self, start: float, tensor: torch.Tensor) -> None:
+        seconds = self._clock(tensor) - start
+        self._seconds += seconds
+        self.score_seconds_total += seconds
+
+    def observe(self, batch: dict, result: dict) -> None:
+        super().observe(batch, result)
+        selected_index = result["selected_index"]  # (M,)
+        if self.loss_scorer is not None:
+            labels = batch["labels"]  # (B, T): the original ids where selected
+            original = torch.where(labels != IGNORE_INDEX, labels, batch["input_ids"])  # (B, T)
+            self.loss_scorer.observe(original, selected_index, result["token_losses"])
+        if self._scores is not None:
+            scores, eligible = self._scores
+            flat = scores.flatten()
+            chosen = selected_index[selected_index < flat.numel()]  # rows that were scored
+            if chosen.numel() and eligible.any():
+                self._score_sums[0] += float(flat.index_select(0, chosen).mean())
+                self._score_sums[1] += float(scores[eligible].mean())
+                self._score_sums[2] += 1
+            self._scores = None
+
+    def stats(self) -> dict:
+        sums = self._score_sums
+        out = {
+            "mask_a": self.a,
+            "mask_score_selected": sums[0] / sums[2] if sums[2] else float("nan"),
+            "mask_score_eligible": sums[1] / sums[2] if sums[2] else float("nan"),
+            "mask_scored_steps": sums[2],
+            "mask_score_seconds": self._seconds,
+            "mask_score_seconds_total": self.score_seconds_total,
+        }
+        out.update(super().stats())  # resets the window
+        return out
+
+    def state_dict(self) -> dict:
+        state = {**super().state_dict(), "score_seconds_total": torch.tensor(self.score_seconds_total, dtype=torch.float64)}
+        if self.loss_scorer is not None:
+            state.update(self.loss_scorer.state_dict())
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        expected = set(self.state_dict())
+        if set(state) != expected:
+            raise UserError(
+                f"the checkpoint's masking state has keys {sorted(state)} but masking.scorer={self.cfg.scorer} "
+                f"expects {sorted(expected)}; resume with the masking settings the run started with"
+            )
+        for key, value in self.state_dict().items():
+            if tuple(state[key].shape) != tuple(value.shape):
+                raise UserError(
+                    f"the checkpoint's masking state '{key}' has shape {tuple(state[key].shape)}, expected "
+                    f"{tuple(value.shape)}; resume with the same vocabulary and masking.context_buckets"
+                )
+        super().load_state_dict(state)
+        self.score_seconds_total = float(state["score_seconds_total"])
+        if self.loss_scorer is not None:
+            self.loss_scorer.load_state_dict(state)
+
+
+def normalise(scores: torch.Tensor, eligible: torch.Tensor, how: str) -> torch.Tensor:
+    """(B, T) scores; "mean": each row scaled to mean 1 over its eligible positions; "raw": as is."""
+    if how == "raw":
+        return scores
+    scores = torch.where(eligible, scores.float(), 0.0)
+    n = eligible.sum(dim=1, keepdim=True).clamp(min=1)  # (B, 1)
+    mean = scores.sum(dim=1, keepdim=True) / n  # (B, 1)
+    ok = mean > 0
+    return torch.where(ok, scores / torch.where(ok, mean, 1.0), torch.ones_like(scores))
+
+
+def blend(scores: torch.Tensor, a: float, floor: float) -> torch.Tensor:
+    """ADM's weight: w = max((1 - a) * 1 + a * s, floor), (B, T)."""
+    return ((1.0 - a) + a * scores).clamp(min=floor)
+
+
+def build_strategy(cfg: MaskingConfig, info: TokenInfo | None = None, vocab_size: int | None = None, token_counts=None):
+    """The strategy cfg.strategy names. vocab_size: the tokenizer's (unpadded); token_counts: (V,) corpus counts or None."""
+    if cfg.strategy in ("static", "dynamic"):
+        return UniformStrategy(cfg, vocab_size, token_counts)
+    if cfg.strategy == "adaptive":
+        if info is None or vocab_size is None:
+            raise ValueError("build_strategy needs info= and vocab_size= for the adaptive strategy")
+        return AdaptiveStrategy(cfg, info, vocab_size, token_counts)
+    raise UserError(f"masking.strategy={cfg.strategy!r} is unknown; choose static, dynamic or adaptive")
+
+
+def mask_batch(
+    batch: dict, *, seed: int, epoch_key: int, rate, info: TokenInfo, corruption: Corruption,
+    weights=None, whole_word: bool = False, continuation: torch.Tensor | None = None,
+) -> dict:
+    """A copy of ``batch`` with masked ``input_ids`` and ``labels`` (original ids, -100 elsewhere).
+
+    whole_word: select whole words; "##" pieces come from batch["is_continuation"] (B, T) if
+    present, else from ``continuation``, the (V,) per-id table of select.continuation_table.
+    """
+    example_ids = batch["example_ids"]  # (B,)
+    epoch_keys = torch.full_like(example_ids, epoch_key)
+    is_continuation = None
+    if whole_word:
+        is_continuation = batch.get("is_continuation")
+        if is_continuation is None:
+            if continuation is None:
+                raise ValueError("whole_word masking needs batch['is_continuation'] or continuation=continuation_table(vocab)")
+            is_continuation = continuation.to(batch["input_ids"].device)[batch["input_ids"]]  # (B, T)
+    masked, labels, _ = select_and_corrupt(
+        batch["input_ids"], example_ids, epoch_keys,
+        seed=seed, rate=rate, info=info, corruption=corruption, weights=weights, is_continuation=is_continuation,
+    )
+    return {**batch, "input_ids": masked, "labels": labels}
+
+
+def eval_masks(batch: dict, info: TokenInfo) -> dict:
+    """The fixed uniform 15% masks every evaluation uses, so strategies stay comparable."""
+    return mask_batch(batch, seed=EVAL_SEED, epoch_key=0, rate=EVAL_RATE, info=info, corruption=Corruption())

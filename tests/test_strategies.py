@@ -1,0 +1,392 @@
+"""Masking strategies: Gumbel-top-k exactness, ADM weights, scorers, schedules, whole words, resume."""
+
+import copy
+import io
+import itertools
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from mlmlab import seeding
+from mlmlab.config import Config, MaskingConfig, ModelConfig
+from mlmlab.errors import UserError
+from mlmlab.masking import scorers
+from mlmlab.masking.schedules import ADAPT_SCHEDULES, adapt_factor, adapt_shape, mask_rate, rate_at
+from mlmlab.masking.select import (Corruption, TokenInfo, continuation_table, count_to_select, eligible_positions,
+                                   gumbel_top_k, token_info_for)
+from mlmlab.masking.strategies import blend, build_strategy, mask_batch, normalise
+from mlmlab.model import build_model, pretraining_loss
+
+V = 300  # small vocabulary: ids 0-4 special, the rest ordinary
+INFO = TokenInfo(mask_id=4, special_ids=(0, 1, 2, 3, 4), ordinary_ids=torch.arange(5, V))
+TINY = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, dropout=0.0, pad_vocab_multiple=64)
+
+
+def make_batch(batch_size=8, length=24, seed=0, vocab=V):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (batch_size, length), generator=g)  # (B, T)
+    ids[:, 0], ids[:, length // 2] = 2, 3  # [CLS] ... [SEP] ...
+    ids[:, -1] = 3
+    ids[0, length - 6:] = 0  # padding in row 0
+    return {
+        "input_ids": ids, "attention_mask": (ids != 0).long(), "token_type_ids": torch.zeros_like(ids),
+        "example_ids": torch.arange(batch_size) + 100 * seed, "next_sentence_label": torch.zeros(batch_size, dtype=torch.long),
+    }
+
+
+def tiny_model(vocab=V, cfg=TINY):
+    torch.manual_seed(0)  # test only: the library never touches the global RNG
+    return build_model(cfg, vocab, 0).eval()
+
+
+def adaptive(**overrides):
+    return MaskingConfig(**{"strategy": "adaptive", **overrides})
+
+
+# ----- selection ---------------------------------------------------------------------------------
+
+
+def exact_inclusion(weights, k):
+    """P(i in sample) for sequential weighted sampling without replacement, by enumerating orders."""
+    n, total = len(weights), np.zeros(len(weights))
+    for order in itertools.permutations(range(n), k):
+        p, left = 1.0, sum(weights)
+        for i in order:
+            p *= weights[i] / left
+            left -= weights[i]
+        for i in order:
+            total[i] += p
+    return total
+
+
+@pytest.mark.parametrize("weights,k", [([1.0, 2.0, 3.0, 0.5, 4.0], 2), ([0.1, 1.0, 1.0, 5.0, 0.3, 2.0], 3)])
+def test_gumbel_top_k_inclusion_matches_exact_probabilities(weights, k):
+    rows = 40_000
+    w = torch.tensor(weights).expand(rows, -1)  # (R, n)
+    eligible = torch.ones_like(w, dtype=torch.bool)
+    u = seeding.uniforms(7, [seeding.STREAM_SELECT], torch.arange(rows), torch.zeros(rows, dtype=torch.long), len(weights))[0]
+    selected = gumbel_top_k(w, eligible, torch.full((rows,), k), u)
+    assert (selected.sum(1) == k).all()
+    empirical = selected.float().mean(0).numpy()
+    exact = exact_inclusion(weights, k)
+    sigma = np.sqrt(exact * (1 - exact) / rows)
+    assert np.all(np.abs(empirical - exact) < 4.5 * sigma + 1e-9), (empirical, exact)
+
+
+def test_streams_drawn_together_equal_streams_drawn_alone():
+    g = torch.Generator().manual_seed(3)
+    examples, epochs = torch.randint(0, 2**31, (9,), generator=g), torch.randint(0, 40, (9,), generator=g)
+    for seed in (0, 7, 2**31 - 1):
+        fused = seeding.uniforms(seed, seeding.MASK_STREAMS, examples, epochs, 37)  # (3, B, T)
+        for i, stream in enumerate(seeding.MASK_STREAMS):
+            assert torch.equal(fused[i], seeding.uniforms(seed, [stream], examples, epochs, 37)[0])
+
+
+def test_special_tokens_never_selected_even_with_the_highest_score():
+    batch = make_batch(16, 32)
+    ids = batch["input_ids"]
+    special = torch.isin(ids, torch.tensor(INFO.special_ids))
+    weights = torch.where(special, 1e9, 1e-3)  # specials carry all the weight
+    masked = mask_batch(batch, seed=1, epoch_key=0, rate=0.9, info=INFO, corruption=Corruption(), weights=weights)
+    selected = masked["labels"] != -100
+    assert not (selected & special).any()
+    assert torch.equal(selected.sum(1), count_to_select(~special, 0.9))
+    # and through ADM: a loss table that says specials are the hardest tokens
+    strategy = build_strategy(adaptive(scorer="loss_ema", adapt_schedule="constant"), info=INFO, vocab_size=V)
+    fake = {"labels": torch.tensor([[2, 3, 0]]), "input_ids": torch.tensor([[4, 4, 4]])}
+    strategy.observe(fake, {"selected_index": torch.arange(3), "token_losses": torch.full((3,), 1e6)})
+    w = strategy.weights(None, batch, 1.0)
+    masked = mask_batch(batch, seed=1, epoch_key=0, rate=0.5, info=INFO, corruption=Corruption(), weights=w)
+    assert not ((masked["labels"] != -100) & special).any()
+
+
+def test_a_zero_gives_exactly_the_dynamic_masks():
+    batch, model = make_batch(), tiny_model()
+    dynamic = build_strategy(MaskingConfig(strategy="dynamic"))
+    reference = mask_batch(batch, seed=5, epoch_key=dynamic.epoch_key(3), rate=0.15, info=INFO, corruption=Corruption(),
+                           weights=dynamic.weights(model, batch, 0.0))
+    for cfg, progress in [(adaptive(), 0.0), (adaptive(a_max=0.0, adapt_schedule="constant"), 0.7)]:
+        strategy = build_strategy(cfg, info=INFO, vocab_size=V)
+        w = strategy.weights(model, batch, progress)
+        got = mask_batch(batch, seed=5, epoch_key=strategy.epoch_key(3), rate=0.15, info=INFO, corruption=Corruption(), weights=w)
+        assert torch.equal(got["input_ids"], reference["input_ids"]) and torch.equal(got["labels"], reference["labels"])
+    # the blend itself at a = 0 is all ones, whatever the scores
+    scores = normalise(torch.rand(8, 24, generator=torch.Generator().manual_seed(1)) * 5, eligible_positions(batch["input_ids"], INFO.special_ids), "mean")
+    ones = blend(scores, 0.0, 0.1)
+    got = mask_batch(batch, seed=5, epoch_key=3, rate=0.15, info=INFO, corruption=Corruption(), weights=ones)
+    assert torch.equal(got["labels"], reference["labels"])
+
+
+def test_weights_follow_the_formula_and_normalisation():
+    eligible = torch.tensor([[False, True, True, True, False]])
+    scores = torch.tensor([[9.0, 1.0, 2.0, 3.0, 9.0]])
+    s = normalise(scores, eligible, "mean")
+    assert torch.allclose(s[eligible].mean(), torch.tensor(1.0))
+    assert torch.allclose(s[eligible], torch.tensor([0.5, 1.0, 1.5]))
+    assert torch.equal(normalise(scores, eligible, "raw"), scores)
+    w = blend(s, 0.8, 0.5)
+    assert torch.allclose(w[eligible], torch.tensor([0.6, 1.0, 1.4]).clamp(min=0.5))
+
+
+def test_static_repeats_with_period_dupe_factor_and_dynamic_does_not():
+    batch = make_batch(8, 32)
+
+    def labels(strategy, epoch):
+        return mask_batch(batch, seed=0, epoch_key=strategy.epoch_key(epoch), rate=0.15, info=INFO,
+                          corruption=Corruption())["labels"]
+
+    static = build_strategy(MaskingConfig(strategy="static", dupe_factor=3))
+    masks = [labels(static, e) for e in range(7)]
+    for e in range(4):
+        assert torch.equal(masks[e], masks[e + 3])
+    assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
+    dynamic = build_strategy(MaskingConfig(strategy="dynamic"))
+    masks = [labels(dynamic, e) for e in range(7)]
+    assert all(not torch.equal(a, b) for a, b in itertools.combinations(masks, 2))
+
+
+# ----- scorers -----------------------------------------------------------------------------------
+
+
+def test_chunked_entropy_and_max_prob_equal_the_full_softmax():
+    model, batch = tiny_model(), make_batch(4, 20)
+    eligible = eligible_positions(batch["input_ids"], INFO.special_ids)
+    for w in (model.cls.predictions.decoder.weight,):
+        with torch.no_grad():
+            w.mul_(30.0)  # peaked distributions, so entropies differ across positions
+    naive = scorers.naive_entropy_scores(model, batch, eligible, V)
+    chunked = scorers.entropy_scores(model, batch, eligible, V, chunk=7)
+    assert naive[eligible].std() > 0.01
+    assert torch.allclose(chunked, naive, atol=1e-5, rtol=0)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       token_type_ids=batch["token_type_ids"]).prediction_logits[..., :V]
+    inv_max = 1 / torch.softmax(logits, -1).max(-1).values
+    got = scorers.max_prob_scores(model, batch, eligible, V, chunk=5)
+    assert torch.allclose(got[eligible], inv_max[eligible], rtol=1e-5)
+    assert (got[~eligible] == 0).all()
+
+
+_PEAK_SCRIPT = """
+import resource, torch
+from mlmlab.masking import scorers
+from mlmlab.masking.select import eligible_positions
+V, B, T = 30522, 16, 128
+
+
+class Encoder(torch.nn.Module):  # stands in for BertModel: importing transformers costs seconds
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(V, 32)
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        return (self.embed(input_ids),)
+
+
+model = torch.nn.Module()
+model.bert, model.cls = Encoder(), torch.nn.Module()
+model.cls.predictions = torch.nn.Linear(32, V)
+g = torch.Generator().manual_seed(0)
+ids = torch.randint(5, V, (B, T), generator=g)
+batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+eligible = eligible_positions(ids, (0, 1, 2, 3, 4))
+rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # high-water mark, MiB
+base = rss()
+scorers.entropy_scores(model, batch, eligible, V, chunk=256)  # chunked first: the mark only rises
+chunked = rss() - base
+scorers.naive_entropy_scores(model, batch, eligible, V)
+print(chunked, rss() - base)
+"""
+
+
+def test_chunked_entropy_peak_memory_is_below_the_naive_one():
+    out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT], capture_output=True, text=True, check=True)
+    chunked, naive = map(float, out.stdout.split()[-2:])
+    # naive holds B*T*V floats (16*128*30522*4 B = 250 MiB) several times over; chunked 256*V at a time
+    assert naive > 200 and chunked < naive / 3, (naive, chunked)
+
+
+def test_grad_norm_scores_are_positive_where_eligible_and_leave_parameter_grads_alone():
+    model, batch = tiny_model(), make_batch(4, 20)
+    eligible = eligible_positions(batch["input_ids"], INFO.special_ids)
+    scores = scorers.grad_norm_scores(model, batch, eligible, info=INFO, vocab_size=V, seed=0, key=1)
+    assert (scores[eligible] > 0).all() and (scores[~eligible] == 0).all()
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(scores, scorers.grad_norm_scores(model, batch, eligible, info=INFO, vocab_size=V, seed=0, key=1))
+
+
+def test_scoring_restores_training_mode_and_leaves_the_global_rng_alone():
+    model = build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), V, 0).train()
+    batch = make_batch(4, 20)
+    state = torch.get_rng_state()
+    strategy = build_strategy(adaptive(adapt_schedule="constant"), info=INFO, vocab_size=V)
+    strategy.weights(model, batch, 0.5)
+    assert model.training and torch.equal(state, torch.get_rng_state())
+
+
+def test_loss_ema_and_context_learn_which_tokens_are_hard():
+    batch = make_batch(16, 32)
+    ids = batch["input_ids"]
+    hard_id = int(ids[1, 3])
+    for scorer in ("loss_ema", "context"):
+        strategy = build_strategy(adaptive(scorer=scorer, adapt_schedule="constant", floor=0.01), info=INFO, vocab_size=V)
+        assert strategy.weights(None, batch, 1.0) is not None  # untrained table: uniform weights
+        masked = mask_batch(batch, seed=0, epoch_key=0, rate=0.9, info=INFO, corruption=Corruption())
+        index = (masked["labels"] != -100).flatten().nonzero().squeeze(1)
+        losses = torch.where(ids.flatten()[index] == hard_id, 50.0, 1.0)
+        strategy.observe(masked, {"selected_index": index, "token_losses": losses})
+        w = strategy.weights(None, batch, 1.0)
+        hard = ids == hard_id
+        assert w[hard].min() > 5 * w[~hard & eligible_positions(ids, INFO.special_ids)].max()
+
+
+def test_context_scores_separate_one_token_in_two_contexts():
+    ids = torch.tensor([[2, 10, 50, 11, 3], [2, 20, 50, 21, 3]])  # token 50 after 10 (easy) and after 20 (hard)
+    scorer = scorers.LossScorer("context", V, 0.9, 1 << 16)
+    scorer.observe(ids, torch.tensor([2, 7]), torch.tensor([0.5, 4.0]))
+    scores = scorer.scores(ids)
+    assert scores[0, 2] == pytest.approx(0.5) and scores[1, 2] == pytest.approx(4.0)
+    ids_table = scorers.LossScorer("loss_ema", V, 0.9, 1)
+    ids_table.observe(ids, torch.tensor([2, 7]), torch.tensor([0.5, 4.0]))
+    assert ids_table.scores(ids)[0, 2] == ids_table.scores(ids)[1, 2]
+
+
+# ----- schedules ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ADAPT_SCHEDULES)
+def test_every_adapt_schedule_is_a_pure_function_within_zero_and_a_max(kind):
+    grid = np.linspace(-0.2, 1.2, 141)
+    for a_max in (1.0, 0.6):
+        values = [adapt_factor(kind, p, a_max) for p in grid]
+        assert values == [adapt_factor(kind, p, a_max) for p in grid]  # pure
+        assert all(0.0 <= v <= a_max + 1e-12 for v in values)
+        assert all(b >= a - 1e-12 for a, b in zip(values, values[1:]))  # non-decreasing
+        assert adapt_factor(kind, 1.0, a_max) == pytest.approx(a_max)
+        expected_start = a_max if kind == "constant" else 0.0
+        assert adapt_factor(kind, 0.0, a_max) == pytest.approx(expected_start, abs=1e-12)
+
+
+def test_adapt_schedule_shapes():
+    assert adapt_shape("quadratic", 0.5) == pytest.approx(0.25)
+    assert adapt_shape("linear", 0.3) == pytest.approx(0.3)
+    assert adapt_shape("cosine", 0.5) == pytest.approx(0.5)
+    assert adapt_shape("sigmoid", 0.5) == pytest.approx(0.5)
+    assert adapt_shape("exponential", 0.5) < 0.1
+    with pytest.raises(ValueError):
+        adapt_shape("cubic", 0.5)
+
+
+def test_rate_schedule_endpoints():
+    assert rate_at(MaskingConfig(rate=0.15), 0.0) == rate_at(MaskingConfig(rate=0.15), 1.0) == 0.15
+    cfg = MaskingConfig(rate_schedule="linear_decay", rate=0.15, rate_start=0.30)
+    assert rate_at(cfg, 0.0) == pytest.approx(0.30) and rate_at(cfg, 1.0) == pytest.approx(0.15)
+    assert rate_at(cfg, 0.5) == pytest.approx(0.225) and rate_at(cfg, 2.0) == pytest.approx(0.15)
+    assert mask_rate("linear_decay", -1.0, 0.15, 0.3) == pytest.approx(0.3)
+
+
+# ----- whole words -------------------------------------------------------------------------------
+
+
+def test_whole_word_masking_selects_whole_words_at_the_right_rate(bert_tokenizer, sample_paragraphs):
+    info = token_info_for(bert_tokenizer)
+    table = continuation_table(bert_tokenizer)
+    assert table[bert_tokenizer.convert_tokens_to_ids("##ing")] and not table[bert_tokenizer.convert_tokens_to_ids("the")]
+    enc = bert_tokenizer(sample_paragraphs[:300], truncation=True, max_length=128, padding="max_length", return_tensors="pt")
+    ids = enc["input_ids"]
+    batch = {"input_ids": ids, "example_ids": torch.arange(len(ids))}
+    masked = mask_batch(batch, seed=2, epoch_key=0, rate=0.15, info=info, corruption=Corruption(), whole_word=True,
+                        continuation=table)
+    selected = masked["labels"] != -100
+    eligible = eligible_positions(ids, info.special_ids)
+    cont = table[ids] & torch.roll(eligible, 1, 1)
+    cont[:, 0] = False
+    assert not (selected & ~eligible).any()
+    # a continuation piece is selected exactly when the piece before it is
+    assert torch.equal(selected[:, 1:][cont[:, 1:]], selected[:, :-1][cont[:, 1:]])
+    ratio = selected.sum() / count_to_select(eligible, 0.15).sum()
+    assert 0.97 < float(ratio) < 1.03
+    assert selected.sum(1).min() >= 1
+    uniform = mask_batch(batch, seed=2, epoch_key=0, rate=0.15, info=info, corruption=Corruption())
+    uniform_sel = uniform["labels"] != -100
+    assert not torch.equal(selected, uniform_sel)
+    assert (uniform_sel[:, 1:] & cont[:, 1:] & ~uniform_sel[:, :-1]).any()  # word pieces split without it
+
+
+# ----- observability and resume -----------------------------------------------------------------
+
+
+def test_stats_report_a_scores_cost_and_frequency_shares():
+    counts = np.arange(V, 0, -1)  # id 0 most frequent
+    cfg = adaptive(scorer="entropy", adapt_schedule="linear", freq_buckets="50,150")
+    strategy = build_strategy(cfg, info=INFO, vocab_size=V, token_counts=counts)
+    model, batch = tiny_model(), make_batch()
+    w = strategy.weights(model, batch, 0.5)
+    masked = mask_batch(batch, seed=0, epoch_key=0, rate=0.15, info=INFO, corruption=Corruption(), weights=w)
+    strategy.observe(masked, pretraining_loss(model, masked))
+    stats = strategy.stats()
+    assert stats["mask_a"] == pytest.approx(0.5)
+    assert stats["mask_score_eligible"] == pytest.approx(1.0, abs=1e-5) and stats["mask_score_selected"] > 0
+    assert stats["mask_score_seconds"] > 0 and stats["mask_scored_steps"] == 1
+    shares = [stats[f"mask_share_freq_{n}"] for n in ("0_50", "50_150", "150_rest")]
+    assert sum(shares) == pytest.approx(1.0)
+    assert strategy.stats()["mask_scored_steps"] == 0  # a window: reset by each call
+    uniform = build_strategy(MaskingConfig(), vocab_size=V, token_counts=counts)
+    uniform.observe(masked, {"selected_index": (masked["labels"] != -100).flatten().nonzero().squeeze(1)})
+    assert sum(uniform.stats().values()) == pytest.approx(1.0)
+
+
+def test_score_every_and_fraction_control_cost():
+    model, batch = tiny_model(), make_batch()
+    strategy = build_strategy(adaptive(adapt_schedule="constant", score_every=3, score_fraction=0.5), info=INFO, vocab_size=V)
+    got = [strategy.weights(model, batch, 0.5) for _ in range(6)]
+    assert [w is not None for w in got] == [True, False, False, True, False, False]
+    assert (got[0][4:] == 1).all()  # rows past the scored half: uniform
+
+
+@pytest.mark.parametrize("scorer,extra", [("context", {}), ("loss_ema", {}), ("entropy", {"score_every": 2})])
+def test_state_round_trip_reproduces_the_uninterrupted_run(scorer, extra):
+    cfg = adaptive(scorer=scorer, adapt_schedule="linear", context_buckets=4096, **extra)
+    model = tiny_model()
+    batches = [make_batch(6, 20, seed=s) for s in range(6)]
+
+    def run(strategy, steps, start=0):
+        out = []
+        for step in steps:
+            batch = batches[step]
+            w = strategy.weights(model, batch, step / 6)
+            masked = mask_batch(batch, seed=0, epoch_key=strategy.epoch_key(0), rate=0.3, info=INFO, corruption=Corruption(), weights=w)
+            strategy.observe(masked, pretraining_loss(model, masked))
+            out.append((w, masked["input_ids"], masked["labels"]))
+        return out
+
+    whole = run(build_strategy(cfg, info=INFO, vocab_size=V), range(6))
+    first = build_strategy(cfg, info=INFO, vocab_size=V)
+    run(first, range(3))
+    buffer = io.BytesIO()
+    torch.save(first.state_dict(), buffer)  # tensors only: loadable with weights_only=True
+    buffer.seek(0)
+    resumed = build_strategy(cfg, info=INFO, vocab_size=V)
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
+    rest = run(resumed, range(3, 6))
+    for (w1, i1, l1), (w2, i2, l2) in zip(whole[3:], rest):
+        assert (w1 is None and w2 is None) or torch.equal(w1, w2)
+        assert torch.equal(i1, i2) and torch.equal(l1, l2)
+    if scorer != "entropy":
+        assert any(w is not None and not torch.all(w == w[0, 1]) for w, _, _ in rest)  # the tables matter
+    with pytest.raises(UserError):
+        build_strategy(adaptive(scorer="context", context_buckets=8), info=INFO, vocab_size=V).load_state_dict(
+            copy.deepcopy(first.state_dict()) if scorer == "context" else {"step": torch.tensor(1)})
+
+
+def test_masking_config_validation_says_what_to_change():
+    for bad in ({"scorer": "oracle"}, {"adapt_schedule": "cubic"}, {"floor": 0.0}, {"a_max": 1.5},
+                {"normalize": "softmax"}, {"score_every": 0}, {"rate_schedule": "step"}, {"freq_buckets": "10,5"}):
+        with pytest.raises(UserError) as err:
+            Config(masking=MaskingConfig(**bad))
+        assert "\n" not in str(err.value) and "masking." in str(err.value)
+    json.dumps(Config().masking.__dict__)  # defaults run and serialise
