@@ -23,6 +23,7 @@ import torch
 from transformers import BertForPreTraining, DataCollatorForLanguageModeling
 
 from mlmlab.config import load_config
+from mlmlab.data.loader import LoaderPosition, epoch_batches, iterate_batches
 from mlmlab.train.loop import Trainer
 
 
@@ -105,12 +106,11 @@ def benchmark_preset(preset: str, args) -> dict:
         store = trainer.train_store
         baseline = Baseline(trainer)
         batches = _mlmlab_batches(trainer)
-        cursor = [0]
+        # The baseline gets plainly shuffled batches (no length bucketing: that is one of mlmlab's savings).
+        plain = iter(epoch_batches(len(store), args.batch_size, seed=0, epoch=0))
 
         def baseline_step():
-            start = cursor[0] % (len(store) - args.batch_size)
-            cursor[0] += args.batch_size
-            baseline.step([store[i] for i in range(start, start + args.batch_size)])
+            baseline.step([store[int(i)] for i in next(plain)])
 
         def mlmlab_step():
             trainer.train_step(batches)
@@ -139,10 +139,8 @@ def benchmark_preset(preset: str, args) -> dict:
 
 
 def _mlmlab_batches(trainer):
-    from mlmlab.data.loader import LoaderPosition, iterate_batches
-
     return iterate_batches(trainer.train_store, batch_size=trainer.cfg.train.batch_size, seed=0, start=LoaderPosition(),
-                           pad_id=trainer.tokenizer.pad_token_id)
+                           pad_id=trainer.tokenizer.pad_token_id, bucket_batches=trainer.cfg.data.bucket_batches)
 
 
 def main(argv=None) -> None:

@@ -40,7 +40,8 @@ def cmd_dump(args) -> None:
 def cmd_mask(args) -> None:
     from mlmlab.show import mask_sentence
 
-    print(mask_sentence(args.text, tokenizer=args.tokenizer, seed=args.seed, epoch=args.epoch, rate=args.rate))
+    print(mask_sentence(args.text, tokenizer=args.tokenizer, seed=args.seed, epoch=args.epoch, rate=args.rate,
+                        strategy=args.strategy, model=args.model, scorer=args.scorer, progress=args.progress))
 
 
 def cmd_pretrain(args) -> None:
@@ -54,12 +55,23 @@ def cmd_pretrain(args) -> None:
 def cmd_evaluate(args) -> None:
     from mlmlab.evaluate.perplexity import evaluate_model, format_eval_table
 
-    report = evaluate_model(args.model, args.data, batch_size=args.batch_size, max_batches=args.max_batches)
+    report = evaluate_model(args.model, args.data, batch_size=args.batch_size, max_batches=args.max_batches,
+                            max_seq_length=args.max_seq_length)
     print(format_eval_table(report))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=1)
     print(json.dumps(report))
+
+
+def cmd_glue(args) -> None:
+    from mlmlab.evaluate.glue import format_glue_table, run_glue
+
+    tasks = "all" if args.task == ["all"] else args.task
+    results = run_glue(args.model, tasks, args.data_dir, args.out, seeds=tuple(args.seeds),
+                       learning_rates=args.lr, epochs=args.epochs, max_train_examples=args.max_train_examples,
+                       init=args.init, write_test_predictions=args.test_predictions)
+    print(format_glue_table(results))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--rate", type=float, default=0.15)
+    p.add_argument("--strategy", choices=["static", "dynamic", "adaptive"], default="dynamic")
+    p.add_argument("--model", help="model folder: its tokenizer, and for adaptive its uncertainty scores")
+    p.add_argument("--scorer", choices=["entropy", "max_prob", "grad_norm"], default="entropy")
+    p.add_argument("--progress", type=float, default=1.0, help="adaptive: training progress in [0, 1] (sets a)")
     p.set_defaults(func=cmd_mask)
 
     p = sub.add_parser("pretrain", help="pretrain a BERT with MLM (+ NSP)")
@@ -113,16 +129,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="held-out MLM perplexity (fixed uniform masks) and NSP accuracy")
     p.add_argument("--model", required=True, help="a model folder written by mlmlab")
-    p.add_argument("--data", required=True, help="a prepared dataset folder, or text files to prepare")
+    p.add_argument("--data", required=True, nargs="+",
+                   help="a prepared dataset folder, or text files (WikiText wiki.*.tokens too) to prepare")
+    p.add_argument("--max-seq-length", type=int, default=128, help="when preparing text files")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-batches", type=int, default=None)
     p.add_argument("--json", help="also write the report to this file")
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("glue", help="fine-tune on GLUE tasks and report the standard metrics")
+    p.add_argument("--model", required=True, help="a model folder written by mlmlab")
+    p.add_argument("--task", nargs="+", default=["all"], help="task names (CoLA SST-2 MRPC STS-B QQP MNLI QNLI RTE WNLI) or all")
+    p.add_argument("--data-dir", required=True, help="GLUE folder with one subfolder per task")
+    p.add_argument("--out", default="glue_results", help="folder for glue_results.json / .md")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="fine-tuning seeds; the median is reported")
+    p.add_argument("--lr", type=float, nargs="+", default=None, help="learning-rate grid (default: per task)")
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--max-train-examples", type=int, default=None, help="first N training rows only (quick checks)")
+    p.add_argument("--init", choices=["pretrained", "random"], default="pretrained",
+                   help="random: the same architecture from fresh weights, the no-pretraining baseline")
+    p.add_argument("--test-predictions", action="store_true", help="also write GLUE submission files")
+    p.set_defaults(func=cmd_glue)
     return parser
 
 
 def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork DataLoader workers
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # "Loading weights" bars would bury our output
     args = build_parser().parse_args(argv)
     try:
         args.func(args)

@@ -39,6 +39,7 @@ class DataConfig:
     short_seq_prob: float = 0.1  # google-research/bert: share of instances with a shorter target length
     prepare_seed: int = 12345  # NSP pair sampling; part of the prepared dataset's hash
     loader_workers: int = 1  # DataLoader worker processes that prefetch batches
+    bucket_batches: int = 50  # sort each run of this many batches by length (less padding); 0: plain shuffle
 
 
 @dataclass

@@ -8,7 +8,7 @@ from mlmlab.data.store import TokenStore
 from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.errors import UserError
 from mlmlab.masking.select import IGNORE_INDEX, Corruption, token_info_for
-from mlmlab.masking.strategies import UniformStrategy, mask_batch
+from mlmlab.masking.strategies import UniformStrategy, build_strategy, mask_batch
 
 INSTANCE_KEYS = ("next_sentence_label", "doc_a", "doc_b")
 
@@ -34,24 +34,51 @@ def dump_instances(data_dir, n: int, *, start: int = 0, masked: bool = False, se
         yield record
 
 
-def mask_sentence(text: str, *, tokenizer: str = "", seed: int = 0, epoch: int = 0, rate: float = 0.15) -> str:
-    """A table: each token, whether it was selected, what the model sees there, and the label."""
-    from mlmlab.train.datasets import tokenizer_dir_for
+def mask_sentence(text: str, *, tokenizer: str = "", seed: int = 0, epoch: int = 0, rate: float = 0.15,
+                  strategy: str = "dynamic", model: str | None = None, scorer: str = "entropy",
+                  progress: float = 1.0) -> str:
+    """A table: each token, its masking weight, whether it was selected, what the model sees, the label.
 
-    if not 0.0 < rate < 1.0:
-        raise UserError(f"--rate {rate} is outside (0, 1); use e.g. 0.15")
-    tok = load_tokenizer(tokenizer_dir_for(tokenizer))
+    ``strategy="adaptive"`` scores the sentence with the model in ``model`` (entropy,
+    max_prob or grad_norm: the loss-table scorers need a training run's state) and shows
+    the ADM weights at training progress ``progress``.
+    """
+    cfg = MaskingConfig(strategy=strategy, rate=rate, scorer=scorer)  # validates rate and strategy
+    tok, bert = _tokenizer_and_model(tokenizer, model, strategy, scorer)
+    info = token_info_for(tok)
     ids = torch.tensor([tok(text)["input_ids"]])  # (1, T)
-    batch = {"input_ids": ids, "example_ids": torch.zeros(1, dtype=torch.long)}
-    masked = mask_batch(batch, seed=seed, epoch_key=epoch, rate=rate, info=token_info_for(tok), corruption=Corruption())
-    rows = [f"{'pos':>3}  {'token':<16} {'model sees':<16} {'what':<10} label"]
-    for pos, (orig, shown, label) in enumerate(zip(ids[0].tolist(), masked["input_ids"][0].tolist(),
-                                                   masked["labels"][0].tolist())):
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
+             "example_ids": torch.zeros(1, dtype=torch.long)}
+    weights = None
+    if strategy == "adaptive":
+        weights = build_strategy(cfg, info=info, vocab_size=len(tok)).weights(bert, batch, progress)  # (1, T)
+    masked = mask_batch(batch, seed=seed, epoch_key=epoch, rate=rate, info=info, corruption=Corruption(), weights=weights)
+    return _mask_table(tok, ids[0], masked, weights, f"{strategy} masking, rate {rate}, seed {seed}, epoch {epoch}")
+
+
+def _tokenizer_and_model(tokenizer: str, model: str | None, strategy: str, scorer: str):
+    if strategy != "adaptive":
+        from mlmlab.train.datasets import tokenizer_dir_for
+
+        return load_tokenizer(tokenizer_dir_for(model or tokenizer)), None
+    if model is None or scorer not in ("entropy", "max_prob", "grad_norm"):
+        raise UserError("--strategy adaptive needs --model DIR and a model scorer (--scorer entropy, max_prob or grad_norm)")
+    from mlmlab.evaluate.perplexity import load_pretrained
+
+    bert, tok = load_pretrained(model)
+    return tok, bert
+
+
+def _mask_table(tok, ids, masked, weights, title: str) -> str:
+    shown, labels = masked["input_ids"][0].tolist(), masked["labels"][0].tolist()
+    rows = [title, f"{'pos':>3}  {'token':<16} {'weight':>7}  {'model sees':<16} {'what':<10} label"]
+    for pos, (orig, seen, label) in enumerate(zip(ids.tolist(), shown, labels)):
         selected = label != IGNORE_INDEX
-        what = "" if not selected else "[MASK]" if shown == tok.mask_token_id else "unchanged" if shown == orig else "random"
-        token, seen = tok.convert_ids_to_tokens([orig, shown])
-        rows.append(f"{pos:>3}  {token:<16} {seen if selected else '':<16} {what:<10} {token if selected else '-100'}")
-    count = sum(label != IGNORE_INDEX for label in masked["labels"][0].tolist())
-    rows.append(f"{count} of {int((masked['labels'] != IGNORE_INDEX).numel())} positions selected "
-                f"(rate {rate} of the non-special tokens, seed {seed}, epoch {epoch})")
+        what = "" if not selected else "[MASK]" if seen == tok.mask_token_id else "unchanged" if seen == orig else "random"
+        token, seen_token = tok.convert_ids_to_tokens([orig, seen])
+        weight = "" if weights is None else f"{weights[0, pos].item():.3f}"
+        rows.append(f"{pos:>3}  {token:<16} {weight:>7}  {seen_token if selected else '':<16} {what:<10} "
+                    f"{token if selected else '-100'}")
+    eligible = int((~torch.isin(ids, torch.tensor(token_info_for(tok).special_ids))).sum())
+    rows.append(f"{sum(label != IGNORE_INDEX for label in labels)} of {eligible} eligible positions selected")
     return "\n".join(rows)

@@ -27,11 +27,26 @@ class LoaderPosition:
         return {"epoch": self.epoch, "batch": self.batch}
 
 
-def epoch_batches(num_examples: int, global_batch: int, seed: int, epoch: int) -> np.ndarray:
-    """(num_batches, global_batch) example ids of one epoch; the ragged tail is dropped."""
-    order = np.random.default_rng([seed, epoch]).permutation(num_examples)
+def epoch_batches(num_examples: int, global_batch: int, seed: int, epoch: int, lengths=None,
+                  bucket_batches: int = 0) -> np.ndarray:
+    """(num_batches, global_batch) example ids of one epoch; the ragged tail is dropped.
+
+    With ``lengths`` and ``bucket_batches`` > 0, each run of ``bucket_batches`` batches of the
+    shuffled order is sorted by length before it is cut into batches, and the batch
+    order is shuffled again: batches then hold similar lengths and pad little
+    (fairseq-style bucketing), while every batch still mixes random examples.
+    """
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(num_examples)
     num_batches = num_examples // global_batch
-    return order[: num_batches * global_batch].reshape(num_batches, global_batch)
+    order = order[: num_batches * global_batch]
+    if lengths is not None and bucket_batches > 0:
+        window = bucket_batches * global_batch
+        for start in range(0, len(order), window):
+            chunk = order[start:start + window]
+            order[start:start + window] = chunk[np.argsort(lengths[chunk], kind="stable")]
+        return order.reshape(num_batches, global_batch)[rng.permutation(num_batches)]
+    return order.reshape(num_batches, global_batch)
 
 
 def collate(examples: list[dict], example_ids, pad_id: int) -> dict:
@@ -68,7 +83,7 @@ class _BatchDataset(Dataset):
 
 
 def iterate_batches(store, *, batch_size: int, seed: int, start: LoaderPosition, rank: int = 0,
-                    world_size: int = 1, workers: int = 0, pad_id: int = 0):
+                    world_size: int = 1, workers: int = 0, pad_id: int = 0, bucket_batches: int = 0):
     """Yield (LoaderPosition after this batch, batch) forever, starting at ``start``.
 
     Each yielded batch is this rank's share (batch_size examples) of a global batch of
@@ -81,7 +96,7 @@ def iterate_batches(store, *, batch_size: int, seed: int, start: LoaderPosition,
                         "use more text or a smaller train.batch_size")
     epoch, first = start.epoch, start.batch
     while True:
-        plan = epoch_batches(len(store), global_batch, seed, epoch)[first:, rank::world_size]
+        plan = epoch_batches(len(store), global_batch, seed, epoch, store.lengths, bucket_batches)[first:, rank::world_size]
         loader = DataLoader(dataset, batch_size=None, sampler=list(plan), num_workers=workers,
                             prefetch_factor=4 if workers else None, persistent_workers=False)
         for offset, batch in enumerate(loader):

@@ -105,18 +105,26 @@ def load_pretrained(model_dir):
     return bert, load_tokenizer(folder)
 
 
-def evaluate_model(model_dir, data, *, batch_size: int = 32, max_batches: int | None = None) -> dict:
-    """``mlmlab evaluate``: perplexity per frequency bucket + NSP accuracy on a prepared dataset."""
+def evaluate_model(model_dir, data, *, batch_size: int = 32, max_batches: int | None = None,
+                   max_seq_length: int = 128) -> dict:
+    """``mlmlab evaluate``: perplexity per frequency bucket + NSP accuracy on held-out data.
+
+    ``data``: a prepared dataset folder, or text files (WikiText ``*.tokens`` included)
+    that are prepared here with the model's own tokenizer.
+    """
     from pathlib import Path
 
-    from mlmlab.data.store import TokenStore
     from mlmlab.masking.select import token_info_for
+    from mlmlab.train.datasets import held_out_store
 
     bert, tokenizer = load_pretrained(model_dir)
-    store = TokenStore(data)
+    store = held_out_store([data] if isinstance(data, (str, Path)) else list(data), Path(model_dir), max_seq_length)
     if store.meta.get("vocab_size") != len(tokenizer):
         raise UserError(f"{data} was prepared with a {store.meta.get('vocab_size')}-token vocabulary, the model uses "
                         f"{len(tokenizer)}; prepare the data with the model's tokenizer")
+    if store.max_seq_length > bert.config.max_position_embeddings:
+        raise UserError(f"{data} holds sequences of up to {store.max_seq_length} tokens, more than the model's "
+                        f"{bert.config.max_position_embeddings} positions; prepare it with a smaller --max-seq-length")
     counts_path = Path(model_dir) / "token_counts.npy"
     counts = np.load(counts_path) if counts_path.is_file() else store.token_counts
     report = evaluate_mlm(bert, store, token_info_for(tokenizer), batch_size=batch_size, max_batches=max_batches,

@@ -7,11 +7,13 @@ tokenizers live in the cache, in folders named by a hash of what made them.
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 from mlmlab.config import Config, config_text
 from mlmlab.data.store import TokenStore, cache_root, prepare
 from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer
+from mlmlab.data.wikitext import is_wikitext, write_plain
 from mlmlab.errors import UserError
 
 SAMPLE_DIR = Path(__file__).resolve().parent.parent / "resources" / "sample"
@@ -41,6 +43,34 @@ def tokenizer_dir_for(setting: str) -> Path:
         adopt_vocab(source, staging)
         os.replace(staging, target)
     return target
+
+
+def standalone_tokenizer(model_dir: Path) -> Path:
+    """The tokenizer files of a model folder, copied to the cache so data hashes ignore the weights."""
+    files = sorted(p for p in Path(model_dir).iterdir() if p.name.startswith(("tokenizer", "vocab", "special_tokens")))
+    digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in files)).hexdigest()[:16]
+    target = cache_root().parent / "tokenizers" / digest
+    if not target.is_dir():
+        staging = target.with_name(f".tmp-{target.name}-{os.getpid()}")
+        staging.mkdir(parents=True)
+        for path in files:
+            shutil.copy2(path, staging / path.name)
+        os.replace(staging, target)
+    return target
+
+
+def held_out_store(data: list[str], model_dir: Path, max_seq_length: int) -> TokenStore:
+    """A prepared dataset folder as is; text files (WikiText detokenised first) prepared with the model's tokenizer."""
+    paths = [Path(p) for p in data]
+    if len(paths) == 1 and paths[0].is_dir():
+        return TokenStore(paths[0])
+    corpus = []
+    for path in paths:
+        if is_wikitext(path) and path.is_file():
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+            path = write_plain(path, cache_root().parent / "wikitext" / f"{path.stem}-{digest}.txt")
+        corpus.append(path)
+    return TokenStore(prepare(corpus, tokenizer_dir=standalone_tokenizer(model_dir), max_seq_length=max_seq_length))
 
 
 def prepare_datasets(cfg: Config):

@@ -235,7 +235,7 @@ class Trainer:
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         batches = iterate_batches(self.train_store, batch_size=cfg.batch_size, seed=cfg.seed, start=self.state.position,
                                   rank=rank, world_size=world, workers=self.cfg.data.loader_workers,
-                                  pad_id=self.tokenizer.pad_token_id)
+                                  pad_id=self.tokenizer.pad_token_id, bucket_batches=self.cfg.data.bucket_batches)
         stop = _StopRequest()
         bar = tqdm(total=cfg.max_steps, initial=self.state.step, disable=not (self.progress and self.accelerator.is_main_process),
                    dynamic_ncols=True, desc="pretrain")

@@ -1,0 +1,487 @@
+"""GLUE fine-tuning evaluation of an mlmlab checkpoint folder.
+
+For each task: fine-tune a fresh copy of the checkpoint for every (learning rate, seed),
+score the dev set, take the median over seeds per learning rate, and choose the learning
+rate with the best median. The dev set is used both to choose and to report, as is
+customary for GLUE dev numbers (optimistic; the test set needs a GLUE submission).
+
+Defaults follow cramming's "GLUE-sane" spirit (one small recipe for every task, a few
+seeds, no per-task tuning) scaled down so that the tiny preset runs on a laptop CPU.
+"""
+
+import dataclasses
+import json
+import math
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from scipy.stats import pearsonr, spearmanr
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+from mlmlab.errors import UserError
+from mlmlab.evaluate.glue_data import (
+    TASKS, TRAIN_FILE, GlueSplit, GlueTask, missing_files, read_labeled, read_unlabeled,
+)
+
+SELECTION_NOTE = (
+    "Dev sets are used both to choose the learning rate (best median over seeds) and to report the scores, "
+    "as is customary for GLUE dev numbers; this is optimistic."
+)
+EVAL_BATCH_SIZE = 128  # no gradients at evaluation, so larger batches only cost activation memory
+MAX_GRAD_NORM = 1.0  # as in BERT's run_classifier.py; keeps tiny random-init models from diverging
+
+
+@dataclass(frozen=True)
+class FineTuneSettings:
+    learning_rates: tuple[float, ...]  # the grid searched; each is run with every seed
+    epochs: int
+    batch_size: int
+    max_length: int  # longer inputs are truncated (longest segment first); batches pad to their longest
+    warmup_ratio: float = 0.1  # linear warmup over this fraction of steps, then linear decay to zero (BERT)
+    weight_decay: float = 0.01  # AdamW decay, not applied to biases and LayerNorm weights (BERT)
+
+
+# Small tasks (<10k examples) get batch 16 and 5 epochs as in cramming; large ones 2 epochs
+# at batch 32, which keeps SST-2 to minutes on a CPU. RTE gets 3 epochs: its long pairs make
+# an epoch cost about twice MRPC's. Two learning rates: tiny models want the higher one,
+# base-size ones the lower.
+LEARNING_RATES = (5e-5, 1e-4)
+DEFAULT_SETTINGS: dict[str, FineTuneSettings] = {
+    "CoLA": FineTuneSettings(LEARNING_RATES, epochs=5, batch_size=16, max_length=128),
+    "SST-2": FineTuneSettings(LEARNING_RATES, epochs=2, batch_size=32, max_length=64),  # short sentences
+    "MRPC": FineTuneSettings(LEARNING_RATES, epochs=5, batch_size=16, max_length=128),
+    "STS-B": FineTuneSettings(LEARNING_RATES, epochs=5, batch_size=16, max_length=128),
+    "QQP": FineTuneSettings(LEARNING_RATES, epochs=2, batch_size=32, max_length=128),
+    "MNLI": FineTuneSettings(LEARNING_RATES, epochs=2, batch_size=32, max_length=128),
+    "QNLI": FineTuneSettings(LEARNING_RATES, epochs=2, batch_size=32, max_length=128),
+    "RTE": FineTuneSettings(LEARNING_RATES, epochs=3, batch_size=16, max_length=128),
+    "WNLI": FineTuneSettings(LEARNING_RATES, epochs=5, batch_size=16, max_length=128),
+}
+
+METRIC_FUNCTIONS = {
+    "mcc": matthews_corrcoef,
+    "accuracy": accuracy_score,
+    "f1": f1_score,  # binary F1 of class id 1 ("1" = paraphrase / duplicate)
+    "pearson": lambda labels, predictions: pearsonr(labels, predictions).statistic,
+    "spearman": lambda labels, predictions: spearmanr(labels, predictions).statistic,
+}
+
+
+def run_glue(
+    model_dir,
+    tasks,
+    data_dir,
+    out_dir,
+    *,
+    seeds: Sequence[int] = (0, 1, 2),
+    learning_rates: Sequence[float] | None = None,
+    epochs: int | None = None,
+    batch_size: int | None = None,
+    max_length: int | None = None,
+    init: str = "pretrained",
+    max_train_examples: int | None = None,
+    write_test_predictions: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Fine-tune model_dir on each GLUE task and write glue_results.json and glue_results.md to out_dir.
+
+    tasks: "all", one task name, or a list of names. learning_rates/epochs/batch_size/max_length
+    override every task's default. init="random" fine-tunes the same architecture from fresh
+    weights (the baseline showing what pretraining bought). Tasks whose files are absent are
+    reported with status "missing". Returns the dict written to glue_results.json.
+    """
+    model_dir, data_dir, out_dir = Path(model_dir), Path(data_dir), Path(out_dir)
+    check_arguments(model_dir, data_dir, seeds, init, max_train_examples)
+    overrides = {"learning_rates": tuple(learning_rates) if learning_rates is not None else None,
+                 "epochs": epochs, "batch_size": batch_size, "max_length": max_length}
+    # Every argument is checked before the first task trains, not minutes later.
+    settings = {name: with_overrides(DEFAULT_SETTINGS[name], overrides) for name in resolve_task_names(tasks)}
+    context = RunContext(model_dir, load_tokenizer(model_dir), init, tuple(seeds), max_train_examples,
+                         write_test_predictions, progress, pick_device())
+    results = {"model_dir": str(model_dir), "init": init, "seeds": list(seeds), "selection": SELECTION_NOTE,
+               "max_train_examples": max_train_examples, "tasks": {}, "average": None}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, task_settings in settings.items():
+        results["tasks"][name] = evaluate_task(TASKS[name], data_dir, task_settings, context, out_dir)
+        results["average"] = glue_average(results["tasks"])
+        write_results(results, out_dir)  # after every task, so a long run keeps what it finished
+    return results
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every task's runs share."""
+
+    model_dir: Path
+    tokenizer: transformers.PreTrainedTokenizerBase
+    init: str
+    seeds: tuple[int, ...]
+    max_train_examples: int | None
+    write_test_predictions: bool
+    progress: bool
+    device: torch.device
+
+
+def check_arguments(model_dir: Path, data_dir: Path, seeds, init: str, max_train_examples) -> None:
+    if not (model_dir / "config.json").is_file():
+        raise UserError(f"{model_dir} has no config.json; pass a checkpoint folder saved by mlmlab (save_pretrained)")
+    if not data_dir.is_dir():
+        raise UserError(f"GLUE data folder {data_dir} does not exist; pass the glue_data folder holding CoLA/, SST-2/, ...")
+    if not seeds:
+        raise UserError("seeds is empty; pass at least one seed, e.g. --seeds 0 1 2")
+    if init not in ("pretrained", "random"):
+        raise UserError(f"init={init!r} is not known; use 'pretrained' or 'random'")
+    if max_train_examples is not None and max_train_examples < 1:
+        raise UserError(f"max_train_examples={max_train_examples} must be a positive number of examples")
+
+
+def resolve_task_names(tasks) -> list[str]:
+    """Canonical names in GLUE order; accepts "all", a name, or names in any case, with or without the hyphen."""
+    if isinstance(tasks, str):
+        tasks = list(TASKS) if tasks.lower() == "all" else [tasks]
+    by_key = {name.lower().replace("-", ""): name for name in TASKS}
+    unknown = [name for name in tasks if name.lower().replace("-", "") not in by_key]
+    if unknown or not tasks:
+        raise UserError(f"unknown GLUE task(s) {', '.join(unknown) or '(none given)'}; use 'all' or some of {', '.join(TASKS)}")
+    wanted = {by_key[name.lower().replace("-", "")] for name in tasks}
+    return [name for name in TASKS if name in wanted]
+
+
+def with_overrides(settings: FineTuneSettings, overrides: dict) -> FineTuneSettings:
+    chosen = {field: value for field, value in overrides.items() if value is not None}
+    settings = dataclasses.replace(settings, **chosen)
+    if not settings.learning_rates or settings.epochs < 1 or settings.batch_size < 1 or settings.max_length < 8:
+        raise UserError(
+            f"fine-tuning settings {settings} are invalid; give at least one learning rate, "
+            "epochs and batch_size >= 1 and max_length >= 8"
+        )
+    return settings
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+# ---------------------------------------------------------------- one task
+
+
+def evaluate_task(task: GlueTask, data_dir: Path, settings: FineTuneSettings, context: RunContext, out_dir: Path) -> dict:
+    absent = missing_files(task, data_dir)
+    if absent:
+        report(context, f"{task.name}: missing {', '.join(absent)}; skipped")
+        return {"status": "missing", "missing_files": absent}
+    started = time.perf_counter()
+    folder = data_dir / task.name
+    train_split = read_labeled(task, folder / TRAIN_FILE, context.max_train_examples)
+    train = encode(train_split, context.tokenizer, settings.max_length)
+    devs = {split: encode(read_labeled(task, folder / name), context.tokenizer, settings.max_length)
+            for split, name in task.dev_files.items()}
+    tests = read_tests(task, folder, settings, context)
+    runs, test_outputs = [], {}
+    for learning_rate in settings.learning_rates:
+        for seed in context.seeds:
+            run, test_outputs[(learning_rate, seed)] = fine_tune_and_score(task, train, devs, tests, settings,
+                                                                            learning_rate, seed, context)
+            runs.append(run)
+    result = summarize_task(task, settings, runs, len(train.labels), started)
+    if tests:
+        result["test_predictions"] = write_best_test_predictions(task, tests, runs, test_outputs, result, out_dir)
+    return result
+
+
+def read_tests(task: GlueTask, folder: Path, settings: FineTuneSettings, context: RunContext) -> dict:
+    """Encoded test splits by file name, for the submission files; absent test files are skipped."""
+    if not context.write_test_predictions:
+        return {}
+    return {name: encode(read_unlabeled(task, folder / name), context.tokenizer, settings.max_length)
+            for name in task.test_files if (folder / name).is_file()}
+
+
+def fine_tune_and_score(
+    task: GlueTask,
+    train: "EncodedSplit",
+    devs: dict[str, "EncodedSplit"],
+    tests: dict[str, "EncodedSplit"],
+    settings: FineTuneSettings,
+    learning_rate: float,
+    seed: int,
+    context: RunContext,
+) -> tuple[dict, dict]:
+    """One (learning rate, seed) run: its dev metrics, and its test predictions if any were asked for."""
+    started = time.perf_counter()
+    # Weight init (the classifier head; everything for init="random") and dropout draw from
+    # torch's global RNG: transformers takes no generator for either, so seeding it is
+    # unavoidable. Data order uses its own generator (see train_model).
+    transformers.set_seed(seed)
+    model = load_model(context.model_dir, task, context.init).to(context.device)
+    train_model(model, train, settings, learning_rate, seed, context.device)
+    metrics = dev_metrics(task, model, devs, context.device)
+    test_outputs = {name: predict(model, split, task, context.device) for name, split in tests.items()}
+    minutes = (time.perf_counter() - started) / 60
+    report(context, f"{task.name} lr={learning_rate:g} seed={seed}: "
+                    f"{', '.join(f'{k}={v:.4f}' for k, v in metrics.items())} ({minutes:.2f} min)")
+    run = {"learning_rate": learning_rate, "seed": seed, "metrics": metrics, "score": task_score(metrics), "minutes": minutes}
+    return run, test_outputs
+
+
+def summarize_task(task: GlueTask, settings: FineTuneSettings, runs: list[dict], train_examples: int, started: float) -> dict:
+    per_lr = [median_over_seeds(task, learning_rate, runs) for learning_rate in settings.learning_rates]
+    best = max(per_lr, key=lambda entry: nan_as_worst(entry["score"]))
+    minutes = (time.perf_counter() - started) / 60
+    return {
+        "status": "ok",
+        "metrics": list(task.metric_names),
+        "settings": dataclasses.asdict(settings),
+        "train_examples": train_examples,
+        "runs": runs,
+        "median_per_learning_rate": per_lr,
+        "chosen_learning_rate": best["learning_rate"],
+        "dev": best["metrics"],
+        "score": best["score"],
+        "minutes": minutes,
+        "minutes_per_run": float(np.mean([run["minutes"] for run in runs])),
+    }
+
+
+def median_over_seeds(task: GlueTask, learning_rate: float, runs: list[dict]) -> dict:
+    """Per-metric median over this learning rate's seeds; the score is the mean of those medians."""
+    chosen = [run["metrics"] for run in runs if run["learning_rate"] == learning_rate]
+    medians = {name: float(np.median([metrics[name] for metrics in chosen])) for name in task.metric_names}
+    return {"learning_rate": learning_rate, "metrics": medians, "score": task_score(medians)}
+
+
+def task_score(metrics: dict[str, float]) -> float:
+    """GLUE's task score: the unweighted mean of the task's metrics (MRPC F1/acc, STS-B Pearson/Spearman)."""
+    return float(np.mean(list(metrics.values())))
+
+
+def nan_as_worst(value: float) -> float:
+    # A constant prediction makes Pearson/Spearman undefined (NaN); it must never be chosen.
+    return -math.inf if math.isnan(value) else value
+
+
+def glue_average(task_results: dict[str, dict]) -> float | None:
+    """Mean of the task scores over the tasks that ran; None if none did."""
+    scores = [result["score"] for result in task_results.values() if result["status"] == "ok"]
+    return float(np.mean(scores)) if scores else None
+
+
+def report(context: RunContext, message: str) -> None:
+    if context.progress:
+        print(f"[glue] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- model and data
+
+
+@dataclass
+class EncodedSplit:
+    features: dict[str, list[list[int]]]  # tokenizer outputs (input_ids, token_type_ids, attention_mask), unpadded
+    labels: list[int] | list[float] | None
+    indices: list[str] | None  # test index column
+    pad_token_id: int
+
+    def __len__(self) -> int:
+        return len(self.features["input_ids"])
+
+
+def encode(split: GlueSplit, tokenizer, max_length: int) -> EncodedSplit:
+    """Tokenize once, without padding: each batch is padded to its own longest example."""
+    features = tokenizer(*split.texts, truncation=True, max_length=max_length)
+    return EncodedSplit(dict(features), split.labels, split.indices, tokenizer.pad_token_id)
+
+
+def collate(split: EncodedSplit, rows: list[int], device: torch.device) -> dict[str, torch.Tensor]:
+    longest = max(len(split.features["input_ids"][row]) for row in rows)
+    batch = {}
+    for key, values in split.features.items():
+        pad = split.pad_token_id if key == "input_ids" else 0  # attention_mask 0 hides the padding
+        batch[key] = torch.tensor([values[row] + [pad] * (longest - len(values[row])) for row in rows])  # (B, T)
+    return {key: tensor.to(device) for key, tensor in batch.items()}
+
+
+def load_tokenizer(model_dir: Path):
+    try:
+        return AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError) as error:
+        raise UserError(f"{model_dir}: no usable tokenizer ({error}); save the tokenizer into the checkpoint folder") from None
+
+
+def load_model(model_dir: Path, task: GlueTask, init: str) -> torch.nn.Module:
+    num_labels = 1 if task.is_regression else len(task.labels)
+    problem_type = "regression" if task.is_regression else "single_label_classification"
+    config = AutoConfig.from_pretrained(model_dir, num_labels=num_labels, problem_type=problem_type)
+    with quiet_transformers():
+        if init == "random":
+            return AutoModelForSequenceClassification.from_config(config)
+        model, loading_info = AutoModelForSequenceClassification.from_pretrained(
+            model_dir, config=config, output_loading_info=True
+        )
+    check_only_head_is_new(model_dir, loading_info["missing_keys"])
+    return model
+
+
+@contextmanager
+def quiet_transformers():
+    """Hide the load report and progress bar: a new classifier head is expected, and checked by us instead."""
+    verbosity, bars = transformers.logging.get_verbosity(), transformers.logging.is_progress_bar_enabled()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        if bars:
+            transformers.logging.enable_progress_bar()
+
+
+NEW_HEAD_PREFIXES = ("classifier.", "bert.pooler.")  # a checkpoint saved from BertForMaskedLM has no pooler
+
+
+def check_only_head_is_new(model_dir: Path, missing_keys: Iterable[str]) -> None:
+    # A checkpoint saved from BertForPreTraining has no classifier; anything else missing
+    # means the encoder would silently be random, which would make the scores meaningless.
+    not_head = sorted(key for key in missing_keys if not key.startswith(NEW_HEAD_PREFIXES))
+    if not_head:
+        raise UserError(
+            f"{model_dir}: checkpoint lacks encoder weights ({', '.join(not_head[:3])}, ...); "
+            "pass a folder saved from an mlmlab BERT model, or use init='random'"
+        )
+
+
+def train_model(model, train: EncodedSplit, settings: FineTuneSettings, learning_rate: float, seed: int, device) -> None:
+    """AdamW with linear warmup and decay over epochs of shuffled, dynamically padded batches."""
+    steps_per_epoch = math.ceil(len(train) / settings.batch_size)
+    total_steps = steps_per_epoch * settings.epochs
+    # fused AdamW: on CPU the unfused update of the 30k-row embedding costs more than the model step.
+    optimizer = torch.optim.AdamW(parameter_groups(model, settings.weight_decay), lr=learning_rate, fused=True)
+    scheduler = transformers.get_linear_schedule_with_warmup(
+        optimizer, round(settings.warmup_ratio * total_steps), total_steps
+    )
+    shuffle = torch.Generator().manual_seed(seed)
+    label_dtype = torch.float32 if model.config.problem_type == "regression" else torch.long
+    model.train()
+    for _ in range(settings.epochs):
+        for rows in torch.randperm(len(train), generator=shuffle).split(settings.batch_size):
+            rows = rows.tolist()
+            batch = collate(train, rows, device)
+            labels = torch.tensor([train.labels[row] for row in rows], dtype=label_dtype, device=device)  # (B,)
+            model(**batch, labels=labels).loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+
+
+def parameter_groups(model, weight_decay: float) -> list[dict]:
+    decayed = [p for p in model.parameters() if p.ndim >= 2]  # matrices; not biases or LayerNorm weights
+    others = [p for p in model.parameters() if p.ndim < 2]
+    return [{"params": decayed, "weight_decay": weight_decay}, {"params": others, "weight_decay": 0.0}]
+
+
+@torch.inference_mode()
+def predict(model, split: EncodedSplit, task: GlueTask, device) -> np.ndarray:
+    """Class ids, or scores for regression, in file order."""
+    model.eval()
+    outputs = []
+    for start in range(0, len(split), EVAL_BATCH_SIZE):
+        rows = list(range(start, min(start + EVAL_BATCH_SIZE, len(split))))
+        logits = model(**collate(split, rows, device)).logits  # (B, num_labels)
+        outputs.append(logits[:, 0] if task.is_regression else logits.argmax(dim=-1))
+    return torch.cat(outputs).cpu().numpy()
+
+
+def dev_metrics(task: GlueTask, model, devs: dict[str, EncodedSplit], device) -> dict[str, float]:
+    metrics = {}
+    for split_name, split in devs.items():
+        values = compute_metrics(task, split.labels, predict(model, split, task, device))
+        suffix = f"_{split_name}" if len(devs) > 1 else ""
+        metrics.update({f"{name}{suffix}": value for name, value in values.items()})
+    return metrics
+
+
+def compute_metrics(task: GlueTask, labels, predictions) -> dict[str, float]:
+    """The task's dev metrics from scikit-learn / scipy, as plain floats."""
+    return {name: float(METRIC_FUNCTIONS[name](labels, predictions)) for name in task.metrics}
+
+
+# ---------------------------------------------------------------- outputs
+
+
+def write_best_test_predictions(task, tests, runs, test_outputs, result, out_dir: Path) -> dict:
+    """Submission files from the chosen learning rate's best dev run (GLUE's one-submission-per-task format)."""
+    chosen_runs = [run for run in runs if run["learning_rate"] == result["chosen_learning_rate"]]
+    best = max(chosen_runs, key=lambda run: nan_as_worst(run["score"]))
+    folder = out_dir / "test_predictions"
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, split in tests.items():
+        predictions = test_outputs[(best["learning_rate"], best["seed"])][name]
+        path = folder / task.test_files[name]
+        path.write_text(submission_text(task, split.indices, predictions), encoding="utf-8")
+        written.append(str(path))
+    return {"learning_rate": best["learning_rate"], "seed": best["seed"], "files": written}
+
+
+def submission_text(task: GlueTask, indices: list[str], predictions: np.ndarray) -> str:
+    if task.is_regression:
+        values = [f"{score:.3f}" for score in predictions]
+    else:
+        values = [task.labels[class_id] for class_id in predictions]
+    return "index\tprediction\n" + "".join(f"{index}\t{value}\n" for index, value in zip(indices, values))
+
+
+def write_results(results: dict, out_dir: Path) -> None:
+    (out_dir / "glue_results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    (out_dir / "glue_results.md").write_text(format_glue_table(results), encoding="utf-8")
+
+
+def format_glue_table(results: dict) -> str:
+    """Markdown: one column per task metric plus the GLUE average (x100), then per-task details and notes."""
+    ran = {name: result for name, result in results["tasks"].items() if result["status"] == "ok"}
+    columns = [(name, metric) for name, result in ran.items() for metric in result["metrics"]]
+    header = ["Model", "init"] + [f"{name} {metric}" for name, metric in columns] + ["Average"]
+    average = "–" if results["average"] is None else percent(results["average"])
+    row = [Path(results["model_dir"]).name, results["init"]]
+    row += [percent(ran[name]["dev"][metric]) for name, metric in columns] + [average]
+    lines = [markdown_row(header), markdown_row(["---"] * len(header)), markdown_row(row), ""]
+    lines += details_table(ran) + [""]
+    lines.append(f"{SELECTION_NOTE} Metric values are medians over seeds {', '.join(map(str, results['seeds']))}; "
+                 "the average is the mean of the task scores (each the mean of the task's metrics).")
+    missing = [f"{name} ({', '.join(result['missing_files'])})"
+               for name, result in results["tasks"].items() if result["status"] == "missing"]
+    if missing:
+        lines.append(f"Missing (files absent, not run): {'; '.join(missing)}.")
+    if results.get("max_train_examples"):
+        lines.append(f"Trained on the first {results['max_train_examples']} training examples of each task only.")
+    return "\n".join(lines) + "\n"
+
+
+def details_table(ran: dict[str, dict]) -> list[str]:
+    lines = [markdown_row(["Task", "score per lr (median)", "chosen lr", "epochs", "batch", "minutes", "min/run"]),
+             markdown_row(["---"] * 7)]
+    for name, result in ran.items():
+        per_lr = ", ".join(f"{entry['learning_rate']:g}: {percent(entry['score'])}"
+                           for entry in result["median_per_learning_rate"])
+        settings = result["settings"]
+        lines.append(markdown_row([
+            name, per_lr, f"{result['chosen_learning_rate']:g}", str(settings["epochs"]), str(settings["batch_size"]),
+            f"{result['minutes']:.1f}", f"{result['minutes_per_run']:.2f}",
+        ]))
+    return lines
+
+
+def percent(value: float) -> str:
+    return f"{100 * value:.1f}"
+
+
+def markdown_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"

@@ -1,0 +1,215 @@
+"""GLUE evaluation: readers on the real files, metrics against scikit-learn/scipy, and a
+tiny end-to-end fine-tuning run that must be deterministic given its seed."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import pearsonr, spearmanr
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+from mlmlab.errors import UserError
+from mlmlab.evaluate.glue import (
+    check_only_head_is_new,
+    compute_metrics,
+    format_glue_table,
+    resolve_task_names,
+    run_glue,
+    task_score,
+)
+from mlmlab.evaluate.glue_data import TASKS, read_labeled, read_unlabeled
+
+GLUE_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "glue"
+VOCAB = GLUE_DIR.parent / "bert_vocab" / "bert-base-uncased-vocab.txt"
+needs_glue = pytest.mark.skipif(not GLUE_DIR.is_dir(), reason="shared GLUE data not present")
+PRESENT_FILES = [  # (task, file, has header) for every train/dev/test file shipped in shared/data/glue
+    (task, name, header)
+    for task in ("CoLA", "SST-2", "MRPC", "STS-B", "RTE", "WNLI")
+    for name, header in (("train.tsv", task != "CoLA"), ("dev.tsv", task != "CoLA"), ("test.tsv", True))
+] + [("QNLI", "dev.tsv", True), ("QNLI", "test.tsv", True)]
+
+
+# ---------------------------------------------------------------- metrics
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_metrics_equal_sklearn_and_scipy(name):
+    task = TASKS[name]
+    rng = np.random.default_rng(0)
+    if task.is_regression:
+        labels, predictions = rng.uniform(0, 5, 50), rng.uniform(0, 5, 50)
+    else:
+        labels, predictions = rng.integers(0, len(task.labels), 50), rng.integers(0, len(task.labels), 50)
+    reference = {
+        "mcc": lambda: matthews_corrcoef(labels, predictions),
+        "accuracy": lambda: accuracy_score(labels, predictions),
+        "f1": lambda: f1_score(labels, predictions),
+        "pearson": lambda: pearsonr(labels, predictions)[0],
+        "spearman": lambda: spearmanr(labels, predictions)[0],
+    }
+    metrics = compute_metrics(task, labels, predictions)
+    assert metrics == {metric: pytest.approx(reference[metric](), abs=1e-12) for metric in task.metrics}
+
+
+def test_task_score_averages_a_tasks_metrics_glue_style():
+    assert task_score({"f1": 0.8, "accuracy": 0.7}) == pytest.approx(0.75)
+    assert TASKS["MNLI"].metric_names == ("accuracy_matched", "accuracy_mismatched")
+    assert TASKS["STS-B"].metric_names == ("pearson", "spearman")
+
+
+# ---------------------------------------------------------------- readers
+
+
+def data_lines(path: Path) -> int:
+    # splitlines counts CoLA/dev.tsv's last line, which has no trailing newline (wc -l would not).
+    return len(path.read_text(encoding="utf-8").splitlines())
+
+
+@needs_glue
+@pytest.mark.parametrize(("name", "file_name", "has_header"), PRESENT_FILES)
+def test_readers_parse_every_row_of_the_real_files(name, file_name, has_header):
+    task, path = TASKS[name], GLUE_DIR / name / file_name
+    split = read_unlabeled(task, path) if file_name == "test.tsv" else read_labeled(task, path)
+    assert len(split) == data_lines(path) - has_header
+    assert all(len(texts) == len(split) for texts in split.texts)
+    assert len(split.labels if split.labels is not None else split.indices) == len(split)
+
+
+@needs_glue
+def test_cola_without_header_and_mrpc_with_bom():
+    cola = read_labeled(TASKS["CoLA"], GLUE_DIR / "CoLA" / "train.tsv")
+    assert (cola.texts[0][0], cola.labels[0]) == ("Our friends won't buy this analysis, let alone the next one we propose.", 1)
+    mrpc = read_labeled(TASKS["MRPC"], GLUE_DIR / "MRPC" / "dev.tsv")  # "\ufeffQuality" would be a missing column
+    assert len(mrpc) == 408 and set(mrpc.labels) == {0, 1}
+    assert mrpc.texts[1][0].startswith('" The foodservice')  # a literal quote, not csv quoting
+
+
+@needs_glue
+def test_regression_labels_are_floats():
+    stsb = read_labeled(TASKS["STS-B"], GLUE_DIR / "STS-B" / "dev.tsv", max_examples=3)
+    assert stsb.labels == [5.0, 4.75, 5.0] and len(stsb) == 3
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "expected"),
+    [
+        ("RTE", "index\tsentence1\thypothesis\tlabel\n0\ta\tb\tentailment\n", "missing column(s) sentence2"),
+        ("RTE", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\ta\tb\tmaybe\n", ":3: label 'maybe'"),
+        ("RTE", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\n", ":2: expected 4 tab-separated fields"),
+        ("CoLA", "gj04\t1\t\tFine.\ngj04\t1\tToo few fields.\n", ":2: expected 4 tab-separated fields"),
+        ("STS-B", "sentence1\tsentence2\tscore\na\tb\thigh\n", ":2: score 'high' is not a number"),
+        ("SST-2", "", "file is empty"),
+    ],
+)
+def test_malformed_files_name_file_line_and_expectation(tmp_path, name, content, expected):
+    path = tmp_path / "train.tsv"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(UserError) as error:
+        read_labeled(TASKS[name], path)
+    message = str(error.value)
+    assert str(path) in message and expected in message and "\n" not in message
+
+
+def test_task_names_and_bad_arguments():
+    assert resolve_task_names(["sst2", "cola", "STS-B"]) == ["CoLA", "SST-2", "STS-B"]
+    assert resolve_task_names("all") == list(TASKS)
+    with pytest.raises(UserError, match="unknown GLUE task"):
+        resolve_task_names(["MRPC", "SQuAD"])
+
+
+def test_only_the_classifier_head_may_be_missing_from_a_checkpoint():
+    check_only_head_is_new(Path("m"), ["classifier.weight", "classifier.bias", "bert.pooler.dense.weight"])
+    with pytest.raises(UserError, match="lacks encoder weights"):
+        check_only_head_is_new(Path("m"), ["classifier.weight", "bert.encoder.layer.0.output.dense.weight"])
+
+
+# ---------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """A random 1-layer BERT saved like an mlmlab checkpoint, with the bert-base-uncased tokenizer."""
+    from transformers import BertConfig, BertForPreTraining, BertTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    BertForPreTraining(config).save_pretrained(folder)
+    shutil.copy(VOCAB, folder / "vocab.txt")
+    # Through a folder: in transformers 5, BertTokenizerFast(vocab_file=...) silently builds a 5-token vocab.
+    tokenizer = BertTokenizerFast.from_pretrained(folder)
+    assert len(tokenizer) == 30522
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def tiny_run(model_dir, out_dir, tasks, seeds=(0,), **overrides):
+    settings = dict(learning_rates=[1e-3], epochs=1, batch_size=8, max_length=32, max_train_examples=48, progress=False)
+    return run_glue(model_dir, tasks, GLUE_DIR, out_dir, seeds=seeds, **(settings | overrides))
+
+
+@needs_glue
+def test_fine_tuning_is_deterministic_given_a_seed(tiny_model_dir, tmp_path):
+    first = tiny_run(tiny_model_dir, tmp_path / "a", ["RTE", "STS-B"])
+    again = tiny_run(tiny_model_dir, tmp_path / "b", ["RTE", "STS-B"])
+    other_seed = tiny_run(tiny_model_dir, tmp_path / "c", ["STS-B"], seeds=(1,))
+    fresh_weights = tiny_run(tiny_model_dir, tmp_path / "d", ["STS-B"], init="random")
+    for name in ("RTE", "STS-B"):
+        assert first["tasks"][name]["runs"][0]["metrics"] == again["tasks"][name]["runs"][0]["metrics"]
+    # Pearson moves with any change in the weights: the seed must actually reach init and order.
+    assert first["tasks"]["STS-B"]["dev"] != other_seed["tasks"]["STS-B"]["dev"]
+    assert first["tasks"]["STS-B"]["dev"] != fresh_weights["tasks"]["STS-B"]["dev"]
+    assert fresh_weights["init"] == "random"
+
+
+@needs_glue
+def test_results_json_and_markdown_carry_median_choice_and_average(tiny_model_dir, tmp_path):
+    results = tiny_run(tiny_model_dir, tmp_path, ["MRPC", "WNLI", "MNLI"], seeds=(0, 1), learning_rates=[1e-3, 3e-4])
+    written = json.loads((tmp_path / "glue_results.json").read_text())
+    mrpc = written["tasks"]["MRPC"]
+    assert [(run["learning_rate"], run["seed"]) for run in mrpc["runs"]] == [(1e-3, 0), (1e-3, 1), (3e-4, 0), (3e-4, 1)]
+    chosen = next(entry for entry in mrpc["median_per_learning_rate"] if entry["learning_rate"] == mrpc["chosen_learning_rate"])
+    assert chosen["score"] == max(entry["score"] for entry in mrpc["median_per_learning_rate"])
+    f1s = [run["metrics"]["f1"] for run in mrpc["runs"] if run["learning_rate"] == mrpc["chosen_learning_rate"]]
+    assert mrpc["dev"]["f1"] == pytest.approx(np.median(f1s))
+    assert mrpc["score"] == pytest.approx((mrpc["dev"]["f1"] + mrpc["dev"]["accuracy"]) / 2)
+    assert written["average"] == pytest.approx((mrpc["score"] + written["tasks"]["WNLI"]["score"]) / 2)
+    assert written["tasks"]["MNLI"]["status"] == "missing"
+    markdown = (tmp_path / "glue_results.md").read_text()
+    assert markdown == format_glue_table(results)
+    assert "| MRPC f1 | MRPC accuracy | WNLI accuracy | Average |" in markdown
+    assert f"| {100 * written['average']:.1f} |" in markdown and "Missing" in markdown and "MNLI" in markdown
+
+
+@needs_glue
+def test_missing_tasks_are_reported_not_crashed(tiny_model_dir, tmp_path):
+    results = run_glue(tiny_model_dir, ["MNLI", "QQP", "QNLI"], GLUE_DIR, tmp_path, progress=False)
+    assert {name: result["status"] for name, result in results["tasks"].items()} == dict.fromkeys(["QQP", "MNLI", "QNLI"], "missing")
+    assert results["tasks"]["QNLI"]["missing_files"] == ["QNLI/train.tsv"]
+    assert results["average"] is None
+
+
+@needs_glue
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        ({"init": "scratch"}, "init='scratch' is not known"),
+        ({"epochs": 0}, "settings .* are invalid"),
+        ({"seeds": ()}, "seeds is empty"),
+        ({"model_dir": GLUE_DIR}, "has no config.json"),
+    ],
+)
+def test_bad_arguments_fail_before_any_training(tiny_model_dir, tmp_path, arguments, expected):
+    arguments = {"model_dir": tiny_model_dir, "progress": False} | arguments
+    with pytest.raises(UserError, match=expected):
+        run_glue(tasks=["RTE"], data_dir=GLUE_DIR, out_dir=tmp_path, **arguments)
+    assert not (tmp_path / "glue_results.json").exists()
+
+
+@needs_glue
+def test_test_predictions_in_glue_submission_format(tiny_model_dir, tmp_path):
+    tiny_run(tiny_model_dir, tmp_path, ["RTE"], write_test_predictions=True)
+    lines = (tmp_path / "test_predictions" / "RTE.tsv").read_text().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) == 3001
+    assert {line.split("\t")[1] for line in lines[1:]} <= {"entailment", "not_entailment"}
