@@ -1,0 +1,91 @@
+"""Batch order: each example once per epoch, bucketing pads less, resume continues exactly."""
+
+import numpy as np
+import torch
+
+from mlmlab.data.loader import LoaderPosition, epoch_batches, iterate_batches
+from mlmlab.data.wikitext import detokenize_line, wikitext_documents
+from mlmlab.show import dump_instances
+from mlmlab.masking.select import Corruption, token_info_for
+from mlmlab.masking.strategies import mask_batch
+
+from conftest import SHARED_DATA
+
+
+def test_every_example_once_per_epoch_and_new_order_each_epoch():
+    lengths = np.random.default_rng(0).integers(10, 128, size=1000)
+    for bucket in (0, 5):
+        first = epoch_batches(1000, 32, seed=1, epoch=0, lengths=lengths, bucket_batches=bucket)
+        assert first.shape == (31, 32) and len(np.unique(first)) == first.size
+        assert not np.array_equal(first, epoch_batches(1000, 32, seed=1, epoch=1, lengths=lengths, bucket_batches=bucket))
+
+
+def test_bucketing_reduces_padding():
+    lengths = np.random.default_rng(0).integers(10, 128, size=3200)
+
+    def efficiency(batches):
+        return lengths[batches].sum() / (lengths[batches].max(axis=1).sum() * batches.shape[1])
+
+    plain = efficiency(epoch_batches(3200, 32, 0, 0))
+    bucketed = efficiency(epoch_batches(3200, 32, 0, 0, lengths, bucket_batches=20))
+    assert bucketed > 0.9 > plain
+
+
+class _FakeStore:
+    def __init__(self, n):
+        self.lengths = np.random.default_rng(1).integers(4, 12, size=n)
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        n = int(self.lengths[i])
+        return {"input_ids": np.full(n, i + 1), "token_type_ids": np.zeros(n, dtype=np.int64), "next_sentence_label": 0}
+
+
+def test_resuming_at_a_position_gives_the_same_following_batches():
+    store = _FakeStore(100)
+    straight = iterate_batches(store, batch_size=8, seed=3, start=LoaderPosition(), bucket_batches=4)
+    seen = [next(straight) for _ in range(20)]  # crosses an epoch boundary (12 batches per epoch)
+    position = seen[9][0]
+    resumed = iterate_batches(store, batch_size=8, seed=3, start=position, bucket_batches=4)
+    for (pos_a, a), _ in zip(seen[10:], range(10)):
+        pos_b, b = next(resumed)
+        assert pos_a == pos_b and torch.equal(a["example_ids"], b["example_ids"])
+
+
+def test_ranks_split_each_global_batch():
+    store = _FakeStore(100)
+    whole = next(iterate_batches(store, batch_size=8, seed=3, start=LoaderPosition()))[1]["example_ids"]
+    parts = [next(iterate_batches(store, batch_size=4, seed=3, start=LoaderPosition(), rank=r, world_size=2))[1]["example_ids"]
+             for r in range(2)]
+    assert sorted(torch.cat(parts).tolist()) == sorted(whole.tolist())
+
+
+def test_dump_masks_equal_the_training_step():
+    from mlmlab.config import load_config
+    from mlmlab.train.datasets import prepare_datasets
+
+    train, _, tokenizer = prepare_datasets(load_config("tiny"))
+    info = token_info_for(tokenizer)
+    records = list(dump_instances(train.path, 4,
+                                  start=10, masked=True, seed=5, epoch=2))
+    batch = next(iterate_batches(train, batch_size=16, seed=0, start=LoaderPosition(), pad_id=0))[1]
+    batch["example_ids"][:4] = torch.arange(10, 14)  # the dumped examples, at other places in a batch
+    for row, index in enumerate(range(10, 14)):
+        example = train[index]
+        n = len(example["input_ids"])
+        batch["input_ids"][row] = 0
+        batch["input_ids"][row, :n] = torch.from_numpy(example["input_ids"])
+    masked = mask_batch(batch, seed=5, epoch_key=2, rate=0.15, info=info, corruption=Corruption())
+    for row, record in enumerate(records):
+        n = len(record["input_ids"])
+        assert masked["input_ids"][row, :n].tolist() == record["masked_input_ids"]
+        assert masked["labels"][row, :n].tolist() == record["labels"]
+
+
+def test_wikitext_detokenised_into_articles():
+    assert detokenize_line(" 1 @,@ 000 well @-@ known ( 24 in ) , it 's \" red \" . ") == '1,000 well-known (24 in), it\'s "red".'
+    documents = wikitext_documents(SHARED_DATA / "wikitext103_eval" / "wiki.valid.tokens")
+    assert len(documents) == 60
+    assert documents[0][0].startswith("Homarus gammarus, known as the European lobster")
