@@ -78,6 +78,7 @@ class TrainConfig:
     adam_eps: float = 1e-6
     warmup_steps: int = 100
     max_steps: int = 800
+    max_minutes: float = 0.0  # > 0: a wall-clock budget instead of max_steps; LR and masking schedules follow it
     max_grad_norm: float = 1.0
     log_every: int = 20
     eval_every: int = 200  # steps between held-out evaluations; 0 disables
@@ -154,6 +155,8 @@ def validate(cfg: Config) -> None:
         raise UserError(f"model.hidden_size={cfg.model.hidden_size} is not divisible by model.num_heads={cfg.model.num_heads}")
     if cfg.train.precision not in ("auto", "fp32", "bf16", "fp16"):
         raise UserError(f"train.precision={cfg.train.precision!r} is unknown; choose auto, fp32, bf16 or fp16")
+    if cfg.train.max_minutes < 0:
+        raise UserError(f"train.max_minutes={cfg.train.max_minutes} must be >= 0 (0: use train.max_steps)")
     for name in ("batch_size", "grad_accum", "max_steps"):
         if getattr(cfg.train, name) < 1:
             raise UserError(f"train.{name} must be at least 1")

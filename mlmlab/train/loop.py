@@ -6,6 +6,7 @@ whole global batch (all micro-batches, all ranks): the gradient then equals that
 one big batch, whatever the split.
 """
 
+import dataclasses
 import json
 import math
 import signal
@@ -32,7 +33,7 @@ from mlmlab.masking.strategies import build_strategy, mask_batch
 from mlmlab.model import SparsePretraining, build_model
 from mlmlab.train import checkpoint
 from mlmlab.train.datasets import prepare_datasets, run_dir_for
-from mlmlab.train.optim import build_optimizer, build_scheduler
+from mlmlab.train.optim import build_optimizer, lr_factor, set_lr
 
 
 @dataclass
@@ -42,14 +43,14 @@ class TrainerState:
     tokens: int = 0  # non-padding tokens seen, all ranks
     seconds: float = 0.0  # training wall-clock, excluding evaluation and checkpoints
     bad_steps: int = 0  # consecutive non-finite losses
+    warmup_end_progress: float = 0.0  # time budgets: where LR decay starts
 
     def to_json(self) -> dict:
-        return {"step": self.step, "position": self.position.state_dict(), "tokens": self.tokens,
-                "seconds": self.seconds, "bad_steps": self.bad_steps}
+        return {**dataclasses.asdict(self), "position": self.position.state_dict()}
 
     @classmethod
     def from_json(cls, data: dict) -> "TrainerState":
-        return cls(data["step"], LoaderPosition(**data["position"]), data["tokens"], data["seconds"], data["bad_steps"])
+        return cls(**{**data, "position": LoaderPosition(**data["position"])})
 
 
 class _StopRequest:
@@ -77,7 +78,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, resume: str | None = None, progress: bool = True):
         self.cfg = cfg
-        self.progress = progress
+        self.show_progress = progress
         ddp_kwargs = DistributedDataParallelKwargs(find_unused_parameters=cfg.data.objective == "mlm")
         # cpu=True is what makes accelerate run several CPU processes (gloo) under torchrun.
         self.accelerator = Accelerator(mixed_precision=_mixed_precision(cfg.train.precision), kwargs_handlers=[ddp_kwargs],
@@ -98,7 +99,6 @@ class Trainer:
         self.bert = build_model(cfg.model, len(self.tokenizer), self.tokenizer.pad_token_id)
         self.module = SparsePretraining(self.bert, use_nsp=cfg.data.objective == "nsp")
         self.optimizer = build_optimizer(self.module, cfg.train, self.accelerator.device)
-        self.scheduler = build_scheduler(self.optimizer, cfg.train)
         self.strategy = build_strategy(cfg.masking, info=self.info, vocab_size=len(self.tokenizer),
                                        token_counts=self.train_store.token_counts)
         self.continuation = continuation_table(self.tokenizer) if cfg.masking.whole_word else None
@@ -130,7 +130,6 @@ class Trainer:
         load_model(self.bert, folder / "model" / "model.safetensors", strict=False)
         states = checkpoint.load_torch(folder / "training_state.pt")
         self.optimizer.load_state_dict(states["optimizer"])
-        self.scheduler.load_state_dict(states["scheduler"])
         self.strategy.load_state_dict(states["strategy"])
         torch.set_rng_state(states["torch_rng"])
         if torch.cuda.is_available() and "cuda_rng" in states:
@@ -151,7 +150,7 @@ class Trainer:
 
         def write(folder: Path) -> None:
             self.export_model(folder / "model")
-            states = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            states = {"optimizer": self.optimizer.state_dict(),
                       "strategy": self.strategy.state_dict(), "torch_rng": torch.get_rng_state()}
             if torch.cuda.is_available():
                 states["cuda_rng"] = torch.cuda.get_rng_state_all()
@@ -167,9 +166,25 @@ class Trainer:
         # Frequency buckets of later evaluations are defined by the pretraining corpus.
         np.save(folder / "token_counts.npy", self.train_store.token_counts)
 
+    # ----- schedules ----------------------------------------------------------------------
+    def progress(self) -> float:
+        """Share of the budget spent: training seconds under train.max_minutes, else steps."""
+        cfg = self.cfg.train
+        if cfg.max_minutes > 0:
+            return min(1.0, self.state.seconds / (cfg.max_minutes * 60))
+        return self.state.step / cfg.max_steps
+
+    def lr(self) -> float:
+        """The learning rate of the update about to be applied (a pure function of the state)."""
+        cfg = self.cfg.train
+        if self.state.step == cfg.warmup_steps:
+            self.state.warmup_end_progress = self.progress()
+        warmup_end = self.state.warmup_end_progress if cfg.max_minutes > 0 else cfg.warmup_steps / cfg.max_steps
+        return cfg.lr * lr_factor(self.state.step, cfg.warmup_steps, self.progress(), warmup_end)
+
     # ----- one step ----------------------------------------------------------------------
     def masked_micro_batches(self, batches) -> list[dict]:
-        progress = self.state.step / self.cfg.train.max_steps
+        progress = self.progress()
         masking = self.cfg.masking
         micro = []
         for _ in range(self.cfg.train.grad_accum):
@@ -222,8 +237,8 @@ class Trainer:
                                 f"lower train.lr or check the data; the last good checkpoint is kept in {self.run_dir}")
             return {**losses, "skipped": True}
         grad_norm = self.accelerator.clip_grad_norm_(self.module.parameters(), self.cfg.train.max_grad_norm)
+        set_lr(self.optimizer, self.lr())
         self.optimizer.step()
-        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.bad_steps = 0
         self.state.tokens += tokens
@@ -237,11 +252,12 @@ class Trainer:
                                   rank=rank, world_size=world, workers=self.cfg.data.loader_workers,
                                   pad_id=self.tokenizer.pad_token_id, bucket_batches=self.cfg.data.bucket_batches)
         stop = _StopRequest()
-        bar = tqdm(total=cfg.max_steps, initial=self.state.step, disable=not (self.progress and self.accelerator.is_main_process),
+        bar = tqdm(total=None if cfg.max_minutes > 0 else cfg.max_steps, initial=self.state.step,
+                   disable=not (self.show_progress and self.accelerator.is_main_process),
                    dynamic_ncols=True, desc="pretrain")
         window = {"tokens": 0, "seconds": 0.0}
         try:
-            while self.state.step < cfg.max_steps and not stop.requested:
+            while self.progress() < 1.0 and not stop.requested:
                 started = time.perf_counter()
                 out = self.train_step(batches)
                 elapsed = time.perf_counter() - started
@@ -264,14 +280,15 @@ class Trainer:
     def _after_step(self, out: dict, window: dict) -> None:
         cfg, step = self.cfg.train, self.state.step
         if step % cfg.log_every == 0 or out.get("skipped"):
-            record = {"step": step, "lr": self.scheduler.get_last_lr()[0], **{k: v for k, v in out.items()},
+            record = {"step": step, "lr": self.optimizer.param_groups[0]["lr"], **{k: v for k, v in out.items()},
                       "tokens_per_s": window["tokens"] / max(window["seconds"], 1e-9), "tokens_seen": self.state.tokens,
                       **self.strategy.stats()}
             self._write_metrics(record)
             window.update(tokens=0, seconds=0.0)
-        if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
+        unfinished = self.progress() < 1.0
+        if cfg.eval_every and step % cfg.eval_every == 0 and unfinished:
             self._write_metrics({"step": step, "eval": self.evaluate(cfg.eval_batches)})
-        if cfg.save_every and step % cfg.save_every == 0 and step < cfg.max_steps:
+        if cfg.save_every and step % cfg.save_every == 0 and unfinished:
             self._save()
 
     def evaluate(self, max_batches: int | None = None) -> dict:

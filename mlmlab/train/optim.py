@@ -6,11 +6,22 @@ from torch import nn
 from mlmlab.config import TrainConfig
 
 
-def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
-    """Linear warmup to 1 over ``warmup_steps``, then linear decay to 0 at ``total_steps``."""
+def lr_factor(step: int, warmup_steps: int, progress: float, warmup_end_progress: float) -> float:
+    """Linear warmup to 1 over ``warmup_steps``, then linear decay to 0 at progress 1.
+
+    ``progress`` is the share of the budget spent: steps for a step budget, seconds for
+    ``train.max_minutes`` (cramming's budget-defined schedule). The decay starts where
+    warmup ended, ``warmup_end_progress``; for a step budget this is warmup/total and
+    the schedule is the usual (total - step) / (total - warmup).
+    """
     if step < warmup_steps:
         return (step + 1) / warmup_steps
-    return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+    return max(0.0, (1.0 - progress) / max(1e-12, 1.0 - warmup_end_progress))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -31,7 +42,3 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) ->
         eps=cfg.adam_eps,
         fused=device.type == "cuda",  # one kernel for all parameters on GPU; unavailable on CPU
     )
-
-
-def build_scheduler(optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg.warmup_steps, cfg.max_steps))

@@ -1,0 +1,47 @@
+"""The learning-rate schedule is a pure function of step and budget progress."""
+
+import pytest
+
+from mlmlab.train.optim import lr_factor, parameter_groups
+
+
+def test_warmup_then_linear_decay_to_zero_on_a_step_budget():
+    total, warmup = 100, 10
+    factors = [lr_factor(step, warmup, step / total, warmup / total) for step in range(total + 1)]
+    assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
+    assert factors[10] == pytest.approx(1.0) and factors[55] == pytest.approx(0.5) and factors[100] == 0.0
+    assert all(a >= b for a, b in zip(factors[10:], factors[11:]))
+
+
+def test_time_budget_decays_from_where_warmup_ended():
+    assert lr_factor(50, 10, progress=0.2, warmup_end_progress=0.2) == pytest.approx(1.0)
+    assert lr_factor(80, 10, progress=0.6, warmup_end_progress=0.2) == pytest.approx(0.5)
+    assert lr_factor(99, 10, progress=1.0, warmup_end_progress=0.2) == 0.0
+
+
+def test_no_weight_decay_on_bias_and_layernorm():
+    from mlmlab.config import ModelConfig
+    from mlmlab.model import build_model
+
+    model = build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), 100, 0)
+    decay, no_decay = parameter_groups(model, 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(p.ndim == 2 and "LayerNorm" not in names[id(p)] for p in decay["params"])
+    assert any("LayerNorm" in names[id(p)] for p in no_decay["params"]) and no_decay["weight_decay"] == 0.0
+
+
+def test_non_finite_loss_skips_the_step_then_aborts(tmp_path):
+    import torch
+
+    from mlmlab.config import load_config
+    from mlmlab.errors import UserError
+    from mlmlab.train.loop import Trainer
+
+    cfg = load_config("tiny", [f"train.out_dir={tmp_path}", "train.max_bad_steps=3", "data.loader_workers=0"])
+    trainer = Trainer(cfg, progress=False)
+    before = [p.detach().clone() for p in trainer.bert.parameters()]
+    for _ in range(2):
+        assert trainer._apply_update({"loss": float("nan")}, tokens=10)["skipped"]
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.bert.parameters()))
+    with pytest.raises(UserError, match="non-finite"):
+        trainer._apply_update({"loss": float("inf")}, tokens=10)
