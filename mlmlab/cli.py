@@ -74,6 +74,25 @@ def cmd_glue(args) -> None:
     print(format_glue_table(results))
 
 
+def cmd_experiment(args) -> None:
+    from mlmlab.experiments.runner import dry_run_text, load_study, parse_shard, run_study
+
+    study, shard = load_study(args.study, out_dir=args.out), parse_shard(args.shard)
+    if args.dry_run:
+        print(dry_run_text(study, shard))
+    else:
+        run_study(study, shard, progress=not args.no_progress)
+
+
+def cmd_report(args) -> None:
+    from pathlib import Path
+
+    from mlmlab.experiments.report import write_report
+
+    results = Path(args.results)
+    print(f"report written to {write_report(results, Path(args.out) if args.out else results.parent / 'report')}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlmlab", description="Pretrain BERT-style encoders and compare masking strategies.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -150,6 +169,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="random: the same architecture from fresh weights, the no-pretraining baseline")
     p.add_argument("--test-predictions", action="store_true", help="also write GLUE submission files")
     p.set_defaults(func=cmd_glue)
+
+    p = sub.add_parser("experiment", help="run a study: pretraining runs over arms x seeds, each evaluated, one row each in results.jsonl")
+    p.add_argument("study", help="study preset name (mlmlab/configs/studies/) or a study YAML file")
+    p.add_argument("--shard", default=None, help="i/n: only the runs whose index %% n == i (i from 0), to split a study over machines")
+    p.add_argument("--out", default=None, help="study folder (default: the study's out_dir, else studies/<name>)")
+    p.add_argument("--dry-run", action="store_true", help="validate every arm's config and print the estimated cost; train nothing")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_experiment)
+
+    p = sub.add_parser("report", help="report.md and PNG plots from a study's results.jsonl")
+    p.add_argument("results", help="a results.jsonl (shards' files may be concatenated)")
+    p.add_argument("--out", default=None, help="folder for report.md and plots (default: report/ next to results.jsonl)")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

@@ -164,10 +164,10 @@ def validate(cfg: Config) -> None:
 
 def load_config(source: str | None = None, overrides: list[str] = ()) -> Config:
     """Defaults < preset name or YAML file < ``section.key=value`` overrides."""
-    tree = _read_yaml(source) if source else {}
+    tree = read_yaml(source) if source else {}
     for item in overrides:
         key, value = _parse_override(item)
-        _set_dotted(tree, key, value)
+        set_dotted(tree, key, value)
     return from_dict(tree)
 
 
@@ -195,7 +195,7 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
-def _read_yaml(source: str) -> dict:
+def read_yaml(source: str) -> dict:
     path = Path(source)
     if not path.exists() and not source.endswith((".yaml", ".yml")):
         path = PRESET_DIR / f"{source}.yaml"
@@ -215,7 +215,7 @@ def _parse_override(item: str) -> tuple[str, object]:
     return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
 
 
-def _set_dotted(tree: dict, key: str, value) -> None:
+def set_dotted(tree: dict, key: str, value) -> None:
     parts = key.split(".")
     if len(parts) != 2:
         raise UserError(f"override key {key!r} must be section.field, e.g. train.lr")

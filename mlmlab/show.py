@@ -2,7 +2,7 @@
 
 import torch
 
-from mlmlab.config import MaskingConfig
+from mlmlab.config import Config, MaskingConfig
 from mlmlab.data.loader import collate
 from mlmlab.data.store import TokenStore
 from mlmlab.data.tokenizer import load_tokenizer
@@ -43,7 +43,7 @@ def mask_sentence(text: str, *, tokenizer: str = "", seed: int = 0, epoch: int =
     max_prob or grad_norm: the loss-table scorers need a training run's state) and shows
     the ADM weights at training progress ``progress``.
     """
-    cfg = MaskingConfig(strategy=strategy, rate=rate, scorer=scorer)  # validates rate and strategy
+    cfg = Config(masking=MaskingConfig(strategy=strategy, rate=rate, scorer=scorer)).masking  # validated
     tok, bert = _tokenizer_and_model(tokenizer, model, strategy, scorer)
     info = token_info_for(tok)
     ids = torch.tensor([tok(text)["input_ids"]])  # (1, T)

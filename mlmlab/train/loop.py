@@ -120,7 +120,8 @@ class Trainer:
             checkpoint.remove_partial(self.run_dir)
         if folder is not None:
             self._load(folder)
-            self._truncate_metrics(self.state.step)
+        # Records of steps after the checkpoint (or of a run killed before its first one) are redone.
+        self._truncate_metrics(self.state.step)
         elif self.accelerator.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             config_path.write_text(config_text(self.cfg))
@@ -137,7 +138,7 @@ class Trainer:
         self.state = TrainerState.from_json(json.loads((folder / "trainer_state.json").read_text()))
 
     def _truncate_metrics(self, step: int) -> None:
-        """Drop records of steps after the checkpoint: they are about to be redone."""
+        """Drop records of steps after ``step``."""
         if self.accelerator.is_main_process and self.metrics_path.exists():
             lines = self.metrics_path.read_text().splitlines()
             kept = [line for line in lines if line and json.loads(line)["step"] <= step]

@@ -1,0 +1,155 @@
+"""Studies: grid expansion, shards, budgets, resume without retraining, reports from results alone."""
+
+import json
+
+import pytest
+import yaml
+
+from mlmlab.cli import main
+from mlmlab.errors import UserError
+from mlmlab.experiments import report, runner
+
+TINY_BASE = {
+    "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+    "data": {"loader_workers": 0},
+    "train": {"batch_size": 8, "max_steps": 4, "warmup_steps": 1, "log_every": 1, "eval_every": 2,
+              "eval_batches": 2, "save_every": 2},
+}
+DYNAMIC = {"name": "dynamic", "masking.strategy": "dynamic"}
+ENTROPY = {"name": "adm-entropy", "masking.strategy": "adaptive", "masking.scorer": "entropy"}
+
+
+def write_study(tmp_path, **fields):
+    tree = {"base": TINY_BASE, "arms": [DYNAMIC, ENTROPY], "seeds": [0], "out_dir": str(tmp_path / "out"), **fields}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    return str(path)
+
+
+def test_grid_expands_to_named_arms_and_seed_major_runs(tmp_path):
+    grid = [{"prefix": "adm", "fixed": {"masking.strategy": "adaptive"},
+             "vary": {"masking.scorer": ["loss_ema", "context"], "masking.a_max": [0.5, 1.0]}}]
+    study = runner.load_study(write_study(tmp_path, grid=grid, seeds=[0, 1]))
+    names = [arm.name for arm in study.arms]
+    assert names == ["dynamic", "adm-entropy", "adm-scorer=loss_ema-a_max=0.5", "adm-scorer=loss_ema-a_max=1.0",
+                     "adm-scorer=context-a_max=0.5", "adm-scorer=context-a_max=1.0"]
+    runs = runner.plan_runs(study)
+    assert [(r.seed, r.arm.name) for r in runs[:2]] == [(0, "dynamic"), (0, "adm-entropy")]
+    assert len(runs) == 12 and len({r.key for r in runs}) == 12
+    run = runs[-1]
+    assert (run.config.masking.scorer, run.config.masking.a_max, run.config.train.seed, run.config.masking.seed) == \
+        ("context", 1.0, 1, 1)
+    assert run.config.train.out_dir.endswith("runs/adm-scorer=context-a_max=1.0/seed1")
+
+
+def test_shards_partition_runs_disjointly_and_completely(tmp_path):
+    study = runner.load_study(write_study(tmp_path, seeds=[0, 1, 2]))
+    runs = runner.plan_runs(study)
+    shards = [runner.shard_runs(runs, runner.parse_shard(f"{i}/4")) for i in range(4)]
+    keys = [run.key for shard in shards for run in shard]
+    assert sorted(keys) == sorted(run.key for run in runs) and len(set(keys)) == len(keys)
+    for bad in ("4/4", "1", "a/b"):
+        with pytest.raises(UserError, match="--shard"):
+            runner.parse_shard(bad)
+
+
+def test_compute_matched_gives_the_entropy_arm_fewer_steps(tmp_path):
+    base = {**TINY_BASE, "train": {**TINY_BASE["train"], "max_steps": 1000, "warmup_steps": 100}}
+    runs = runner.plan_runs(runner.load_study(write_study(tmp_path, base=base, budget="compute-matched")))
+    steps = {run.arm.name: run.config.train.max_steps for run in runs}
+    assert steps["dynamic"] == 1000 and steps["adm-entropy"] < 1000
+    entropy = next(run for run in runs if run.arm.name == "adm-entropy")
+    assert entropy.config.train.warmup_steps == round(100 * steps["adm-entropy"] / 1000)
+    assert entropy.cost["flops"] == pytest.approx(runs[0].cost["flops"], rel=0.01)  # same FLOPs budget
+    token = runner.plan_runs(runner.load_study(write_study(tmp_path, base=base, budget="token-matched")))
+    assert {run.config.train.max_steps for run in token} == {1000}
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"arms": [DYNAMIC], "sedes": [0]}, ["unknown study key", "sedes"]),
+    ({"arms": [DYNAMIC, {"name": "x", "masking.scorr": "entropy"}]}, ["arm 'x'", "masking.scorr"]),
+    ({"arms": [DYNAMIC, {"name": "x", "train.seed": 3}]}, ["train.seed", "seeds"]),
+    ({"arms": [{"name": "adm", "masking.strategy": "adaptive"}]}, ["baseline 'dynamic'"]),
+    ({"arms": [DYNAMIC, {"name": "dyn2"}]}, ["same config"]),
+    ({"budget": "flops"}, ["budget"]),
+    ({"glue": {"tasks": ["RTE", "MNLX"]}}, ["MNLX"]),
+])
+def test_bad_study_files_give_one_line_errors(tmp_path, capsys, fields, words):
+    source = write_study(tmp_path, **fields)
+    assert main(["experiment", source, "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mlmlab: error: ") and "\n" not in err
+    for word in words:
+        assert word in err, err
+
+
+def test_dry_run_of_roberta_base_prints_the_cost_without_training(tmp_path, capsys):
+    assert main(["experiment", "roberta-base-adm", "--dry-run", "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "GPU-hours" in out and "FLOPs" in out and "500000" in out and "8000" in out
+    assert not (tmp_path / "out").exists()
+
+
+def test_presets_load_and_validate_every_arm():
+    for name in ("adm-study-cpu", "adm-ablations-cpu"):
+        study = runner.load_study(name)
+        assert len(study.seeds) >= 3 and study.baseline in [arm.name for arm in study.arms]
+        runner.plan_runs(study)
+
+
+def test_interrupted_study_resumes_without_retraining(tmp_path, monkeypatch):
+    study = runner.load_study(write_study(tmp_path))
+    first = runner.run_study(study, progress=False, log=lambda line: None)
+    results = tmp_path / "out" / "results.jsonl"
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [row["arm"] for row in first] == [row["arm"] for row in rows] == ["dynamic", "adm-entropy"]
+    row = rows[1]
+    assert row["steps"] == 4 and row["tokens_seen"] > 0 and row["scorer_seconds"] > 0
+    assert "perplexity_freq_0_1000" in row["eval"] and row["glue"] == {"skipped": "no GLUE tasks in the study"}
+    assert (results.parent / row["run_dir"] / "metrics.jsonl").is_file()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(runner, "train_run", no_training)
+    assert runner.run_study(study, progress=False, log=lambda line: None) == []
+    assert len(results.read_text().splitlines()) == 2
+
+    # and the report draws its curves from the runs' metrics files
+    path = report.write_report(results, tmp_path / "report")
+    assert {"loss_curves.png", "mask_share.png", "mask_a.png"} <= {p.name for p in path.parent.glob("*.png")}
+
+
+def synthetic_row(arm, seed, perplexity, rare, strategy="dynamic", glue=None):
+    return {"key": f"{arm}/seed{seed}/x", "study": "synthetic", "study_source": "synthetic.yaml", "out_dir": "studies/s",
+            "arm": arm, "arm_index": 0, "seed": seed, "baseline": "dynamic", "budget": "token-matched",
+            "steps": 100, "global_batch": 32, "flops": 1e12, "scorer_share": 0.0, "tokens_seen": 100000,
+            "train_seconds": 10.0, "scorer_seconds": 0.0, "wall_seconds": 12.0,
+            "eval": {"perplexity": perplexity, "perplexity_freq_0_1000": perplexity / 2,
+                     "perplexity_freq_10000_rest": rare, "nsp_accuracy": 0.6},
+            "glue": glue or {"skipped": "no GLUE tasks in the study"}, "run_dir": f"runs/{arm}/seed{seed}",
+            "config": {"masking": {"strategy": strategy, "scorer": "entropy", "a_max": 1.0, "adapt_schedule": "quadratic",
+                                   "score_every": 1, "score_fraction": 1.0, "rate_schedule": "constant",
+                                   "rate": 0.15, "rate_start": 0.3}},
+            "mlmlab_version": "0.1.0"}
+
+
+def test_report_from_results_alone_has_tables_ci_and_honest_sentences(tmp_path, capsys):
+    rows = []
+    for seed, noise in zip(range(4), (1.0, -1.5, 0.5, -0.2)):
+        glue = {"average": 0.6 + noise / 100, "tasks": {"RTE": {"score": 0.55, "dev": {"accuracy": 0.55}}}}
+        rows.append(synthetic_row("dynamic", seed, 100 + noise, 900, glue=glue))
+        rows.append(synthetic_row("adm-noisy", seed, 100 - noise, 900 + 10 * noise, "adaptive", glue=glue))
+        rows.append(synthetic_row("adm-better", seed, 90 + noise / 10, 800, "adaptive", glue=glue))
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows) + '{"truncated')
+    assert main(["report", str(results), "--out", str(tmp_path / "report")]) == 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "mlmlab experiment synthetic.yaml --out studies/s" in text.splitlines()[4]
+    assert f"mlmlab report {results}" in text
+    assert "| dynamic (baseline) |" in text and "95% CI" in text and "GLUE RTE" in text
+    assert "adm-noisy vs dynamic, perplexity: no significant difference" in text
+    assert "adm-better vs dynamic, perplexity: lower, i.e. better (Δ = -9.96" in text
+    assert "happens by chance 12% of the time" in text  # 4 seeds: 2 / 2**4
+    assert "curve plots skipped" in text and "not a complete result row" in text
+    assert (tmp_path / "report" / "perplexity_buckets.png").is_file()
