@@ -120,11 +120,11 @@ class Trainer:
             checkpoint.remove_partial(self.run_dir)
         if folder is not None:
             self._load(folder)
-        # Records of steps after the checkpoint (or of a run killed before its first one) are redone.
-        self._truncate_metrics(self.state.step)
         elif self.accelerator.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             config_path.write_text(config_text(self.cfg))
+        # Records of steps after the checkpoint (or of a run killed before its first one) are redone.
+        self._truncate_metrics(self.state.step)
 
     def _load(self, folder: Path) -> None:
         self._log_line(f"resuming from {folder}")
