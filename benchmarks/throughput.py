@@ -8,7 +8,8 @@ batch and precision. Arms are interleaved and medians reported, because these sh
 machines swing +-30% between runs. Also reports MFU against the matmul FLOP/s measured
 here, and bf16 tokens/s of the base preset when a GPU is present.
 
-    python benchmarks/throughput.py                 # tiny and mini on this machine
+    python benchmarks/throughput.py                 # tiny and mini, both arms with mlmlab's malloc settings
+    python benchmarks/throughput.py --no-malloc-tuning   # both arms with glibc's defaults
     python benchmarks/throughput.py --presets mini --steps 30 --rounds 5
 """
 
@@ -22,6 +23,7 @@ import time
 import torch
 from transformers import BertForPreTraining, DataCollatorForLanguageModeling
 
+from mlmlab.cli import reexec_with_malloc_tuning
 from mlmlab.config import load_config
 from mlmlab.data.loader import LoaderPosition, epoch_batches, iterate_batches
 from mlmlab.train.loop import Trainer
@@ -152,12 +154,16 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--precision", default="auto")
+    parser.add_argument("--no-malloc-tuning", action="store_true",
+                        help="measure without the glibc settings the mlmlab command applies (both arms alike)")
     args = parser.parse_args(argv)
+    if not args.no_malloc_tuning:
+        reexec_with_malloc_tuning([sys.executable, os.path.abspath(__file__), *sys.argv[1:]])
     presets = list(args.presets)
     if torch.cuda.is_available() and "base" not in presets:
         presets.append("base")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', 'unset')}", file=sys.stderr)
+          f"MALLOC_TRIM_THRESHOLD_={os.environ.get('MALLOC_TRIM_THRESHOLD_', 'unset')}", file=sys.stderr)
     header = f"{'preset':<6} {'device':<6} {'prec':<5} {'baseline tok/s':>15} {'mlmlab tok/s':>13} {'ratio':>6} {'MFU':>6} {'base MFU':>8}"
     print(header)
     for preset in presets:

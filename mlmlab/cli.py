@@ -185,7 +185,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# glibc returns freed activation memory to the OS after every step and maps it back on the
+# next, which showed up as ~50% system time here. Keeping the heap (no trimming, 1 GiB top
+# pad) measured 1.27x faster steps on the tiny preset (646 -> 507 ms, 2 CPU cores). glibc
+# reads these only at start-up, so the command re-executes itself once with them set.
+MALLOC_TUNING = {"MALLOC_TRIM_THRESHOLD_": str(4 << 30), "MALLOC_TOP_PAD_": str(1 << 30)}
+
+
+def reexec_with_malloc_tuning(command: list[str]) -> None:
+    """Replace this process by ``command`` with MALLOC_TUNING set, unless the user set any of it."""
+    if sys.platform.startswith("linux") and not any(key in os.environ for key in MALLOC_TUNING):
+        os.execve(command[0], command, {**os.environ, **MALLOC_TUNING})
+
+
 def main(argv=None) -> int:
+    if argv is None:  # a command line, not a call from Python (tests, notebooks)
+        reexec_with_malloc_tuning([sys.executable, "-m", "mlmlab.cli", *sys.argv[1:]])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork DataLoader workers
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # "Loading weights" bars would bury our output
     args = build_parser().parse_args(argv)
