@@ -97,8 +97,11 @@ def iterate_batches(store, *, batch_size: int, seed: int, start: LoaderPosition,
     epoch, first = start.epoch, start.batch
     while True:
         plan = epoch_batches(len(store), global_batch, seed, epoch, store.lengths, bucket_batches)[first:, rank::world_size]
+        # Its own generator: a DataLoader draws a worker base seed when iterated, and from torch's
+        # default generator that would shift the dropout stream of a resumed run.
         loader = DataLoader(dataset, batch_size=None, sampler=list(plan), num_workers=workers,
-                            prefetch_factor=4 if workers else None, persistent_workers=False)
+                            prefetch_factor=4 if workers else None, persistent_workers=False,
+                            generator=torch.Generator().manual_seed(seed))
         for offset, batch in enumerate(loader):
             yield LoaderPosition(epoch, first + offset + 1), batch
         epoch, first = epoch + 1, 0

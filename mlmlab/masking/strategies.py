@@ -29,7 +29,7 @@ import torch
 from mlmlab.config import MaskingConfig
 from mlmlab.errors import UserError
 from mlmlab.masking import scorers
-from mlmlab.masking.schedules import adapt_factor, rate_at  # noqa: F401  (rate_at is part of this API)
+from mlmlab.masking.schedules import adapt_factor
 from mlmlab.masking.select import IGNORE_INDEX, Corruption, TokenInfo, eligible_positions, select_and_corrupt
 
 EVAL_SEED = 20190611  # evaluation masks: fixed, uniform, the same whatever trained the model
