@@ -47,6 +47,7 @@ import torch.nn.functional as F
 
 from mlmlab import seeding
 from mlmlab.masking.select import IGNORE_INDEX, Corruption, select_and_corrupt
+from mlmlab.model import encode
 
 MODEL_SCORERS = ("entropy", "max_prob", "grad_norm")
 LOSS_SCORERS = ("loss_ema", "context")
@@ -57,14 +58,6 @@ def unwrap(model):
     """The BertForPreTraining inside a DDP/accelerate wrapper or a SparsePretraining module."""
     model = getattr(model, "module", model)
     return model if hasattr(model, "cls") else model.bert
-
-
-def encode(model, batch: dict) -> torch.Tensor:
-    """(B, T, H) final hidden states of a BertForPreTraining on an (unmasked) batch."""
-    out = model.bert(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
-    )
-    return out[0]
 
 
 @contextmanager
@@ -93,7 +86,7 @@ def _over_vocab(model, batch, eligible, vocab_size: int, chunk: int, reduce) -> 
     model = unwrap(model)
     batch_size, length = eligible.shape
     with torch.no_grad(), eval_mode(model):
-        hidden = encode(model, batch)  # (B, T, H)
+        hidden, _ = encode(model, batch)  # (B, T, H)
         index = eligible.flatten().nonzero().squeeze(1)  # (N,)
         hidden = hidden.flatten(0, 1).index_select(0, index)  # (N, H)
         scores = torch.zeros(batch_size * length, device=hidden.device)  # (B*T,)
@@ -117,7 +110,7 @@ def naive_entropy_scores(model, batch, eligible, vocab_size: int) -> torch.Tenso
     """Reference: the full (B, T, V) softmax at once. Tests and benchmarks only."""
     model = unwrap(model)
     with torch.no_grad(), eval_mode(model):
-        hidden = encode(model, batch)  # (B, T, H)
+        hidden, _ = encode(model, batch)  # (B, T, H)
         logits = model.cls.predictions(hidden)[..., :vocab_size].float()  # (B, T, V)
         probs = torch.softmax(logits, dim=-1)
         entropy = -(probs * torch.log(probs.clamp(min=1e-30))).sum(dim=-1)  # (B, T)
