@@ -212,20 +212,18 @@ class Trainer:
     def train_step(self, batches) -> dict:
         micro = self.masked_micro_batches(batches)
         mlm_denominator, nsp_denominator = self._global_denominators(micro)
-        sums = {"loss": 0.0, "mlm_loss": 0.0, "nsp_loss": 0.0}
+        keys = ("loss", "mlm_loss", "nsp_loss") if self.cfg.data.objective == "nsp" else ("loss", "mlm_loss")
+        sums = torch.zeros(len(keys) + 1, dtype=torch.float64, device=self.accelerator.device)  # losses, tokens
         for i, batch in enumerate(micro):
             sync = nullcontext() if i == len(micro) - 1 else self.accelerator.no_sync(self.module)
             with sync, self.accelerator.autocast():
                 result = self.module(**batch, mlm_denominator=mlm_denominator, nsp_denominator=nsp_denominator)
                 self.accelerator.backward(result["loss"])
-            for key in sums:
-                if key in result:
-                    sums[key] += result[key].detach().float()
+            sums += torch.stack([*(result[key].detach().double() for key in keys), batch["attention_mask"].sum().double()])
             self.strategy.observe(batch, result)
-        tokens = self.accelerator.reduce(torch.tensor(sum(int(m["attention_mask"].sum()) for m in micro),
-                                                      device=self.accelerator.device), reduction="sum")
-        losses = {k: (self.accelerator.reduce(torch.as_tensor(v, device=self.accelerator.device), reduction="sum")
-                      / self.accelerator.num_processes).item() for k, v in sums.items()}
+        totals = self.accelerator.reduce(sums, reduction="sum").tolist()  # one collective per step
+        losses = {key: value / self.accelerator.num_processes for key, value in zip(keys, totals)}
+        tokens = totals[-1]
         return self._apply_update(losses, int(tokens))
 
     def _apply_update(self, losses: dict, tokens: int) -> dict:
