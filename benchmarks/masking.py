@@ -44,7 +44,7 @@ SIZES = {
     "mini": ModelConfig(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024),
 }
 SEQ, BATCH = 128, 32
-COST_CONTROL_EVERY = 4  # entropy "with cost control": score every 4th step, uniform masks between
+COST_CONTROL_EVERY = (4, 10)  # entropy "with cost control": score every K-th step, uniform masks between
 
 
 def load_bert_tokenizer(folder: Path):
@@ -180,12 +180,11 @@ def main() -> None:
         tokenizer = load_bert_tokenizer(Path(tmp))
         bench_mask_time(tokenizer, reps=30)
         adm = dict(strategy="adaptive", adapt_schedule="constant")
-        every = COST_CONTROL_EVERY
         tiny_arms = {
             "dynamic": MaskingConfig(strategy="dynamic"),
             "loss_ema": MaskingConfig(**adm, scorer="loss_ema"),
             "context": MaskingConfig(**adm, scorer="context"),
-            f"entropy every {every}": MaskingConfig(**adm, scorer="entropy", score_every=every),
+            **{f"entropy every {k}": MaskingConfig(**adm, scorer="entropy", score_every=k) for k in COST_CONTROL_EVERY},
             "entropy every step": MaskingConfig(**adm, scorer="entropy"),
             "max_prob every step": MaskingConfig(**adm, scorer="max_prob"),
             "grad_norm every step": MaskingConfig(**adm, scorer="grad_norm"),
