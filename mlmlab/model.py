@@ -8,6 +8,7 @@ MosaicBERT do) gives the same loss for a fraction of the work.
 """
 
 import math
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,17 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> BertFor
     )
     bert_config._attn_implementation = cfg.attention
     return BertForPreTraining(bert_config)
+
+
+@contextmanager
+def eval_mode(model: nn.Module):
+    """No dropout (and so no draws from torch's global RNG) inside; training mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 def encode(bert: BertForPreTraining, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,6 +26,7 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
+from mlmlab.train.optim import parameter_groups
 from mlmlab.errors import UserError
 from mlmlab.evaluate.glue_data import (
     TASKS, TRAIN_FILE, GlueSplit, GlueTask, missing_files, read_labeled, read_unlabeled,
@@ -379,12 +380,6 @@ def train_model(model, train: EncodedSplit, settings: FineTuneSettings, learning
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-
-
-def parameter_groups(model, weight_decay: float) -> list[dict]:
-    decayed = [p for p in model.parameters() if p.ndim >= 2]  # matrices; not biases or LayerNorm weights
-    others = [p for p in model.parameters() if p.ndim < 2]
-    return [{"params": decayed, "weight_decay": weight_decay}, {"params": others, "weight_decay": 0.0}]
 
 
 @torch.inference_mode()

@@ -15,7 +15,7 @@ import torch
 from mlmlab.data.loader import LoaderPosition, iterate_batches
 from mlmlab.masking.strategies import eval_masks, frequency_buckets
 from mlmlab.errors import UserError
-from mlmlab.model import SparsePretraining
+from mlmlab.model import SparsePretraining, eval_mode
 
 DEFAULT_BUCKETS = (1000, 10000)  # rank cut-offs: the 1k most frequent ids, the next 9k, the rest
 
@@ -51,21 +51,19 @@ def evaluate_mlm(bert, store, info, *, batch_size: int = 32, max_batches: int | 
                  device: torch.device | str = "cpu", token_counts: np.ndarray | None = None) -> dict:
     """Perplexity, MLM accuracy, NSP accuracy (and per-bucket perplexity) on ``store``."""
     module = SparsePretraining(bert, use_nsp=True)
-    was_training = bert.training
-    bert.eval()
     bucket_of, names = (frequency_buckets(token_counts, DEFAULT_BUCKETS, len(token_counts))
                         if token_counts is not None else (None, []))
     totals = _Totals(len(names))
     num_batches = min(max_batches or len(store) // batch_size, max(1, len(store) // batch_size))
     batches = iterate_batches(store, batch_size=min(batch_size, len(store)), seed=0, start=LoaderPosition(),
                               pad_id=store.meta["special_token_ids"]["[PAD]"])
-    for _ in range(num_batches):
-        _, batch = next(batches)
-        masked = {k: v.to(device) for k, v in eval_masks(batch, info).items()}
-        result = module(**masked)
-        targets = masked["labels"].flatten().index_select(0, result["selected_index"])
-        totals.add(result, targets, bucket_of, masked.get("next_sentence_label"))
-    bert.train(was_training)
+    with eval_mode(bert):
+        for _ in range(num_batches):
+            _, batch = next(batches)
+            masked = {k: v.to(device) for k, v in eval_masks(batch, info).items()}
+            result = module(**masked)
+            targets = masked["labels"].flatten().index_select(0, result["selected_index"])
+            totals.add(result, targets, bucket_of, masked.get("next_sentence_label"))
     return _summarise(totals, names)
 
 

@@ -40,14 +40,13 @@ Loss scorers learn from the masked-LM losses the training step computes anyway
   their EMA horizon, which is what makes them free.
 """
 
-from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 
 from mlmlab import seeding
 from mlmlab.masking.select import IGNORE_INDEX, Corruption, select_and_corrupt
-from mlmlab.model import encode
+from mlmlab.model import encode, eval_mode
 
 MODEL_SCORERS = ("entropy", "max_prob", "grad_norm")
 LOSS_SCORERS = ("loss_ema", "context")
@@ -58,17 +57,6 @@ def unwrap(model):
     """The BertForPreTraining inside a DDP/accelerate wrapper or a SparsePretraining module."""
     model = getattr(model, "module", model)
     return model if hasattr(model, "cls") else model.bert
-
-
-@contextmanager
-def eval_mode(model):
-    """No dropout while scoring (and no draws from the global RNG); training mode restored."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
 
 
 def _entropy(logits: torch.Tensor) -> torch.Tensor:

@@ -38,9 +38,14 @@ def tokenizer_dir_for(setting: str) -> Path:
     if not source.is_file():
         raise UserError(f"data.tokenizer={setting!r} is neither a tokenizer folder nor a vocab file")
     target = cache_root().parent / "tokenizers" / hashlib.sha256(source.read_bytes()).hexdigest()[:16]
-    if not target.is_dir():  # adopt once, atomically: concurrent runs may race here
+    return _cached_folder(target, lambda staging: adopt_vocab(source, staging))
+
+
+def _cached_folder(target: Path, fill) -> Path:
+    """``target``, made once by ``fill(staging)`` then renamed in place: concurrent runs may race here."""
+    if not target.is_dir():
         staging = target.with_name(f".tmp-{target.name}-{os.getpid()}")
-        adopt_vocab(source, staging)
+        fill(staging)
         os.replace(staging, target)
     return target
 
@@ -49,14 +54,13 @@ def standalone_tokenizer(model_dir: Path) -> Path:
     """The tokenizer files of a model folder, copied to the cache so data hashes ignore the weights."""
     files = sorted(p for p in Path(model_dir).iterdir() if p.name.startswith(("tokenizer", "vocab", "special_tokens")))
     digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in files)).hexdigest()[:16]
-    target = cache_root().parent / "tokenizers" / digest
-    if not target.is_dir():
-        staging = target.with_name(f".tmp-{target.name}-{os.getpid()}")
-        staging.mkdir(parents=True)
-        for path in files:
-            shutil.copy2(path, staging / path.name)
-        os.replace(staging, target)
-    return target
+    return _cached_folder(cache_root().parent / "tokenizers" / digest, lambda staging: _copy_files(files, staging))
+
+
+def _copy_files(files: list[Path], folder: Path) -> None:
+    folder.mkdir(parents=True)
+    for path in files:
+        shutil.copy2(path, folder / path.name)
 
 
 def held_out_store(data: list[str], model_dir: Path, max_seq_length: int) -> TokenStore:

@@ -9,6 +9,7 @@ one big batch, whatever the split.
 import dataclasses
 import json
 import math
+import shutil
 import signal
 import time
 from contextlib import nullcontext
@@ -301,9 +302,9 @@ class Trainer:
                    "tokens_per_s": self.state.tokens / max(self.state.seconds, 1e-9), "eval": final_eval,
                    "run_dir": str(self.run_dir)}
         self._write_metrics({"step": self.state.step, "eval": final_eval})
-        self._save()
-        if self.accelerator.is_main_process:
-            self.export_model(self.run_dir / "model")
+        saved = self._save()
+        if self.accelerator.is_main_process:  # the final model is the last checkpoint's: copy, not re-export
+            shutil.copytree(saved / "model", self.run_dir / "model", dirs_exist_ok=True)
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
 
