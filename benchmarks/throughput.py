@@ -26,34 +26,8 @@ from transformers import BertForPreTraining, DataCollatorForLanguageModeling
 from mlmlab.cli import reexec_with_malloc_tuning
 from mlmlab.config import load_config
 from mlmlab.data.loader import LoaderPosition, epoch_batches, iterate_batches
-from mlmlab.experiments.budget import encoder_forward_flops, head_flops
 from mlmlab.train.loop import Trainer
-
-
-def peak_matmul_flops(device, dtype=torch.float32, size=2048, repeats=20) -> float:
-    """Best-case dense matmul FLOP/s of this device: the MFU denominator."""
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    _sync(device)
-    return 2 * size**3 * repeats / (time.perf_counter() - start)
-
-
-def _sync(device):
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def training_flops(model_cfg, vocab: int, batch: dict, head_positions: int) -> float:
-    """Matmul FLOPs of forward + backward (3x forward) of one batch: each row's real tokens
-    through the encoder, and the MLM head on ``head_positions`` positions."""
-    encoder = sum(encoder_forward_flops(model_cfg, int(n)) for n in batch["attention_mask"].sum(1))
-    return 3 * (encoder + head_flops(model_cfg, vocab, head_positions))
+from mlmlab.train.mfu import matmul_dtype, peak_matmul_flops, synchronize, training_flops
 
 
 def make_trainer(preset: str, batch_size: int, seq: int, run_dir: str, precision: str) -> Trainer:
@@ -90,10 +64,10 @@ class Baseline:
 def time_arm(step, steps: int, device) -> list[float]:
     times = []
     for _ in range(steps):
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         step()
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return times
 
@@ -123,7 +97,7 @@ def benchmark_preset(preset: str, args) -> dict:
         sample = trainer.masked_micro_batches(batches)[0]
         tokens = int(sample["attention_mask"].sum())
         selected = int((sample["labels"] != -100).sum())
-        peak = peak_matmul_flops(device, torch.bfloat16 if trainer.accelerator.mixed_precision == "bf16" else torch.float32)
+        peak = peak_matmul_flops(device, matmul_dtype(trainer.accelerator.mixed_precision))
         vocab = trainer.bert.config.vocab_size
         base_step, ours_step = statistics.median(base_times), statistics.median(ours_times)
         return {
@@ -132,8 +106,8 @@ def benchmark_preset(preset: str, args) -> dict:
             "baseline_tokens_per_s": tokens / base_step, "mlmlab_tokens_per_s": tokens / ours_step,
             "ratio": base_step / ours_step,
             # The baseline projects every (padded) position onto the vocabulary; mlmlab only the selected.
-            "mlmlab_mfu": training_flops(trainer.cfg.model, vocab, sample, selected) / ours_step / peak,
-            "baseline_mfu": training_flops(trainer.cfg.model, vocab, sample, sample["input_ids"].numel()) / base_step / peak,
+            "mlmlab_mfu": training_flops(trainer.cfg.model, vocab, sample["attention_mask"], selected) / ours_step / peak,
+            "baseline_mfu": training_flops(trainer.cfg.model, vocab, sample["attention_mask"], sample["input_ids"].numel()) / base_step / peak,
             "peak_matmul_tflops": peak / 1e12,
         }
 

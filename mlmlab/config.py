@@ -77,7 +77,8 @@ class TrainConfig:
     adam_beta2: float = 0.98  # RoBERTa's value, more stable than 0.999 with large LR
     adam_eps: float = 1e-6
     warmup_steps: int = 100
-    max_steps: int = 800
+    decay_fraction: float = 0.2  # LR decays linearly to 0 over this last share of the budget; 1.0: BERT's decay after warmup
+    max_steps: int = 1000
     max_minutes: float = 0.0  # > 0: a wall-clock budget instead of max_steps; LR and masking schedules follow it
     max_grad_norm: float = 1.0
     log_every: int = 20
@@ -87,6 +88,7 @@ class TrainConfig:
     keep_last: int = 2  # checkpoints kept on disk
     seed: int = 0  # model initialisation, dropout and data order
     precision: str = "auto"  # "auto": bf16 autocast on CUDA, fp32 on CPU (autocast is 10-100x slower on CPU)
+    compile: bool = False  # torch.compile the encoder and MLM head; no gain measured on CPU after 40-75 s of compiling
     max_bad_steps: int = 5  # consecutive non-finite losses (each skipped) before training aborts
     out_dir: str = ""  # empty: runs/<hash of the resolved config>, so a rerun resumes the same run
 
@@ -157,6 +159,8 @@ def validate(cfg: Config) -> None:
         raise UserError(f"train.precision={cfg.train.precision!r} is unknown; choose auto, fp32, bf16 or fp16")
     if cfg.train.max_minutes < 0:
         raise UserError(f"train.max_minutes={cfg.train.max_minutes} must be >= 0 (0: use train.max_steps)")
+    if not 0.0 < cfg.train.decay_fraction <= 1.0:
+        raise UserError(f"train.decay_fraction={cfg.train.decay_fraction} is outside (0, 1]; use e.g. 0.2 (1.0: BERT's linear decay)")
     for name in ("batch_size", "grad_accum", "max_steps"):
         if getattr(cfg.train, name) < 1:
             raise UserError(f"train.{name} must be at least 1")

@@ -40,6 +40,18 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> BertFor
     return BertForPreTraining(bert_config)
 
 
+def compile_model(bert: BertForPreTraining) -> None:
+    """torch.compile the encoder and the MLM head in place.
+
+    In place (``Module.compile``), so parameter names, checkpoints and the Auto classes
+    are unchanged. The sparse loss around them stays eager: its ``nonzero`` has a
+    data-dependent shape. ``dynamic=True`` because batch lengths (bucketing) and the number
+    of selected positions change every step; static shapes would recompile each time.
+    """
+    bert.bert.compile(dynamic=True)
+    bert.cls.predictions.compile(dynamic=True)
+
+
 @contextmanager
 def eval_mode(model: nn.Module):
     """No dropout (and so no draws from torch's global RNG) inside; training mode restored after."""

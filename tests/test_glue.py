@@ -87,9 +87,20 @@ def test_cola_without_header_and_mrpc_with_bom():
 
 
 @needs_glue
+def test_max_examples_is_a_fixed_sample_in_file_order_not_the_head():
+    path = GLUE_DIR / "SST-2" / "train.tsv"
+    (full,) = read_labeled(TASKS["SST-2"], path).texts
+    (sample,) = read_labeled(TASKS["SST-2"], path, max_examples=500).texts
+    assert len(sample) == 500 and sample == read_labeled(TASKS["SST-2"], path, max_examples=500).texts[0]
+    assert sample != full[:500]
+    remaining = iter(full)
+    assert all(text in remaining for text in sample)  # a subsequence: file order kept
+
+
+@needs_glue
 def test_regression_labels_are_floats():
-    stsb = read_labeled(TASKS["STS-B"], GLUE_DIR / "STS-B" / "dev.tsv", max_examples=3)
-    assert stsb.labels == [5.0, 4.75, 5.0] and len(stsb) == 3
+    stsb = read_labeled(TASKS["STS-B"], GLUE_DIR / "STS-B" / "dev.tsv")
+    assert stsb.labels[:3] == [5.0, 4.75, 5.0] and len(stsb) == 1500
 
 
 @pytest.mark.parametrize(

@@ -75,6 +75,9 @@ def test_run_folder_has_config_metrics_and_checkpoint(trained):
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("loss" in line for line in lines) and any("eval" in line for line in lines)
     assert checkpoint.latest(run).name == f"ckpt-{TRAIN_STEPS:08d}"
+    summary = json.loads((run / "summary.json").read_text())
+    # Model FLOPs over the measured matmul peak: a utilisation, so in (0, 1] (tiny reaches ~0.1-0.5 on CPU).
+    assert 0.01 < summary["mfu"] <= 1.0 and all(0.0 < line["mfu"] <= 1.0 for line in lines if "loss" in line)
 
 
 def test_export_loads_with_auto_classes_and_matches_logits(trained):

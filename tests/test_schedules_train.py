@@ -19,6 +19,20 @@ def test_time_budget_decays_from_where_warmup_ended():
     assert lr_factor(99, 10, progress=1.0, warmup_end_progress=0.2) == 0.0
 
 
+def test_warmup_stable_decay_holds_the_peak_until_the_last_share():
+    total, warmup = 100, 10
+    factors = [lr_factor(step, warmup, step / total, warmup / total, decay_fraction=0.2) for step in range(total + 1)]
+    assert factors[9] == pytest.approx(1.0) and factors[80] == pytest.approx(1.0)
+    assert factors[90] == pytest.approx(0.5) and factors[100] == 0.0
+    assert all(a >= b for a, b in zip(factors[10:], factors[11:]))
+
+
+def test_decay_never_starts_before_warmup_ends():
+    # decay_fraction 0.9 would start decaying at progress 0.1, but warmup runs to 0.3.
+    assert lr_factor(30, 30, progress=0.3, warmup_end_progress=0.3, decay_fraction=0.9) == pytest.approx(1.0)
+    assert lr_factor(65, 30, progress=0.65, warmup_end_progress=0.3, decay_fraction=0.9) == pytest.approx(0.5)
+
+
 def test_no_weight_decay_on_bias_and_layernorm():
     from mlmlab.config import ModelConfig
     from mlmlab.model import build_model
@@ -41,7 +55,26 @@ def test_non_finite_loss_skips_the_step_then_aborts(tmp_path):
     trainer = Trainer(cfg, progress=False)
     before = [p.detach().clone() for p in trainer.bert.parameters()]
     for _ in range(2):
-        assert trainer._apply_update({"loss": float("nan")}, tokens=10)["skipped"]
+        assert trainer._apply_update({"loss": float("nan")}, tokens=10, flops=0.0)["skipped"]
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.bert.parameters()))
     with pytest.raises(UserError, match="non-finite"):
-        trainer._apply_update({"loss": float("inf")}, tokens=10)
+        trainer._apply_update({"loss": float("inf")}, tokens=10, flops=0.0)
+
+
+def test_compiled_training_follows_the_eager_one(tmp_path):
+    """train.compile=true (torch.compile of encoder and head) trains the same model, within float tolerance."""
+    from mlmlab.config import load_config
+    from mlmlab.data.loader import LoaderPosition, iterate_batches
+    from mlmlab.train.loop import Trainer
+
+    def run(compile_flag: bool) -> list[float]:
+        cfg = load_config("tiny", [f"train.out_dir={tmp_path / str(compile_flag)}", "data.loader_workers=0",
+                                   "model.hidden_size=32", "model.num_layers=1", "model.intermediate_size=64",
+                                   "model.dropout=0.0", "train.batch_size=8", f"train.compile={compile_flag}"])
+        trainer = Trainer(cfg, progress=False)
+        batches = iterate_batches(trainer.train_store, batch_size=8, seed=0, start=LoaderPosition(),
+                                  pad_id=trainer.tokenizer.pad_token_id)
+        return [trainer.train_step(batches)["loss"] for _ in range(3)]
+
+    eager, compiled = run(False), run(True)
+    assert eager == pytest.approx(compiled, rel=1e-4)

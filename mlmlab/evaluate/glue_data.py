@@ -10,6 +10,8 @@ and line, because a silently skipped or mis-split row would change the scores.
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from mlmlab.errors import UserError
 
 TRAIN_FILE = "train.tsv"
@@ -96,13 +98,26 @@ def missing_files(task: GlueTask, data_dir: Path) -> list[str]:
 
 
 def read_labeled(task: GlueTask, path: Path, max_examples: int | None = None) -> GlueSplit:
-    """A train or dev file: texts and labels (the first max_examples rows, in file order, if given)."""
+    """A train or dev file: texts and labels; with max_examples, a fixed random subset of that size."""
     header, rows = read_tsv(path, task.headerless_columns)
-    rows = rows[:max_examples]
+    rows = subsample(rows, max_examples)
     text_positions = column_positions(path, header, task.text_columns)
     (label_position,) = column_positions(path, header, (task.label_column,))
     labels = [parse_label(task, path, line, fields[label_position]) for line, fields in rows]
     return GlueSplit(path, texts_of(rows, text_positions), labels, indices=None)
+
+
+def subsample(rows: list, size: int | None, seed: int = 0) -> list:
+    """``size`` rows drawn without replacement, kept in file order; all rows if size is None.
+
+    A sample, not the first rows: GLUE files are not shuffled (the head of a file can be one
+    source or one label). The seed is fixed, so every fine-tuning seed and every model
+    compared sees the same subset.
+    """
+    if size is None or size >= len(rows):
+        return rows
+    chosen = np.sort(np.random.default_rng(seed).choice(len(rows), size=size, replace=False))
+    return [rows[i] for i in chosen]
 
 
 def read_unlabeled(task: GlueTask, path: Path) -> GlueSplit:

@@ -31,9 +31,10 @@ from mlmlab.evaluate.perplexity import evaluate_mlm
 from mlmlab.masking.select import IGNORE_INDEX, Corruption, continuation_table, token_info_for
 from mlmlab.masking.schedules import rate_at
 from mlmlab.masking.strategies import build_strategy, mask_batch
-from mlmlab.model import SparsePretraining, build_model
+from mlmlab.model import SparsePretraining, build_model, compile_model
 from mlmlab.train import checkpoint
 from mlmlab.train.datasets import prepare_datasets, run_dir_for
+from mlmlab.train.mfu import matmul_dtype, peak_matmul_flops, training_flops
 from mlmlab.train.optim import build_optimizer, lr_factor, set_lr
 
 
@@ -42,6 +43,7 @@ class TrainerState:
     step: int = 0
     position: LoaderPosition = field(default_factory=LoaderPosition)
     tokens: int = 0  # non-padding tokens seen, all ranks
+    flops: float = 0.0  # model FLOPs of the applied steps, all ranks (mfu.training_flops)
     seconds: float = 0.0  # training wall-clock, excluding evaluation and checkpoints
     bad_steps: int = 0  # consecutive non-finite losses
     warmup_end_progress: float = 0.0  # time budgets: where LR decay starts
@@ -98,14 +100,26 @@ class Trainer:
         # other, so seed it here and save/restore its state in checkpoints.
         set_seed(cfg.train.seed)
         self.bert = build_model(cfg.model, len(self.tokenizer), self.tokenizer.pad_token_id)
+        if cfg.train.compile:
+            compile_model(self.bert)
         self.module = SparsePretraining(self.bert, use_nsp=cfg.data.objective == "nsp")
         self.optimizer = build_optimizer(self.module, cfg.train, self.accelerator.device)
         self.strategy = build_strategy(cfg.masking, info=self.info, vocab_size=len(self.tokenizer),
                                        token_counts=self.train_store.token_counts)
         self.continuation = continuation_table(self.tokenizer) if cfg.masking.whole_word else None
+        self.peak_flops = self._measure_peak_flops()
         self.state = TrainerState()
         self._start(resume)
         self.module, self.optimizer = self.accelerator.prepare(self.module, self.optimizer)
+
+    def _measure_peak_flops(self) -> float:
+        """This device's dense-matmul FLOP/s at the training precision (MFU denominator).
+
+        Smaller than the benchmark's measurement (1024^2 matmuls, best of 4 rounds of 3: ~0.3 s
+        on 2 CPU cores) so that every run can afford it.
+        """
+        return peak_matmul_flops(self.accelerator.device, matmul_dtype(self.accelerator.mixed_precision),
+                                 size=1024, repeats=3, rounds=4)
 
     # ----- run folder and resume -------------------------------------------------------
     def _start(self, resume: str | None) -> None:
@@ -182,7 +196,7 @@ class Trainer:
         if self.state.step == cfg.warmup_steps:
             self.state.warmup_end_progress = self.progress()
         warmup_end = self.state.warmup_end_progress if cfg.max_minutes > 0 else cfg.warmup_steps / cfg.max_steps
-        return cfg.lr * lr_factor(self.state.step, cfg.warmup_steps, self.progress(), warmup_end)
+        return cfg.lr * lr_factor(self.state.step, cfg.warmup_steps, self.progress(), warmup_end, cfg.decay_fraction)
 
     # ----- one step ----------------------------------------------------------------------
     def masked_micro_batches(self, batches) -> list[dict]:
@@ -214,20 +228,23 @@ class Trainer:
         micro = self.masked_micro_batches(batches)
         mlm_denominator, nsp_denominator = self._global_denominators(micro)
         keys = ("loss", "mlm_loss", "nsp_loss") if self.cfg.data.objective == "nsp" else ("loss", "mlm_loss")
-        sums = torch.zeros(len(keys) + 1, dtype=torch.float64, device=self.accelerator.device)  # losses, tokens
+        sums = torch.zeros(len(keys) + 2, dtype=torch.float64, device=self.accelerator.device)  # losses, tokens, FLOPs
         for i, batch in enumerate(micro):
             sync = nullcontext() if i == len(micro) - 1 else self.accelerator.no_sync(self.module)
             with sync, self.accelerator.autocast():
                 result = self.module(**batch, mlm_denominator=mlm_denominator, nsp_denominator=nsp_denominator)
                 self.accelerator.backward(result["loss"])
-            sums += torch.stack([*(result[key].detach().double() for key in keys), batch["attention_mask"].sum().double()])
+            flops = training_flops(self.cfg.model, self.bert.config.vocab_size, batch["attention_mask"],
+                                   int((batch["labels"] != IGNORE_INDEX).sum()))
+            sums += torch.tensor([*(result[key].detach().double() for key in keys),
+                                  batch["attention_mask"].sum().double(), flops], dtype=torch.float64, device=sums.device)
             self.strategy.observe(batch, result)
         totals = self.accelerator.reduce(sums, reduction="sum").tolist()  # one collective per step
         losses = {key: value / self.accelerator.num_processes for key, value in zip(keys, totals)}
-        tokens = totals[-1]
-        return self._apply_update(losses, int(tokens))
+        tokens, flops = totals[-2:]
+        return self._apply_update(losses, int(tokens), flops)
 
-    def _apply_update(self, losses: dict, tokens: int) -> dict:
+    def _apply_update(self, losses: dict, tokens: int, flops: float) -> dict:
         """Optimizer step, or skip it when the loss is not finite (and abort after too many)."""
         if not math.isfinite(losses["loss"]):
             self.optimizer.zero_grad(set_to_none=True)
@@ -242,7 +259,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.state.bad_steps = 0
         self.state.tokens += tokens
-        return {**losses, "grad_norm": float(grad_norm), "tokens": tokens}
+        self.state.flops += flops
+        return {**losses, "grad_norm": float(grad_norm), "tokens": tokens, "flops": flops}
 
     # ----- the loop ----------------------------------------------------------------------
     def train(self) -> dict:
@@ -255,7 +273,7 @@ class Trainer:
         bar = tqdm(total=None if cfg.max_minutes > 0 else cfg.max_steps, initial=self.state.step,
                    disable=not (self.show_progress and self.accelerator.is_main_process),
                    dynamic_ncols=True, desc="pretrain")
-        window = {"tokens": 0, "seconds": 0.0}
+        window = {"tokens": 0, "flops": 0.0, "seconds": 0.0}
         try:
             while self.progress() < 1.0 and not stop.requested:
                 started = time.perf_counter()
@@ -264,6 +282,7 @@ class Trainer:
                 self.state.seconds += elapsed
                 self.state.step += 1
                 window["tokens"] += out.get("tokens", 0)
+                window["flops"] += out.get("flops", 0.0)
                 window["seconds"] += elapsed
                 bar.update(1)
                 bar.set_postfix(loss=f"{out['loss']:.3f}", tok_s=f"{window['tokens'] / max(window['seconds'], 1e-9):.0f}")
@@ -281,15 +300,21 @@ class Trainer:
         cfg, step = self.cfg.train, self.state.step
         if step % cfg.log_every == 0 or out.get("skipped"):
             record = {"step": step, "lr": self.optimizer.param_groups[0]["lr"], **{k: v for k, v in out.items()},
-                      "tokens_per_s": window["tokens"] / max(window["seconds"], 1e-9), "tokens_seen": self.state.tokens,
+                      **self.rates(window["tokens"], window["flops"], window["seconds"]), "tokens_seen": self.state.tokens,
                       **self.strategy.stats()}
             self._write_metrics(record)
-            window.update(tokens=0, seconds=0.0)
+            window.update(tokens=0, flops=0.0, seconds=0.0)
         unfinished = self.progress() < 1.0
         if cfg.eval_every and step % cfg.eval_every == 0 and unfinished:
             self._write_metrics({"step": step, "eval": self.evaluate(cfg.eval_batches)})
         if cfg.save_every and step % cfg.save_every == 0 and unfinished:
             self._save()
+
+    def rates(self, tokens: int, flops: float, seconds: float) -> dict:
+        """tokens/s and MFU (all ranks' model FLOPs over all ranks' measured peak) over ``seconds``."""
+        seconds = max(seconds, 1e-9)
+        return {"tokens_per_s": tokens / seconds,
+                "mfu": flops / seconds / (self.peak_flops * self.accelerator.num_processes)}
 
     def evaluate(self, max_batches: int | None = None) -> dict:
         return evaluate_mlm(self.bert, self.valid_store, self.info, batch_size=self.cfg.train.batch_size,
@@ -299,7 +324,7 @@ class Trainer:
     def _finish(self) -> dict:
         final_eval = self.evaluate(self.cfg.train.eval_batches)
         summary = {"steps": self.state.step, "tokens_seen": self.state.tokens, "train_seconds": self.state.seconds,
-                   "tokens_per_s": self.state.tokens / max(self.state.seconds, 1e-9), "eval": final_eval,
+                   **self.rates(self.state.tokens, self.state.flops, self.state.seconds), "eval": final_eval,
                    "run_dir": str(self.run_dir)}
         self._write_metrics({"step": self.state.step, "eval": final_eval})
         saved = self._save()

@@ -6,17 +6,24 @@ from torch import nn
 from mlmlab.config import TrainConfig
 
 
-def lr_factor(step: int, warmup_steps: int, progress: float, warmup_end_progress: float) -> float:
-    """Linear warmup to 1 over ``warmup_steps``, then linear decay to 0 at progress 1.
+def lr_factor(step: int, warmup_steps: int, progress: float, warmup_end_progress: float,
+              decay_fraction: float = 1.0) -> float:
+    """Linear warmup to 1 over ``warmup_steps``, hold, then linear decay to 0 at progress 1.
 
     ``progress`` is the share of the budget spent: steps for a step budget, seconds for
-    ``train.max_minutes`` (cramming's budget-defined schedule). The decay starts where
-    warmup ended, ``warmup_end_progress``; for a step budget this is warmup/total and
-    the schedule is the usual (total - step) / (total - warmup).
+    ``train.max_minutes`` (cramming's budget-defined schedule). The decay takes the last
+    ``decay_fraction`` of the budget, and never starts before warmup ended
+    (``warmup_end_progress``; warmup/total for a step budget). ``decay_fraction=1`` is
+    BERT's schedule, (total - step) / (total - warmup); a smaller one is the
+    warmup-stable-decay schedule, which keeps the peak LR longer: a tiny model on a short
+    budget needs that to learn NSP at all (the LR had decayed before NSP left chance).
     """
     if step < warmup_steps:
         return (step + 1) / warmup_steps
-    return max(0.0, (1.0 - progress) / max(1e-12, 1.0 - warmup_end_progress))
+    decay_start = max(warmup_end_progress, 1.0 - decay_fraction)
+    if progress <= decay_start:
+        return 1.0
+    return max(0.0, (1.0 - progress) / max(1e-12, 1.0 - decay_start))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -1,0 +1,58 @@
+"""Model FLOPs utilisation: the matmul FLOPs training needs, over what this device can do.
+
+The numerator counts only the model's own work (experiments/budget.py's FLOP model on the
+real, unpadded tokens and the positions the MLM head projects); padding, the ADM scorer's
+extra passes and recomputation are not model FLOPs. The denominator is measured, not taken
+from a spec sheet: the best dense-matmul rate of this device at the training precision.
+"""
+
+import time
+
+import torch
+
+from mlmlab.config import ModelConfig
+from mlmlab.experiments.budget import encoder_forward_flops, head_flops
+
+
+def synchronize(device: torch.device | str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_dtype(mixed_precision: str) -> torch.dtype:
+    """The dtype the matmuls run in under accelerate's ``mixed_precision`` ("no", "bf16", "fp16")."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision, torch.float32)
+
+
+def peak_matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.float32, size: int = 2048,
+                      repeats: int = 5, rounds: int = 4) -> float:
+    """Best-case dense matmul FLOP/s of ``device``: the MFU denominator.
+
+    The best of ``rounds`` timings of ``repeats`` matmuls: a shared machine only ever makes
+    a round slower, so the fastest one is the closest to the device's peak. The operands
+    are constants, not random: drawing them would advance torch's global RNG and shift
+    dropout, breaking bitwise resume. GEMM speed does not depend on the values.
+    """
+    a = torch.ones(size, size, device=device, dtype=dtype)
+    for _ in range(3):  # warm-up: thread pools, kernel selection
+        a @ a
+    best = float("inf")
+    for _ in range(rounds):
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ a
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 * repeats / best
+
+
+def training_flops(model: ModelConfig, vocab: int, attention_mask: torch.Tensor, head_positions: int) -> float:
+    """Matmul FLOPs of forward + backward (3x forward) of one batch.
+
+    attention_mask: (B, T). Each row's real tokens go through the encoder (attention is
+    quadratic in the row's own length); the MLM head runs on ``head_positions`` positions.
+    """
+    lengths = attention_mask.sum(1).double()  # (B,)
+    encoder = encoder_forward_flops(model, lengths).sum().item()
+    return 3 * (encoder + head_flops(model, vocab, head_positions))
