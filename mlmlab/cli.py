@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="fine-tuning seeds; the median is reported")
     p.add_argument("--lr", type=float, nargs="+", default=None, help="learning-rate grid (default: per task)")
     p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--max-train-examples", type=int, default=None, help="first N training rows only (quick checks)")
+    p.add_argument("--max-train-examples", type=int, default=None,
+                   help="a fixed random sample of N training rows (the same for every seed and model)")
     p.add_argument("--init", choices=["pretrained", "random"], default="pretrained",
                    help="random: the same architecture from fresh weights, the no-pretraining baseline")
     p.add_argument("--test-predictions", action="store_true", help="also write GLUE submission files")

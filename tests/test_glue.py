@@ -14,6 +14,7 @@ from mlmlab.errors import UserError
 from mlmlab.evaluate.glue import (
     check_only_head_is_new,
     compute_metrics,
+    finite_or_none,
     format_glue_table,
     resolve_task_names,
     run_glue,
@@ -51,6 +52,13 @@ def test_metrics_equal_sklearn_and_scipy(name):
     }
     metrics = compute_metrics(task, labels, predictions)
     assert metrics == {metric: pytest.approx(reference[metric](), abs=1e-12) for metric in task.metrics}
+
+
+def test_undefined_metrics_are_written_as_json_null():
+    # Pearson of a constant prediction is NaN; json.dumps would write a bare NaN, which is not JSON.
+    pearson = compute_metrics(TASKS["STS-B"], [1.0, 2.0, 3.0], [2.5, 2.5, 2.5])["pearson"]
+    text = json.dumps(finite_or_none({"dev": {"pearson": pearson}, "runs": [float("inf"), 0.5]}), allow_nan=False)
+    assert json.loads(text) == {"dev": {"pearson": None}, "runs": [None, 0.5]}
 
 
 def test_task_score_averages_a_tasks_metrics_glue_style():

@@ -434,8 +434,23 @@ def submission_text(task: GlueTask, indices: list[str], predictions: np.ndarray)
     return "index\tprediction\n" + "".join(f"{index}\t{value}\n" for index, value in zip(indices, values))
 
 
+def finite_or_none(value):
+    """``value`` with every NaN or infinite float replaced by None, recursively.
+
+    json.dumps writes them as bare ``NaN`` / ``Infinity``, which is not JSON: strict readers
+    (jq, JavaScript) reject the whole file. An undefined metric (Pearson of a constant
+    prediction) becomes ``null`` instead.
+    """
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [finite_or_none(item) for item in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
 def write_results(results: dict, out_dir: Path) -> None:
-    (out_dir / "glue_results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    text = json.dumps(finite_or_none(results), indent=2, allow_nan=False)
+    (out_dir / "glue_results.json").write_text(text + "\n", encoding="utf-8")
     (out_dir / "glue_results.md").write_text(format_glue_table(results), encoding="utf-8")
 
 
@@ -475,7 +490,7 @@ def details_table(ran: dict[str, dict]) -> list[str]:
 
 
 def percent(value: float) -> str:
-    return f"{100 * value:.1f}"
+    return "n/a" if math.isnan(value) else f"{100 * value:.1f}"
 
 
 def markdown_row(cells: list[str]) -> str:

@@ -38,6 +38,7 @@ from pathlib import Path
 import mlmlab
 from mlmlab.config import Config, read_yaml, set_dotted, config_text, from_dict, load_config, to_dict
 from mlmlab.errors import UserError
+from mlmlab.evaluate.glue import finite_or_none
 from mlmlab.experiments.budget import BUDGETS, apply_budget, run_cost
 
 STUDY_DIR = Path(__file__).resolve().parent.parent / "configs" / "studies"
@@ -358,7 +359,8 @@ def execute(run: Run, study: Study, results: Path, progress: bool) -> dict:
     summary, scorer_seconds = train_run(run.config, progress)
     row = make_row(run, study, summary, scorer_seconds, glue_for(run, study, progress), started)
     with open(results, "a") as handle:
-        handle.write(json.dumps(row) + "\n")  # one write per row, so concurrent shards never interleave
+        # One write per row, so concurrent shards never interleave.
+        handle.write(json.dumps(finite_or_none(row), allow_nan=False) + "\n")
     return row
 
 

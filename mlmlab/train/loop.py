@@ -150,6 +150,8 @@ class Trainer:
         torch.set_rng_state(states["torch_rng"])
         if torch.cuda.is_available() and "cuda_rng" in states:
             torch.cuda.set_rng_state_all(states["cuda_rng"])
+        if self.accelerator.scaler is not None and "grad_scaler" in states:
+            self.accelerator.scaler.load_state_dict(states["grad_scaler"])
         self.state = TrainerState.from_json(json.loads((folder / "trainer_state.json").read_text()))
 
     def _truncate_metrics(self, step: int) -> None:
@@ -170,6 +172,8 @@ class Trainer:
                       "strategy": self.strategy.state_dict(), "torch_rng": torch.get_rng_state()}
             if torch.cuda.is_available():
                 states["cuda_rng"] = torch.cuda.get_rng_state_all()
+            if self.accelerator.scaler is not None:  # fp16 on CUDA: the loss scale and its growth counter
+                states["grad_scaler"] = self.accelerator.scaler.state_dict()
             checkpoint.save_torch(states, folder / "training_state.pt")
             (folder / "trainer_state.json").write_text(json.dumps(self.state.to_json()))
 
@@ -285,7 +289,8 @@ class Trainer:
                 window["flops"] += out.get("flops", 0.0)
                 window["seconds"] += elapsed
                 bar.update(1)
-                bar.set_postfix(loss=f"{out['loss']:.3f}", tok_s=f"{window['tokens'] / max(window['seconds'], 1e-9):.0f}")
+                rates = self.rates(window["tokens"], window["flops"], window["seconds"])
+                bar.set_postfix(loss=f"{out['loss']:.3f}", tok_s=f"{rates['tokens_per_s']:.0f}", mfu=f"{rates['mfu']:.0%}")
                 self._after_step(out, window)
             if stop.requested:
                 self._log_line(f"SIGTERM: saving a checkpoint at step {self.state.step} before exiting")
