@@ -471,7 +471,8 @@ def format_glue_table(results: dict) -> str:
     if missing:
         lines.append(f"Missing (files absent, not run): {'; '.join(missing)}.")
     if results.get("max_train_examples"):
-        lines.append(f"Trained on the first {results['max_train_examples']} training examples of each task only.")
+        lines.append(f"Trained on a fixed random sample of {results['max_train_examples']} training examples of each task "
+                     "(the same rows for every seed and model).")
     return "\n".join(lines) + "\n"
 
 
