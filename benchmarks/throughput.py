@@ -106,8 +106,9 @@ def benchmark_preset(preset: str, args) -> dict:
             "baseline_tokens_per_s": tokens / base_step, "mlmlab_tokens_per_s": tokens / ours_step,
             "ratio": base_step / ours_step,
             # The baseline projects every (padded) position onto the vocabulary; mlmlab only the selected.
-            "mlmlab_mfu": training_flops(trainer.cfg.model, vocab, sample["attention_mask"], selected) / ours_step / peak,
-            "baseline_mfu": training_flops(trainer.cfg.model, vocab, sample["attention_mask"], sample["input_ids"].numel()) / base_step / peak,
+            "mlmlab_mfu": float(training_flops(trainer.cfg.model, vocab, sample["attention_mask"], selected)) / ours_step / peak,
+            "baseline_mfu": float(training_flops(trainer.cfg.model, vocab, sample["attention_mask"],
+                                                 sample["input_ids"].numel())) / base_step / peak,
             "peak_matmul_tflops": peak / 1e12,
         }
 

@@ -238,10 +238,11 @@ class Trainer:
             with sync, self.accelerator.autocast():
                 result = self.module(**batch, mlm_denominator=mlm_denominator, nsp_denominator=nsp_denominator)
                 self.accelerator.backward(result["loss"])
+            # The forward already counted the positions its head projected (mlm_count, on the CPU).
             flops = training_flops(self.cfg.model, self.bert.config.vocab_size, batch["attention_mask"],
-                                   int((batch["labels"] != IGNORE_INDEX).sum()))
-            sums += torch.tensor([*(result[key].detach().double() for key in keys),
-                                  batch["attention_mask"].sum().double(), flops], dtype=torch.float64, device=sums.device)
+                                   int(result["mlm_count"]))
+            sums += torch.stack([*(result[key].detach().double() for key in keys),
+                                 batch["attention_mask"].sum().double(), flops.double()])
             self.strategy.observe(batch, result)
         totals = self.accelerator.reduce(sums, reduction="sum").tolist()  # one collective per step
         losses = {key: value / self.accelerator.num_processes for key, value in zip(keys, totals)}

@@ -47,12 +47,12 @@ def peak_matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.flo
     return 2 * size**3 * repeats / best
 
 
-def training_flops(model: ModelConfig, vocab: int, attention_mask: torch.Tensor, head_positions: int) -> float:
-    """Matmul FLOPs of forward + backward (3x forward) of one batch.
+def training_flops(model: ModelConfig, vocab: int, attention_mask: torch.Tensor, head_positions: int) -> torch.Tensor:
+    """Matmul FLOPs of forward + backward (3x forward) of one batch, as a 0-dim tensor.
 
     attention_mask: (B, T). Each row's real tokens go through the encoder (attention is
     quadratic in the row's own length); the MLM head runs on ``head_positions`` positions.
+    A tensor on the mask's device, so the training step adds it to its sums without a sync.
     """
     lengths = attention_mask.sum(1).double()  # (B,)
-    encoder = encoder_forward_flops(model, lengths).sum().item()
-    return 3 * (encoder + head_flops(model, vocab, head_positions))
+    return 3 * (encoder_forward_flops(model, lengths).sum() + head_flops(model, vocab, head_positions))
