@@ -4,7 +4,9 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
+from mlmlab import jsonio
 from mlmlab.errors import UserError
 
 
@@ -49,7 +51,7 @@ def cmd_pretrain(args) -> None:
     from mlmlab.train.loop import pretrain
 
     summary = pretrain(load_config(args.config, args.overrides), resume=args.resume, progress=not args.no_progress)
-    print(json.dumps(summary, indent=1))
+    print(jsonio.dumps(summary, indent=1))
 
 
 def cmd_evaluate(args) -> None:
@@ -59,9 +61,8 @@ def cmd_evaluate(args) -> None:
                             max_seq_length=args.max_seq_length)
     print(format_eval_table(report))
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(report, handle, indent=1)
-    print(json.dumps(report))
+        Path(args.json).write_text(jsonio.dumps(report, indent=1) + "\n")
+    print(jsonio.dumps(report))
 
 
 def cmd_glue(args) -> None:
@@ -85,8 +86,6 @@ def cmd_experiment(args) -> None:
 
 
 def cmd_report(args) -> None:
-    from pathlib import Path
-
     from mlmlab.experiments.report import write_report
 
     results = Path(args.results)

@@ -10,11 +10,11 @@ import pytest
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
+from mlmlab import jsonio
 from mlmlab.errors import UserError
 from mlmlab.evaluate.glue import (
     check_only_head_is_new,
     compute_metrics,
-    finite_or_none,
     format_glue_table,
     resolve_task_names,
     run_glue,
@@ -57,7 +57,7 @@ def test_metrics_equal_sklearn_and_scipy(name):
 def test_undefined_metrics_are_written_as_json_null():
     # Pearson of a constant prediction is NaN; json.dumps would write a bare NaN, which is not JSON.
     pearson = compute_metrics(TASKS["STS-B"], [1.0, 2.0, 3.0], [2.5, 2.5, 2.5])["pearson"]
-    text = json.dumps(finite_or_none({"dev": {"pearson": pearson}, "runs": [float("inf"), 0.5]}), allow_nan=False)
+    text = jsonio.dumps({"dev": {"pearson": pearson}, "runs": [float("inf"), 0.5]})
     assert json.loads(text) == {"dev": {"pearson": None}, "runs": [None, 0.5]}
 
 

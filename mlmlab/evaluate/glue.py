@@ -10,7 +10,6 @@ seeds, no per-task tuning) scaled down so that the tiny preset runs on a laptop 
 """
 
 import dataclasses
-import json
 import math
 import sys
 import time
@@ -26,6 +25,7 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
+from mlmlab import jsonio
 from mlmlab.train.optim import parameter_groups
 from mlmlab.errors import UserError
 from mlmlab.evaluate.glue_data import (
@@ -434,22 +434,8 @@ def submission_text(task: GlueTask, indices: list[str], predictions: np.ndarray)
     return "index\tprediction\n" + "".join(f"{index}\t{value}\n" for index, value in zip(indices, values))
 
 
-def finite_or_none(value):
-    """``value`` with every NaN or infinite float replaced by None, recursively.
-
-    json.dumps writes them as bare ``NaN`` / ``Infinity``, which is not JSON: strict readers
-    (jq, JavaScript) reject the whole file. An undefined metric (Pearson of a constant
-    prediction) becomes ``null`` instead.
-    """
-    if isinstance(value, dict):
-        return {key: finite_or_none(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [finite_or_none(item) for item in value]
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
 def write_results(results: dict, out_dir: Path) -> None:
-    text = json.dumps(finite_or_none(results), indent=2, allow_nan=False)
+    text = jsonio.dumps(results, indent=2)
     (out_dir / "glue_results.json").write_text(text + "\n", encoding="utf-8")
     (out_dir / "glue_results.md").write_text(format_glue_table(results), encoding="utf-8")
 

@@ -36,9 +36,9 @@ from pathlib import Path
 
 
 import mlmlab
+from mlmlab import jsonio
 from mlmlab.config import Config, read_yaml, set_dotted, config_text, from_dict, load_config, to_dict
 from mlmlab.errors import UserError
-from mlmlab.evaluate.glue import finite_or_none
 from mlmlab.experiments.budget import BUDGETS, apply_budget, run_cost
 
 STUDY_DIR = Path(__file__).resolve().parent.parent / "configs" / "studies"
@@ -360,7 +360,7 @@ def execute(run: Run, study: Study, results: Path, progress: bool) -> dict:
     row = make_row(run, study, summary, scorer_seconds, glue_for(run, study, progress), started)
     with open(results, "a") as handle:
         # One write per row, so concurrent shards never interleave.
-        handle.write(json.dumps(finite_or_none(row), allow_nan=False) + "\n")
+        handle.write(jsonio.dumps(row) + "\n")
     return row
 
 

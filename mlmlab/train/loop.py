@@ -24,6 +24,7 @@ from safetensors.torch import load_model
 from torch.utils.tensorboard import SummaryWriter
 from tqdm.auto import tqdm
 
+from mlmlab import jsonio
 from mlmlab.config import Config, config_text
 from mlmlab.data.loader import LoaderPosition, iterate_batches
 from mlmlab.errors import UserError
@@ -336,7 +337,7 @@ class Trainer:
         saved = self._save()
         if self.accelerator.is_main_process:  # the final model is the last checkpoint's: copy, not re-export
             shutil.copytree(saved / "model", self.run_dir / "model", dirs_exist_ok=True)
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+            (self.run_dir / "summary.json").write_text(jsonio.dumps(summary, indent=1))
         return summary
 
     def _write_metrics(self, record: dict) -> None:
@@ -344,7 +345,7 @@ class Trainer:
         if not self.accelerator.is_main_process:
             return
         with open(self.metrics_path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(jsonio.dumps(record) + "\n")
         if self.tensorboard is None:
             self.tensorboard = SummaryWriter(str(self.run_dir / "tensorboard"))
         for name, value in _flat_scalars(record):

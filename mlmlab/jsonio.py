@@ -1,0 +1,24 @@
+"""Strict JSON for every file and line mlmlab writes.
+
+json.dumps writes NaN and infinities as bare ``NaN`` / ``Infinity``, which is not JSON:
+strict readers (jq, JavaScript, pandas' default engine) reject the whole file. An undefined
+metric (the perplexity of an empty frequency bucket, Pearson of a constant prediction) is
+written as ``null`` instead.
+"""
+
+import json
+import math
+
+
+def finite_or_none(value):
+    """``value`` with every NaN or infinite float replaced by None, recursively."""
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(item) for item in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def dumps(value, **kwargs) -> str:
+    """json.dumps of ``value`` with undefined numbers as null; raises rather than write bare NaN."""
+    return json.dumps(finite_or_none(value), allow_nan=False, **kwargs)
