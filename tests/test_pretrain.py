@@ -1,11 +1,11 @@
 """End to end on the bundled Wikipedia sample: train, export, load with Auto classes, resume."""
 
-import copy
 import json
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,76 +14,70 @@ from safetensors.torch import load_file
 from transformers import AutoModelForMaskedLM, AutoTokenizer, BertForPreTraining
 
 from mlmlab.config import load_config
-from mlmlab.data.loader import collate
-from mlmlab.masking.select import Corruption
-from mlmlab.masking.strategies import mask_batch
-from mlmlab.model import SparsePretraining, encode
+from mlmlab.data.tokenizer import adopt_vocab
+from mlmlab.model import encode
 from mlmlab.train import checkpoint
 from mlmlab.train.loop import Trainer
 
-TRAIN_STEPS = 150
-
-
-def tiny_config(out_dir, *extra):
-    return load_config("tiny", [f"train.out_dir={out_dir}", "train.eval_every=0", "train.save_every=0",
-                                "train.eval_batches=15", "data.loader_workers=0", *extra])
+TRAIN_STEPS = 600
+# WordPiece vocabulary trained on the bundled sample by `mlmlab tokenizer --vocab-size 8192`, kept as a file
+# because tokenizers' trainer breaks count ties in hash-map order (tokenizers#1794): a fresh one differs per run.
+# 1.5x faster than BERT's 30,522 and off the unigram plateau sooner.
+SAMPLE_VOCAB = Path(__file__).parent / "data" / "wordpiece-8k-sample.txt"
+VOCAB_SIZE = 8192
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A tiny model trained for a few minutes; its held-out metrics before and after."""
+    """A tiny model trained for about 3.5 minutes; its held-out metrics before and after.
+
+    NSP rises above chance only once the model leaves the unigram plateau (MLM accuracy
+    ~0.1): about step 500 with this 8k vocabulary, step 1,000 with BERT's (README).
+    """
+    tokenizer = adopt_vocab(SAMPLE_VOCAB, tmp_path_factory.mktemp("tok") / "wp8k")
     out = tmp_path_factory.mktemp("pretrain") / "run"
-    trainer = Trainer(tiny_config(out, f"train.max_steps={TRAIN_STEPS}", "train.warmup_steps=30"), progress=False)
-    before = trainer.evaluate(15)
+    config = load_config("tiny", [f"train.out_dir={out}", f"data.tokenizer={tokenizer}", f"train.max_steps={TRAIN_STEPS}",
+                                  "train.eval_every=0", "train.save_every=0", "data.loader_workers=0"])
+    trainer = Trainer(config, progress=False)
+    before = trainer.evaluate(20)
     summary = trainer.train()
     return {"before": before, "after": summary["eval"], "run_dir": out, "trainer": trainer}
 
 
-def test_training_lowers_held_out_perplexity(trained):
+def test_training_lowers_held_out_perplexity_and_learns_nsp(trained):
     before, after = trained["before"], trained["after"]
     print(f"perplexity {before['perplexity']:.0f} -> {after['perplexity']:.0f}, nsp {after['nsp_accuracy']:.3f}")
-    assert before["perplexity"] > 10_000  # an untrained model over a 30k vocabulary
+    assert before["perplexity"] > VOCAB_SIZE / 2  # an untrained model is near a uniform guess
     assert after["perplexity"] < before["perplexity"] / 5
     assert after["perplexity_freq_0_1000"] < after["perplexity_freq_1000_10000"]  # frequent ids learnt first
+    # 640 held-out pairs, half of them random: chance is 0.5 with a standard error of 0.02,
+    # so 0.54 is two standard errors above it (measured: 0.575).
+    assert after["nsp_accuracy"] > 0.54
 
 
-def test_nsp_learns_real_pairs(trained):
-    """The NSP path (pair layout, token types, pooler, head, loss) learns: 32 real pairs are fitted.
-
-    Held-out NSP accuracy stays at chance within this test's budget (and the default 800
-    steps: README), because the model has not yet left the unigram plateau.
-    """
-    trainer = trained["trainer"]
-    examples = [trainer.train_store[i] for i in range(32)]
-    batch = collate(examples, list(range(32)), trainer.tokenizer.pad_token_id)
-    batch = mask_batch(batch, seed=0, epoch_key=0, rate=0.15, info=trainer.info, corruption=Corruption())
-    labels = batch["next_sentence_label"]
-    assert 0 < labels.sum() < 32
-    module = SparsePretraining(copy.deepcopy(trainer.bert).train())
-    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
-    for _ in range(60):
-        result = module(**batch)
-        result["loss"].backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    assert result["nsp_loss"] < 0.1 and int(result["nsp_correct"]) == 32
+def reject_bare_nan(constant):
+    raise AssertionError(f"bare {constant} is not JSON")
 
 
 def test_run_folder_has_config_metrics_and_checkpoint(trained):
     run = trained["run_dir"]
     assert (run / "config.yaml").is_file() and (run / "summary.json").is_file()
-    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line, parse_constant=reject_bare_nan) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("loss" in line for line in lines) and any("eval" in line for line in lines)
+    # With an 8k vocabulary the default bucket of ids ranked beyond 10k is empty: undefined, so null.
+    assert lines[-1]["eval"]["perplexity_freq_10000_rest"] is None
     assert checkpoint.latest(run).name == f"ckpt-{TRAIN_STEPS:08d}"
     summary = json.loads((run / "summary.json").read_text())
-    # Model FLOPs over the measured matmul peak: a utilisation, so in (0, 1] (tiny reaches ~0.1-0.5 on CPU).
-    assert 0.01 < summary["mfu"] <= 1.0 and all(0.0 < line["mfu"] <= 1.0 for line in lines if "loss" in line)
+    # Model FLOPs over the matmul peak measured at start-up: a utilisation, so in (0, 1] over the run (tiny
+    # reaches ~0.1-0.5 on CPU). Single log windows are only checked positive: on a shared machine one can
+    # exceed 1 when the start-up probe ran at a busier moment (seen when a competing job stopped mid-run).
+    assert 0.01 < summary["mfu"] <= 1.0 and all(line["mfu"] > 0.0 for line in lines if "loss" in line)
 
 
 def test_export_loads_with_auto_classes_and_matches_logits(trained):
     folder = trained["run_dir"] / "model"
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    assert len(tokenizer) == 30522
+    assert len(tokenizer) == VOCAB_SIZE
     auto = AutoModelForMaskedLM.from_pretrained(folder).eval()
     ours = trained["trainer"].bert.eval()
     batch = tokenizer(["The city lies on the river.", "She was born in 1990 and plays basketball."],

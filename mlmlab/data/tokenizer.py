@@ -29,7 +29,13 @@ _UNUSED = re.compile(r"^\[unused\d+\]$")
 def train_tokenizer(
     corpus_paths: str | Path | Iterable[str | Path], vocab_size: int, out_dir: str | Path, lowercase: bool = True
 ) -> Path:
-    """Train a BERT WordPiece vocabulary on the corpus and save it as a tokenizer folder."""
+    """Train a BERT WordPiece vocabulary on the corpus and save it as a tokenizer folder.
+
+    Not reproducible run to run: tokenizers (0.23) numbers the "##" pieces in hash-map order and
+    breaks merge-count ties by those numbers (huggingface/tokenizers#1794), so two trainings on
+    the same corpus number hundreds of tokens differently and differ in a few entries (2 of 8,192
+    measured on the bundled sample). Train once and reuse the folder.
+    """
     if vocab_size < len(SPECIAL_TOKENS) + 1:
         raise UserError(f"vocab_size {vocab_size} is too small; use at least a few thousand (BERT uses 30522)")
     out_dir = _empty_out_dir(out_dir)
