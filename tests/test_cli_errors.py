@@ -105,3 +105,11 @@ def test_short_documents_for_nsp(capsys, tmp_path, tokenizer_dir):
     code, err = run_cli(capsys, "prepare", "--corpus", str(one), "--tokenizer", str(tokenizer_dir),
                         "--out", str(tmp_path / "p"))
     assert_one_line_error(code, err)
+
+
+@pytest.mark.parametrize("variable, name", [("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")])
+def test_sharded_launch_is_refused_before_training(capsys, tmp_path, monkeypatch, variable, name):
+    monkeypatch.setenv(variable, "true")  # what `accelerate launch` sets for an FSDP / DeepSpeed config
+    code, err = run_cli(capsys, "pretrain", "--no-progress", f"train.out_dir={tmp_path / 'run'}")
+    assert_one_line_error(code, err, name, "DDP")
+    assert not (tmp_path / "run").exists()

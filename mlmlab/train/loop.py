@@ -9,6 +9,7 @@ one big batch, whatever the split.
 import dataclasses
 import json
 import math
+import os
 import shutil
 import signal
 import time
@@ -77,12 +78,26 @@ def _mixed_precision(precision: str) -> str:
     return {"fp32": "no"}.get(precision, precision)
 
 
+def refuse_sharded_training() -> None:
+    """Stop an FSDP or DeepSpeed launch before it trains, rather than let it write wrong checkpoints.
+
+    Checkpoints and evaluation read the main process's full copy of the model, which sharding
+    would leave holding a fraction of the weights. On CPU, accelerate (1.15) does not shard at
+    all: it quietly runs an FSDP config as DDP (measured), so nothing here could test it.
+    """
+    for variable, name in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")):
+        if os.environ.get(variable, "").lower() in ("1", "true"):
+            raise UserError(f"{name} is not supported yet (checkpoints are written from one process's full model); "
+                            "launch with DDP instead: torchrun, or an accelerate config with distributed_type MULTI_GPU")
+
+
 class Trainer:
     """Holds what one run needs; each method does one part of the loop."""
 
     def __init__(self, cfg: Config, resume: str | None = None, progress: bool = True):
         self.cfg = cfg
         self.show_progress = progress
+        refuse_sharded_training()
         ddp_kwargs = DistributedDataParallelKwargs(find_unused_parameters=cfg.data.objective == "mlm")
         # cpu=True is what makes accelerate run several CPU processes (gloo) under torchrun.
         self.accelerator = Accelerator(mixed_precision=_mixed_precision(cfg.train.precision), kwargs_handlers=[ddp_kwargs],
