@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from mlmlab import jsonio
+from mlmlab.config import MaskingConfig, frequency_cuts, load_config
 from mlmlab.errors import UserError
 
 
@@ -47,7 +48,6 @@ def cmd_mask(args) -> None:
 
 
 def cmd_pretrain(args) -> None:
-    from mlmlab.config import load_config
     from mlmlab.train.loop import pretrain
 
     summary = pretrain(load_config(args.config, args.overrides), resume=args.resume, progress=not args.no_progress)
@@ -58,7 +58,8 @@ def cmd_evaluate(args) -> None:
     from mlmlab.evaluate.perplexity import evaluate_model, format_eval_table
 
     report = evaluate_model(args.model, args.data, batch_size=args.batch_size, max_batches=args.max_batches,
-                            max_seq_length=args.max_seq_length)
+                            max_seq_length=args.max_seq_length,
+                            freq_cuts=frequency_cuts(args.freq_buckets, "--freq-buckets"))
     print(format_eval_table(report))
     if args.json:
         Path(args.json).write_text(jsonio.dumps(report, indent=1) + "\n")
@@ -152,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-length", type=int, default=128, help="when preparing text files")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-batches", type=int, default=None)
+    p.add_argument("--freq-buckets", default=MaskingConfig.freq_buckets,
+                   help="frequency-rank cut-offs of the per-bucket perplexities (default: %(default)s)")
     p.add_argument("--json", help="also write the report to this file")
     p.set_defaults(func=cmd_evaluate)
 

@@ -61,6 +61,7 @@ def test_vocab_without_mask(capsys, tmp_path):
     ("masking.rate=0", ["masking.rate"]),
     ("data.max_seq_length=1024", ["max_position_embeddings"]),
     ("train.lr=fast", ["train.lr"]),
+    ("masking.freq_buckets=10000,1000", ["masking.freq_buckets", "increasing"]),
 ])
 def test_bad_config(capsys, tmp_path, override, words):
     code, err = run_cli(capsys, "pretrain", override, f"train.out_dir={tmp_path / 'run'}")
@@ -81,6 +82,11 @@ def test_not_a_prepared_dataset(capsys, tmp_path):
 def test_not_a_model_folder(capsys, tmp_path, tokenizer_dir):
     code, err = run_cli(capsys, "evaluate", "--model", str(tmp_path), "--data", str(tmp_path))
     assert_one_line_error(code, err, "model folder")
+
+
+def test_bad_frequency_buckets_for_evaluate(capsys, tmp_path):
+    code, err = run_cli(capsys, "evaluate", "--model", str(tmp_path), "--data", str(tmp_path), "--freq-buckets", "1k")
+    assert_one_line_error(code, err, "--freq-buckets", "1000,10000")
 
 
 def test_corrupt_model_weights(capsys, tmp_path, tokenizer_dir):

@@ -13,6 +13,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForMaskedLM, AutoTokenizer, BertForPreTraining
 
+from conftest import SHARED_DATA
+from mlmlab.cli import main
 from mlmlab.config import load_config
 from mlmlab.data.tokenizer import adopt_vocab
 from mlmlab.model import encode
@@ -49,7 +51,7 @@ def test_training_lowers_held_out_perplexity_and_learns_nsp(trained):
     print(f"perplexity {before['perplexity']:.0f} -> {after['perplexity']:.0f}, nsp {after['nsp_accuracy']:.3f}")
     assert before["perplexity"] > VOCAB_SIZE / 2  # an untrained model is near a uniform guess
     assert after["perplexity"] < before["perplexity"] / 5
-    assert after["perplexity_freq_0_1000"] < after["perplexity_freq_1000_10000"]  # frequent ids learnt first
+    assert after["perplexity_freq_0_1000"] < after["perplexity_freq_1000_rest"]  # frequent ids learnt first
     # 640 held-out pairs, half of them random: chance is 0.5 with a standard error of 0.02,
     # so 0.54 is two standard errors above it (measured: 0.575).
     assert after["nsp_accuracy"] > 0.54
@@ -64,8 +66,9 @@ def test_run_folder_has_config_metrics_and_checkpoint(trained):
     assert (run / "config.yaml").is_file() and (run / "summary.json").is_file()
     lines = [json.loads(line, parse_constant=reject_bare_nan) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("loss" in line for line in lines) and any("eval" in line for line in lines)
-    # With an 8k vocabulary the default bucket of ids ranked beyond 10k is empty: undefined, so null.
-    assert lines[-1]["eval"]["perplexity_freq_10000_rest"] is None
+    # The default cut-off at rank 10,000 is beyond the 8k vocabulary: no empty bucket is reported.
+    assert sorted(k for k in lines[-1]["eval"] if k.startswith("perplexity_freq_")) == [
+        "perplexity_freq_0_1000", "perplexity_freq_1000_rest"]
     assert checkpoint.latest(run).name == f"ckpt-{TRAIN_STEPS:08d}"
     summary = json.loads((run / "summary.json").read_text())
     # Model FLOPs over the matmul peak measured at start-up: a utilisation, so in (0, 1] over the run (tiny
@@ -89,6 +92,20 @@ def test_export_loads_with_auto_classes_and_matches_logits(trained):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     pretraining = BertForPreTraining.from_pretrained(folder)
     assert torch.equal(pretraining.cls.seq_relationship.weight, ours.cls.seq_relationship.weight)
+
+
+def test_evaluate_on_wikitext_is_deterministic_with_chosen_buckets(trained, tmp_path, capsys):
+    wikitext = SHARED_DATA / "wikitext103_eval" / "wiki.valid.tokens"
+    reports = []
+    for name in ("first.json", "second.json"):
+        assert main(["evaluate", "--model", str(trained["run_dir"] / "model"), "--data", str(wikitext),
+                     "--max-batches", "3", "--freq-buckets", "100,2000", "--json", str(tmp_path / name)]) == 0
+        reports.append(json.loads((tmp_path / name).read_text()))
+    capsys.readouterr()
+    assert reports[0] == reports[1]  # fixed masks, no dropout: the same numbers every run
+    assert reports[0]["frequency_source"] == "pretraining corpus"
+    assert sum(reports[0][f"masked_tokens_freq_{name}"] for name in ("0_100", "100_2000", "2000_rest")) \
+        == reports[0]["masked_tokens"]
 
 
 def _command(out_dir, steps):

@@ -16,7 +16,7 @@ from mlmlab.masking import scorers
 from mlmlab.masking.schedules import ADAPT_SCHEDULES, adapt_factor, adapt_shape, mask_rate, rate_at
 from mlmlab.masking.select import (Corruption, TokenInfo, continuation_table, count_to_select, eligible_positions,
                                    gumbel_top_k, token_info_for)
-from mlmlab.masking.strategies import blend, build_strategy, mask_batch, normalise
+from mlmlab.masking.strategies import blend, build_strategy, frequency_buckets, mask_batch, normalise
 from mlmlab.model import build_model, pretraining_loss
 
 V = 300  # small vocabulary: ids 0-4 special, the rest ordinary
@@ -309,6 +309,13 @@ def test_whole_word_masking_selects_whole_words_at_the_right_rate(bert_tokenizer
 
 
 # ----- observability and resume -----------------------------------------------------------------
+
+
+def test_frequency_buckets_by_rank_drop_cut_offs_beyond_the_vocabulary():
+    counts = np.array([5, 90, 0, 40, 7, 60, 1, 3])  # ranks: id 1, 5, 3, 4, 0, 7, 6, 2
+    bucket_of, names = frequency_buckets(counts, (2, 5, 8, 20), vocab_size=8)
+    assert names == ["0_2", "2_5", "5_rest"]  # cut-offs 8 and 20 would open empty buckets
+    assert bucket_of.tolist() == [1, 0, 2, 1, 1, 0, 2, 2]
 
 
 def test_stats_report_a_scores_cost_and_frequency_shares():

@@ -12,12 +12,13 @@ import math
 import numpy as np
 import torch
 
+from mlmlab.config import MaskingConfig, frequency_cuts
 from mlmlab.data.loader import LoaderPosition, iterate_batches
 from mlmlab.masking.strategies import eval_masks, frequency_buckets
 from mlmlab.errors import UserError
 from mlmlab.model import SparsePretraining, eval_mode
 
-DEFAULT_BUCKETS = (1000, 10000)  # rank cut-offs: the 1k most frequent ids, the next 9k, the rest
+DEFAULT_BUCKETS = frequency_cuts(MaskingConfig.freq_buckets, "masking.freq_buckets")  # the same as training's
 
 
 class _Totals:
@@ -48,10 +49,11 @@ class _Totals:
 
 @torch.no_grad()
 def evaluate_mlm(bert, store, info, *, batch_size: int = 32, max_batches: int | None = None,
-                 device: torch.device | str = "cpu", token_counts: np.ndarray | None = None) -> dict:
-    """Perplexity, MLM accuracy, NSP accuracy (and per-bucket perplexity) on ``store``."""
+                 device: torch.device | str = "cpu", token_counts: np.ndarray | None = None,
+                 freq_cuts: tuple[int, ...] = DEFAULT_BUCKETS) -> dict:
+    """Perplexity, MLM accuracy, NSP accuracy (and perplexity per frequency-rank bucket) on ``store``."""
     module = SparsePretraining(bert, use_nsp=True)
-    bucket_of, names = (frequency_buckets(token_counts, DEFAULT_BUCKETS, len(token_counts))
+    bucket_of, names = (frequency_buckets(token_counts, freq_cuts, len(token_counts))
                         if token_counts is not None else (None, []))
     totals = _Totals(len(names))
     num_batches = min(max_batches or len(store) // batch_size, max(1, len(store) // batch_size))
@@ -104,7 +106,7 @@ def load_pretrained(model_dir):
 
 
 def evaluate_model(model_dir, data, *, batch_size: int = 32, max_batches: int | None = None,
-                   max_seq_length: int = 128) -> dict:
+                   max_seq_length: int = 128, freq_cuts: tuple[int, ...] = DEFAULT_BUCKETS) -> dict:
     """``mlmlab evaluate``: perplexity per frequency bucket + NSP accuracy on held-out data.
 
     ``data``: a prepared dataset folder, or text files (WikiText ``*.tokens`` included)
@@ -126,7 +128,7 @@ def evaluate_model(model_dir, data, *, batch_size: int = 32, max_batches: int | 
     counts_path = Path(model_dir) / "token_counts.npy"
     counts = np.load(counts_path) if counts_path.is_file() else store.token_counts
     report = evaluate_mlm(bert, store, token_info_for(tokenizer), batch_size=batch_size, max_batches=max_batches,
-                          token_counts=counts)
+                          token_counts=counts, freq_cuts=freq_cuts)
     report["frequency_source"] = "pretraining corpus" if counts_path.is_file() else "evaluated data"
     return report
 

@@ -26,7 +26,7 @@ import time
 import numpy as np
 import torch
 
-from mlmlab.config import MaskingConfig
+from mlmlab.config import MaskingConfig, frequency_cuts
 from mlmlab.errors import UserError
 from mlmlab.masking import scorers
 from mlmlab.masking.schedules import adapt_factor
@@ -37,7 +37,13 @@ EVAL_RATE = 0.15
 
 
 def frequency_buckets(token_counts, cuts: tuple[int, ...], vocab_size: int) -> tuple[torch.Tensor, list[str]]:
-    """(V,) bucket index of every id by corpus-frequency rank, and the bucket names."""
+    """(V,) bucket index of every id by corpus-frequency rank, and the bucket names.
+
+    Cut-offs at or beyond the vocabulary size are dropped: the bucket they would open holds
+    no id, and a bucket that is empty by construction is noise in every table (an 8k
+    vocabulary with the default 1000,10000 gets buckets 0_1000 and 1000_rest).
+    """
+    cuts = tuple(cut for cut in cuts if cut < vocab_size)
     counts = np.zeros(vocab_size, dtype=np.float64)
     given = np.asarray(token_counts, dtype=np.float64)[:vocab_size]
     counts[: len(given)] = given
@@ -57,7 +63,7 @@ class UniformStrategy:
         self.step = 0  # calls to weights(): the scoring clock
         self.bucket_of, self.bucket_names = None, []
         if token_counts is not None and vocab_size is not None:
-            cuts = tuple(int(c) for c in cfg.freq_buckets.split(",") if c.strip())
+            cuts = frequency_cuts(cfg.freq_buckets, "masking.freq_buckets")
             self.bucket_of, self.bucket_names = frequency_buckets(token_counts, cuts, vocab_size)
         self._reset_window()
 
