@@ -68,6 +68,11 @@ class MaskingConfig:
     # held-out perplexity at each evaluation. Default: the 1k most frequent ids, the next 9k, the rest.
     freq_buckets: str = "1000,10000"
 
+    @property
+    def freq_cuts(self) -> tuple[int, ...]:
+        """``freq_buckets`` as increasing ranks, or a UserError naming the key."""
+        return frequency_cuts(self.freq_buckets, "masking.freq_buckets")
+
 
 @dataclass
 class TrainConfig:
@@ -142,7 +147,7 @@ def validate(cfg: Config) -> None:
         raise UserError(f"masking.score_fraction={m.score_fraction} is outside (0, 1]; use e.g. 0.25")
     if not 0.0 <= m.ema_decay < 1.0:
         raise UserError(f"masking.ema_decay={m.ema_decay} is outside [0, 1); use e.g. 0.95")
-    frequency_cuts(m.freq_buckets, "masking.freq_buckets")
+    m.freq_cuts  # parsing it is the check: a bad value raises the one-line UserError
     if cfg.data.objective not in ("nsp", "mlm"):
         raise UserError(f"data.objective={cfg.data.objective!r} is unknown; choose nsp or mlm")
     if cfg.data.max_seq_length > cfg.model.max_position_embeddings:

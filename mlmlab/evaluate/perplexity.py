@@ -12,13 +12,13 @@ import math
 import numpy as np
 import torch
 
-from mlmlab.config import MaskingConfig, frequency_cuts
+from mlmlab.config import MaskingConfig
 from mlmlab.data.loader import LoaderPosition, iterate_batches
 from mlmlab.masking.strategies import eval_masks, frequency_buckets
 from mlmlab.errors import UserError
 from mlmlab.model import SparsePretraining, eval_mode
 
-DEFAULT_BUCKETS = frequency_cuts(MaskingConfig.freq_buckets, "masking.freq_buckets")  # the same as training's
+DEFAULT_BUCKETS = MaskingConfig().freq_cuts  # the same as training's
 
 
 class _Totals:

@@ -26,7 +26,7 @@ import time
 import numpy as np
 import torch
 
-from mlmlab.config import MaskingConfig, frequency_cuts
+from mlmlab.config import MaskingConfig
 from mlmlab.errors import UserError
 from mlmlab.masking import scorers
 from mlmlab.masking.schedules import adapt_factor
@@ -63,8 +63,7 @@ class UniformStrategy:
         self.step = 0  # calls to weights(): the scoring clock
         self.bucket_of, self.bucket_names = None, []
         if token_counts is not None and vocab_size is not None:
-            cuts = frequency_cuts(cfg.freq_buckets, "masking.freq_buckets")
-            self.bucket_of, self.bucket_names = frequency_buckets(token_counts, cuts, vocab_size)
+            self.bucket_of, self.bucket_names = frequency_buckets(token_counts, cfg.freq_cuts, vocab_size)
         self._reset_window()
 
     def _reset_window(self) -> None:

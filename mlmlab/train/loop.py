@@ -26,7 +26,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm.auto import tqdm
 
 from mlmlab import jsonio
-from mlmlab.config import Config, config_text, frequency_cuts
+from mlmlab.config import Config, config_text
 from mlmlab.data.loader import LoaderPosition, iterate_batches
 from mlmlab.errors import UserError
 from mlmlab.evaluate.perplexity import evaluate_mlm
@@ -111,7 +111,6 @@ class Trainer:
         with self.accelerator.main_process_first():
             self.train_store, self.valid_store, self.tokenizer = prepare_datasets(cfg)
         self.info = token_info_for(self.tokenizer, cfg.masking.mask_unk)
-        self.freq_cuts = frequency_cuts(cfg.masking.freq_buckets, "masking.freq_buckets")
         self.corruption = Corruption(cfg.masking.mask_prob, cfg.masking.random_prob)
         # Weight init and dropout draw from torch's default generator: transformers offers no
         # other, so seed it here and save/restore its state in checkpoints.
@@ -342,7 +341,7 @@ class Trainer:
     def evaluate(self, max_batches: int | None = None) -> dict:
         return evaluate_mlm(self.bert, self.valid_store, self.info, batch_size=self.cfg.train.batch_size,
                             max_batches=max_batches, device=self.accelerator.device,
-                            token_counts=self.train_store.token_counts, freq_cuts=self.freq_cuts)
+                            token_counts=self.train_store.token_counts, freq_cuts=self.cfg.masking.freq_cuts)
 
     def _finish(self) -> dict:
         final_eval = self.evaluate(self.cfg.train.eval_batches)
