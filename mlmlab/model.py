@@ -78,6 +78,9 @@ class SparsePretraining(nn.Module):
     micro-batches and ranks), so the loss equals that of one big batch exactly.
     """
 
+    # accelerate's default FSDP wrapping (TRANSFORMER_BASED_WRAP) shards per module of these classes.
+    _no_split_modules = ["BertLayer"]
+
     def __init__(self, bert: BertForPreTraining, use_nsp: bool = True):
         super().__init__()
         self.bert = bert

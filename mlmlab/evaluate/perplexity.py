@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import torch
+from transformers import BertForPreTraining
 
 from mlmlab.config import MaskingConfig
 from mlmlab.data.loader import LoaderPosition, iterate_batches
@@ -48,18 +49,22 @@ class _Totals:
 
 
 @torch.no_grad()
-def evaluate_mlm(bert, store, info, *, batch_size: int = 32, max_batches: int | None = None,
+def evaluate_mlm(model, store, info, *, batch_size: int = 32, max_batches: int | None = None,
                  device: torch.device | str = "cpu", token_counts: np.ndarray | None = None,
                  freq_cuts: tuple[int, ...] = DEFAULT_BUCKETS) -> dict:
-    """Perplexity, MLM accuracy, NSP accuracy (and perplexity per frequency-rank bucket) on ``store``."""
-    module = SparsePretraining(bert, use_nsp=True)
+    """Perplexity, MLM accuracy, NSP accuracy (and perplexity per frequency-rank bucket) on ``store``.
+
+    ``model``: a BertForPreTraining, or training's SparsePretraining as accelerate wrapped it
+    (under FSDP every process must call this, as with any forward of the sharded model).
+    """
+    module = SparsePretraining(model, use_nsp=True) if isinstance(model, BertForPreTraining) else model
     bucket_of, names = (frequency_buckets(token_counts, freq_cuts, len(token_counts))
                         if token_counts is not None else (None, []))
     totals = _Totals(len(names))
     num_batches = min(max_batches or len(store) // batch_size, max(1, len(store) // batch_size))
     batches = iterate_batches(store, batch_size=min(batch_size, len(store)), seed=0, start=LoaderPosition(),
                               pad_id=store.meta["special_token_ids"]["[PAD]"])
-    with eval_mode(bert):
+    with eval_mode(module):
         for _ in range(num_batches):
             _, batch = next(batches)
             masked = {k: v.to(device) for k, v in eval_masks(batch, info).items()}

@@ -20,10 +20,13 @@ from pathlib import Path
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs, set_seed
+from accelerate.utils import DistributedDataParallelKwargs, DistributedType, set_seed
 from safetensors.torch import load_model
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
+from torch.distributed.tensor import DTensor
 from torch.utils.tensorboard import SummaryWriter
 from tqdm.auto import tqdm
+from transformers import BertForPreTraining
 
 from mlmlab import jsonio
 from mlmlab.config import Config, config_text
@@ -78,17 +81,17 @@ def _mixed_precision(precision: str) -> str:
     return {"fp32": "no"}.get(precision, precision)
 
 
-def refuse_sharded_training() -> None:
-    """Stop an FSDP or DeepSpeed launch before it trains, rather than let it write wrong checkpoints.
+def refuse_deepspeed() -> None:
+    """Stop a DeepSpeed launch before it trains: nothing here has run or tested it."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true"):
+        raise UserError("DeepSpeed is not supported; launch with FSDP (an accelerate config with "
+                        "distributed_type FSDP and fsdp_version 2) or with DDP (torchrun)")
 
-    Checkpoints and evaluation read the main process's full copy of the model, which sharding
-    would leave holding a fraction of the weights. On CPU, accelerate (1.15) does not shard at
-    all: it quietly runs an FSDP config as DDP (measured), so nothing here could test it.
-    """
-    for variable, name in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")):
-        if os.environ.get(variable, "").lower() in ("1", "true"):
-            raise UserError(f"{name} is not supported yet (checkpoints are written from one process's full model); "
-                            "launch with DDP instead: torchrun, or an accelerate config with distributed_type MULTI_GPU")
+
+# Checkpoints hold the whole model and optimizer state, keyed by parameter name, whatever the
+# process count and sharding, so that any run can resume any checkpoint.
+FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
+MODEL_SCORERS = ("entropy", "max_prob", "grad_norm")
 
 
 class Trainer:
@@ -97,7 +100,7 @@ class Trainer:
     def __init__(self, cfg: Config, resume: str | None = None, progress: bool = True):
         self.cfg = cfg
         self.show_progress = progress
-        refuse_sharded_training()
+        refuse_deepspeed()
         ddp_kwargs = DistributedDataParallelKwargs(find_unused_parameters=cfg.data.objective == "mlm")
         # cpu=True is what makes accelerate run several CPU processes (gloo) under torchrun.
         self.accelerator = Accelerator(mixed_precision=_mixed_precision(cfg.train.precision), kwargs_handlers=[ddp_kwargs],
@@ -105,6 +108,7 @@ class Trainer:
         if self.accelerator.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
+        self._check_fsdp()
         self.run_dir = run_dir_for(cfg)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.tensorboard = None  # opened on first write, on the main process only
@@ -125,8 +129,36 @@ class Trainer:
         self.continuation = continuation_table(self.tokenizer) if cfg.masking.whole_word else None
         self.peak_flops = self._measure_peak_flops()
         self.state = TrainerState()
-        self._start(resume)
+        folder = self._start(resume)
+        if folder is not None:
+            self._log_line(f"resuming from {folder}")
+            # Every process loads the whole model before FSDP (if any) shards it.
+            load_model(self.bert, folder / "model" / "model.safetensors", strict=False)
         self.module, self.optimizer = self.accelerator.prepare(self.module, self.optimizer)
+        if folder is not None:
+            self._load_training_state(folder)
+        # Records of steps after the checkpoint (or of a run killed before its first one) are redone.
+        self._truncate_metrics(self.state.step)
+
+    def _check_fsdp(self) -> None:
+        """Refuse the FSDP set-ups that would silently go wrong or that nothing here has tested."""
+        if self.accelerator.distributed_type != DistributedType.FSDP:
+            if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
+                # accelerate 1.15 shards only on accelerators: on CPU it runs an FSDP config as DDP, silently.
+                raise UserError("this FSDP launch would not shard (accelerate runs FSDP only on GPUs and other "
+                                "accelerators); on CPUs launch with DDP instead: torchrun, or accelerate with "
+                                "distributed_type MULTI_CPU")
+            return
+        if not self.accelerator.is_fsdp2:
+            raise UserError("FSDP version 1 is not supported; set fsdp_version: 2 in the accelerate config "
+                            "(FSDP_VERSION=2)")
+        masking = self.cfg.masking
+        if masking.strategy == "adaptive" and masking.scorer in MODEL_SCORERS:
+            # Scorers call the encoder's parts directly, outside the wrapped forward that gathers them.
+            raise UserError(f"masking.scorer={masking.scorer} needs the whole model on each process, which FSDP "
+                            "shards; under FSDP use scorer loss_ema or context, or launch with DDP")
+        if self.cfg.train.compile:
+            raise UserError("train.compile with FSDP is untested; set train.compile=false or launch with DDP")
 
     def _measure_peak_flops(self) -> float:
         """This device's dense-matmul FLOP/s at the training precision (MFU denominator).
@@ -138,7 +170,8 @@ class Trainer:
                                  size=1024, repeats=3, rounds=4)
 
     # ----- run folder and resume -------------------------------------------------------
-    def _start(self, resume: str | None) -> None:
+    def _start(self, resume: str | None) -> Path | None:
+        """Prepare the run folder; the checkpoint to resume from, if any."""
         config_path = self.run_dir / "config.yaml"
         existing = checkpoint.complete_checkpoints(self.run_dir, check=False)
         if resume is None and existing:
@@ -149,19 +182,16 @@ class Trainer:
         folder = checkpoint.resolve_resume(resume, self.run_dir)
         if self.accelerator.is_main_process:
             checkpoint.remove_partial(self.run_dir)
-        if folder is not None:
-            self._load(folder)
-        elif self.accelerator.is_main_process:
+        if folder is None and self.accelerator.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             config_path.write_text(config_text(self.cfg))
-        # Records of steps after the checkpoint (or of a run killed before its first one) are redone.
-        self._truncate_metrics(self.state.step)
+        return folder
 
-    def _load(self, folder: Path) -> None:
-        self._log_line(f"resuming from {folder}")
-        load_model(self.bert, folder / "model" / "model.safetensors", strict=False)
+    def _load_training_state(self, folder: Path) -> None:
+        """Everything but the weights, after ``prepare``: FSDP shards the optimizer state as it loads."""
         states = checkpoint.load_torch(folder / "training_state.pt")
-        self.optimizer.load_state_dict(states["optimizer"])
+        set_optimizer_state_dict(self.module, self.optimizer.optimizer, states["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
         self.strategy.load_state_dict(states["strategy"])
         torch.set_rng_state(states["torch_rng"])
         if torch.cuda.is_available() and "cuda_rng" in states:
@@ -179,12 +209,13 @@ class Trainer:
 
     def _save(self) -> Path | None:
         self.accelerator.wait_for_everyone()
+        model_state, optimizer_state = self._full_states()
         if not self.accelerator.is_main_process:
             return None
 
         def write(folder: Path) -> None:
-            self.export_model(folder / "model")
-            states = {"optimizer": self.optimizer.state_dict(),
+            self.export_model(folder / "model", model_state)
+            states = {"optimizer": optimizer_state,
                       "strategy": self.strategy.state_dict(), "torch_rng": torch.get_rng_state()}
             if torch.cuda.is_available():
                 states["cuda_rng"] = torch.cuda.get_rng_state_all()
@@ -195,9 +226,27 @@ class Trainer:
 
         return checkpoint.save(self.run_dir, self.state.step, write, self.cfg.train.keep_last)
 
-    def export_model(self, folder: Path) -> None:
-        """A HuggingFace folder: safetensors weights, config and tokenizer."""
-        self.bert.save_pretrained(folder, safe_serialization=True)
+    def _full_states(self) -> tuple[dict, dict]:
+        """The whole model's weights (by BertForPreTraining name) and optimizer state (by parameter name).
+
+        Every process must call it: under FSDP it gathers the shards, to the main process only.
+        """
+        model_state = self.accelerator.get_state_dict(self.module)  # names of SparsePretraining: "bert.*"
+        optimizer_state = get_optimizer_state_dict(self.module, self.optimizer.optimizer, options=FULL_STATE)
+        return {name.removeprefix("bert."): tensor for name, tensor in model_state.items()}, optimizer_state
+
+    def export_model(self, folder: Path, state_dict: dict) -> None:
+        """A HuggingFace folder: safetensors weights, config and tokenizer.
+
+        Saved from a plain copy, built on the meta device (no init, no RNG draw) and given the
+        gathered weights: ``save_pretrained`` inspects the model's own parameters, which under
+        FSDP are shards whose gathering would wait for the other processes forever.
+        """
+        with torch.device("meta"):
+            plain = BertForPreTraining(self.bert.config)
+        plain.load_state_dict(state_dict, assign=True)
+        plain.tie_weights()
+        plain.save_pretrained(folder, safe_serialization=True)
         self.tokenizer.save_pretrained(folder)
         # Frequency buckets of later evaluations are defined by the pretraining corpus.
         np.save(folder / "token_counts.npy", self.train_store.token_counts)
@@ -281,6 +330,8 @@ class Trainer:
         self.state.bad_steps = 0
         self.state.tokens += tokens
         self.state.flops += flops
+        if isinstance(grad_norm, DTensor):  # FSDP: the norm of sharded gradients
+            grad_norm = grad_norm.full_tensor()
         return {**losses, "grad_norm": float(grad_norm), "tokens": tokens, "flops": flops}
 
     # ----- the loop ----------------------------------------------------------------------
@@ -339,7 +390,8 @@ class Trainer:
                 "mfu": flops / seconds / (self.peak_flops * self.accelerator.num_processes)}
 
     def evaluate(self, max_batches: int | None = None) -> dict:
-        return evaluate_mlm(self.bert, self.valid_store, self.info, batch_size=self.cfg.train.batch_size,
+        # Through the (wrapped) training module: FSDP gathers sharded weights only in its forward.
+        return evaluate_mlm(self.module, self.valid_store, self.info, batch_size=self.cfg.train.batch_size,
                             max_batches=max_batches, device=self.accelerator.device,
                             token_counts=self.train_store.token_counts, freq_cuts=self.cfg.masking.freq_cuts)
 
@@ -347,6 +399,7 @@ class Trainer:
         final_eval = self.evaluate(self.cfg.train.eval_batches)
         summary = {"steps": self.state.step, "tokens_seen": self.state.tokens, "train_seconds": self.state.seconds,
                    **self.rates(self.state.tokens, self.state.flops, self.state.seconds), "eval": final_eval,
+                   "distributed": self.accelerator.distributed_type.value, "processes": self.accelerator.num_processes,
                    "run_dir": str(self.run_dir)}
         self._write_metrics({"step": self.state.step, "eval": final_eval})
         saved = self._save()
