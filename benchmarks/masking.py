@@ -123,6 +123,7 @@ def bench_overhead(tokenizer, size: str, arms: dict, rounds: int) -> None:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             strategy.observe(masked, result)
+            strategy.learn()
         return (time.perf_counter() - start) / cfg.score_every
 
     for name in arms:  # warm up (and fill the loss tables)

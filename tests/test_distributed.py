@@ -11,6 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from mlmlab.train.checkpoint import load_torch
+
 COMMON = ["--no-progress", "train.max_steps=4", "train.log_every=1", "train.eval_every=0", "train.save_every=0",
           "train.eval_batches=1", "model.dropout=0.0", "data.loader_workers=0", "train.warmup_steps=2"]
 # What `accelerate launch` sets for an FSDP config (fsdp_version 2, per-layer auto wrap).
@@ -27,6 +29,12 @@ def weights(run_dir) -> dict:
     return load_file(run_dir / "model" / "model.safetensors")
 
 
+def masking_state(run_dir) -> dict:
+    """The last checkpoint's masking state, less the seconds spent scoring (a clock, not a result)."""
+    state = load_torch(sorted(run_dir.glob("ckpt-*"))[-1] / "training_state.pt")["strategy"]
+    return {key: value for key, value in state.items() if key != "score_seconds_total"}
+
+
 def assert_same_trajectory(one, two):
     assert len(one) == len(two) == 4, "each process must log once per step, only the main one"
     for (step, loss, norm, tokens), (step2, loss2, norm2, tokens2) in zip(one, two):
@@ -36,14 +44,26 @@ def assert_same_trajectory(one, two):
         assert loss2 == pytest.approx(loss, rel=1e-5) and norm2 == pytest.approx(norm, rel=5e-4)
 
 
+# ADM learning from the losses: its tables must be learnt from the whole global batch on every
+# process, or masks would depend on the process count (linear: a > 0 from step 2).
+ADM_CONTEXT = ("masking.strategy=adaptive", "masking.scorer=context", "masking.adapt_schedule=linear")
+
+
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    """The reference: one process with the global batch of 8."""
-    out = tmp_path_factory.mktemp("one")
-    single = subprocess.run([sys.executable, "-m", "mlmlab.cli", "pretrain", *COMMON, "train.batch_size=8",
-                             f"train.out_dir={out}"], capture_output=True, text=True)
-    assert single.returncode == 0, single.stderr[-2000:]
-    return out
+    """The reference: one process with the global batch of 8; each setting run once."""
+    runs = {}
+
+    def run(*overrides) -> Path:
+        if overrides not in runs:
+            out = tmp_path_factory.mktemp("one")
+            single = subprocess.run([sys.executable, "-m", "mlmlab.cli", "pretrain", *COMMON, "train.batch_size=8",
+                                     f"train.out_dir={out}", *overrides], capture_output=True, text=True)
+            assert single.returncode == 0, single.stderr[-2000:]
+            runs[overrides] = out
+        return runs[overrides]
+
+    return run
 
 
 def fsdp_pretrain(run_dir, *overrides) -> subprocess.CompletedProcess:
@@ -53,13 +73,20 @@ def fsdp_pretrain(run_dir, *overrides) -> subprocess.CompletedProcess:
                            *overrides], env={**os.environ, **FSDP_ENV}, capture_output=True, text=True)
 
 
-def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, one_process):
+@pytest.mark.parametrize("masking", [(), ADM_CONTEXT], ids=["dynamic", "adm-context"])
+def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, one_process, masking):
     # Dropout off: each rank draws its own dropout masks, which no split could reproduce.
     double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "mlmlab.cli",
-                             "pretrain", *COMMON, "train.batch_size=4", f"train.out_dir={tmp_path / 'two'}"],
+                             "pretrain", *COMMON, "train.batch_size=4", f"train.out_dir={tmp_path / 'two'}", *masking],
                             capture_output=True, text=True)
     assert double.returncode == 0, double.stderr[-2000:]
-    assert_same_trajectory(losses(one_process), losses(tmp_path / "two"))
+    assert_same_trajectory(losses(one_process(*masking)), losses(tmp_path / "two"))
+    # The masking state checkpointed by the main process is what one process learnt from the same
+    # global batches (ADM: loss tables; per-rank tables would hold half the observations).
+    reference, split = masking_state(one_process(*masking)), masking_state(tmp_path / "two")
+    assert reference.keys() == split.keys()
+    for key, value in reference.items():
+        torch.testing.assert_close(split[key], value, rtol=1e-5, atol=1e-6, msg=key)
 
 
 def test_fsdp_trains_like_one_process_and_resumes_to_the_bit(tmp_path, one_process):
@@ -68,9 +95,9 @@ def test_fsdp_trains_like_one_process_and_resumes_to_the_bit(tmp_path, one_proce
     assert first.returncode == 0, first.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["distributed"], summary["processes"]) == ("FSDP", 2)
-    assert_same_trajectory(losses(one_process), losses(run_dir))
+    assert_same_trajectory(losses(one_process()), losses(run_dir))
     # The checkpoint gathers the shards: the whole model, equal to the one-process model.
-    sharded_run, reference = weights(run_dir), weights(one_process)
+    sharded_run, reference = weights(run_dir), weights(one_process())
     assert sharded_run.keys() == reference.keys()
     for name, tensor in reference.items():
         torch.testing.assert_close(sharded_run[name], tensor, rtol=1e-4, atol=1e-5, msg=name)

@@ -97,6 +97,7 @@ def test_special_tokens_never_selected_even_with_the_highest_score():
     strategy = build_strategy(adaptive(scorer="loss_ema", adapt_schedule="constant"), info=INFO, vocab_size=V)
     fake = {"labels": torch.tensor([[2, 3, 0]]), "input_ids": torch.tensor([[4, 4, 4]])}
     strategy.observe(fake, {"selected_index": torch.arange(3), "token_losses": torch.full((3,), 1e6)})
+    strategy.learn()
     w = strategy.weights(None, batch, 1.0)
     masked = mask_batch(batch, seed=1, epoch_key=0, rate=0.5, info=INFO, corruption=Corruption(), weights=w)
     assert not ((masked["labels"] != -100) & special).any()
@@ -230,6 +231,7 @@ def test_loss_ema_and_context_learn_which_tokens_are_hard():
         index = (masked["labels"] != -100).flatten().nonzero().squeeze(1)
         losses = torch.where(ids.flatten()[index] == hard_id, 50.0, 1.0)
         strategy.observe(masked, {"selected_index": index, "token_losses": losses})
+        strategy.learn()
         w = strategy.weights(None, batch, 1.0)
         hard = ids == hard_id
         assert w[hard].min() > 5 * w[~hard & eligible_positions(ids, INFO.special_ids)].max()
@@ -238,11 +240,11 @@ def test_loss_ema_and_context_learn_which_tokens_are_hard():
 def test_context_scores_separate_one_token_in_two_contexts():
     ids = torch.tensor([[2, 10, 50, 11, 3], [2, 20, 50, 21, 3]])  # token 50 after 10 (easy) and after 20 (hard)
     scorer = scorers.LossScorer("context", V, 0.9, 1 << 16)
-    scorer.observe(ids, torch.tensor([2, 7]), torch.tensor([0.5, 4.0]))
+    scorer.learn(scorer.observations(ids, torch.tensor([2, 7]), torch.tensor([0.5, 4.0])))
     scores = scorer.scores(ids)
     assert scores[0, 2] == pytest.approx(0.5) and scores[1, 2] == pytest.approx(4.0)
     ids_table = scorers.LossScorer("loss_ema", V, 0.9, 1)
-    ids_table.observe(ids, torch.tensor([2, 7]), torch.tensor([0.5, 4.0]))
+    ids_table.learn(ids_table.observations(ids, torch.tensor([2, 7]), torch.tensor([0.5, 4.0])))
     assert ids_table.scores(ids)[0, 2] == ids_table.scores(ids)[1, 2]
 
 
@@ -359,6 +361,7 @@ def test_state_round_trip_reproduces_the_uninterrupted_run(scorer, extra):
             w = strategy.weights(model, batch, step / 6)
             masked = mask_batch(batch, seed=0, epoch_key=strategy.epoch_key(0), rate=0.3, info=INFO, corruption=Corruption(), weights=w)
             strategy.observe(masked, pretraining_loss(model, masked))
+            strategy.learn()
             out.append((w, masked["input_ids"], masked["labels"]))
         return out
 

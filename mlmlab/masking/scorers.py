@@ -190,16 +190,26 @@ class LossScorer:
         self.global_count = torch.zeros((), dtype=torch.long)
         self.decay = decay
 
-    def observe(self, original_ids: torch.Tensor, selected_index: torch.Tensor, token_losses: torch.Tensor) -> None:
-        """Learn from one step: original_ids (B, T), selected_index (M,) flat, token_losses (M,)."""
-        if selected_index.numel() == 0:
-            return
-        losses = token_losses.detach().float()
-        ids = original_ids.flatten().index_select(0, selected_index)  # (M,)
-        self.ids.update(ids, losses)
+    def observations(self, original_ids: torch.Tensor, selected_index: torch.Tensor,
+                     token_losses: torch.Tensor) -> dict:
+        """What one micro-batch teaches, as flat (M,) tensors: original_ids (B, T), selected_index (M,) flat.
+
+        Flat per predicted token, so that micro-batches and processes concatenate into one update.
+        """
+        observed = {"ids": original_ids.flatten().index_select(0, selected_index),
+                    "losses": token_losses.detach().float()}
         if self.contexts is not None:
-            keys = context_keys(original_ids, self.buckets).flatten().index_select(0, selected_index)
-            self.contexts.update(keys, losses)
+            observed["contexts"] = context_keys(original_ids, self.buckets).flatten().index_select(0, selected_index)
+        return observed
+
+    def learn(self, observed: dict) -> None:
+        """One update of the tables from ``observations`` (of any number of micro-batches, concatenated)."""
+        losses = observed["losses"]
+        if losses.numel() == 0:
+            return
+        self.ids.update(observed["ids"], losses)
+        if self.contexts is not None:
+            self.contexts.update(observed["contexts"], losses)
         mean = losses.mean()
         old = self.global_value.to(mean.device)
         seen = self.global_count.to(mean.device) > 0

@@ -16,7 +16,8 @@ The training loop, per step (all randomness is counter-based, so resume is exact
     masked = mask_batch(batch, seed=..., epoch_key=strategy.epoch_key(epoch), rate=rate_at(cfg, progress),
                         info=info, corruption=..., weights=weights, whole_word=cfg.whole_word, continuation=table)
     result = pretraining_loss(model, masked)
-    strategy.observe(masked, result)
+    strategy.observe(masked, result)                          # every micro-batch
+    strategy.learn(gather)                                    # once per step: ADM's loss tables
     logs.update(strategy.stats())                             # window since the previous stats() call
 """
 
@@ -80,11 +81,14 @@ class UniformStrategy:
         return None  # uniform
 
     def observe(self, batch: dict, result: dict) -> None:
-        """Learn from this step's masked-LM losses (adaptive) and count what was selected."""
+        """Count what was selected (and, adaptive, keep the micro-batch's masked-LM losses for learn())."""
         if self.bucket_of is not None:
             ids = batch["labels"].flatten().index_select(0, result["selected_index"]).cpu()  # (M,)
             buckets = self.bucket_of[ids.clamp(max=len(self.bucket_of) - 1)]
             self._bucket_hits += torch.bincount(buckets, minlength=len(self.bucket_names))
+
+    def learn(self, gather=None) -> None:
+        """Uniform strategies learn nothing."""
 
     def stats(self) -> dict:
         """Logs since the previous call: selected share per frequency bucket (and ADM's own)."""
@@ -115,6 +119,7 @@ class AdaptiveStrategy(UniformStrategy):
         if cfg.scorer in scorers.LOSS_SCORERS:
             self.loss_scorer = scorers.LossScorer(cfg.scorer, vocab_size, cfg.ema_decay, cfg.context_buckets)
         self._scores = None  # (B, T) normalised scores of the last scored batch, for stats()
+        self._observed = []  # loss scorers: observations of this step's micro-batches, for learn()
 
     def epoch_key(self, epoch: int) -> int:
         return epoch  # dynamic: new masks every epoch
@@ -170,7 +175,7 @@ class AdaptiveStrategy(UniformStrategy):
         if self.loss_scorer is not None:
             labels = batch["labels"]  # (B, T): the original ids where selected
             original = torch.where(labels != IGNORE_INDEX, labels, batch["input_ids"])  # (B, T)
-            self.loss_scorer.observe(original, selected_index, result["token_losses"])
+            self._observed.append(self.loss_scorer.observations(original, selected_index, result["token_losses"]))
         if self._scores is not None:
             scores, eligible = self._scores
             flat = scores.flatten()
@@ -180,6 +185,22 @@ class AdaptiveStrategy(UniformStrategy):
                 self._score_sums[1] += float(scores[eligible].mean())
                 self._score_sums[2] += 1
             self._scores = None
+
+    def learn(self, gather=None) -> None:
+        """One update of the loss tables from all of the step's micro-batches, on every process.
+
+        ``gather`` concatenates a (N,) tensor over processes. With it each process learns the
+        same tables from the whole global batch, as one process with that batch would: masks do
+        not depend on the process count, and the main process's checkpoint holds every process's
+        tables. Once per step (not per micro-batch), so grad_accum does not change them either.
+        """
+        if self.loss_scorer is None or not self._observed:
+            return
+        observed = {key: torch.cat([o[key] for o in self._observed]) for key in self._observed[0]}
+        self._observed = []
+        if gather is not None:
+            observed = {key: gather(value) for key, value in observed.items()}
+        self.loss_scorer.learn(observed)
 
     def stats(self) -> dict:
         sums = self._score_sums

@@ -309,10 +309,20 @@ class Trainer:
             sums += torch.stack([*(result[key].detach().double() for key in keys),
                                  batch["attention_mask"].sum().double(), flops.double()])
             self.strategy.observe(batch, result)
+        self.strategy.learn(self._concat_over_processes)
         totals = self.accelerator.reduce(sums, reduction="sum").tolist()  # one collective per step
         losses = {key: value / self.accelerator.num_processes for key, value in zip(keys, totals)}
         tokens, flops = totals[-2:]
         return self._apply_update(losses, int(tokens), flops)
+
+    def _concat_over_processes(self, tensor: torch.Tensor) -> torch.Tensor:
+        """(N,) here, N differing between processes -> (all N,) of every process, in rank order."""
+        if self.accelerator.num_processes == 1:
+            return tensor
+        lengths = self.accelerator.gather(torch.tensor([len(tensor)], device=tensor.device)).tolist()
+        padded = self.accelerator.gather(self.accelerator.pad_across_processes(tensor, dim=0))  # (P * max N,)
+        rows = padded.view(self.accelerator.num_processes, -1)
+        return torch.cat([row[:length] for row, length in zip(rows, lengths)])
 
     def _apply_update(self, losses: dict, tokens: int, flops: float) -> dict:
         """Optimizer step, or skip it when the loss is not finite (and abort after too many)."""
