@@ -11,6 +11,7 @@ here, and bf16 tokens/s of the base preset when a GPU is present.
     python benchmarks/throughput.py                 # tiny and mini, both arms with mlmlab's malloc settings
     python benchmarks/throughput.py --no-malloc-tuning   # both arms with glibc's defaults
     python benchmarks/throughput.py --presets mini --steps 30 --rounds 5
+    python benchmarks/throughput.py --presets mini --set model.dropout=0.0   # config overrides, both arms
 """
 
 import argparse
@@ -30,10 +31,11 @@ from mlmlab.train.loop import Trainer
 from mlmlab.train.mfu import matmul_dtype, peak_matmul_flops, synchronize, training_flops
 
 
-def make_trainer(preset: str, batch_size: int, seq: int, run_dir: str, precision: str) -> Trainer:
+def make_trainer(preset: str, batch_size: int, seq: int, run_dir: str, precision: str, overrides=()) -> Trainer:
     cfg = load_config(preset, [f"train.batch_size={batch_size}", f"data.max_seq_length={seq}",
                                "train.max_steps=100000", "train.eval_every=0", "train.save_every=0",
-                               f"train.out_dir={run_dir}", f"train.precision={precision}", "data.loader_workers=0"])
+                               f"train.out_dir={run_dir}", f"train.precision={precision}", "data.loader_workers=0",
+                               *overrides])
     return Trainer(cfg, progress=False)
 
 
@@ -74,7 +76,7 @@ def time_arm(step, steps: int, device) -> list[float]:
 
 def benchmark_preset(preset: str, args) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
-        trainer = make_trainer(preset, args.batch_size, args.seq, run_dir, args.precision)
+        trainer = make_trainer(preset, args.batch_size, args.seq, run_dir, args.precision, args.set)
         device = trainer.accelerator.device
         store = trainer.train_store
         baseline = Baseline(trainer)
@@ -127,6 +129,8 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--precision", default="auto")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="config overrides for both arms (the baseline copies mlmlab's model config)")
     parser.add_argument("--no-malloc-tuning", action="store_true",
                         help="measure without the glibc settings the mlmlab command applies (both arms alike)")
     args = parser.parse_args(argv)

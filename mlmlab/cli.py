@@ -50,8 +50,11 @@ def cmd_mask(args) -> None:
 def cmd_pretrain(args) -> None:
     from mlmlab.train.loop import pretrain
 
+    from accelerate import PartialState
+
     summary = pretrain(load_config(args.config, args.overrides), resume=args.resume, progress=not args.no_progress)
-    print(jsonio.dumps(summary, indent=1))
+    if PartialState().is_main_process:  # under torchrun every process has the summary: print it once
+        print(jsonio.dumps(summary, indent=1))
 
 
 def cmd_evaluate(args) -> None:

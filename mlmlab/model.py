@@ -33,7 +33,7 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> BertFor
         intermediate_size=cfg.intermediate_size,
         max_position_embeddings=cfg.max_position_embeddings,
         hidden_dropout_prob=cfg.dropout,
-        attention_probs_dropout_prob=cfg.dropout,
+        attention_probs_dropout_prob=cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout,
         pad_token_id=pad_token_id,
     )
     bert_config._attn_implementation = cfg.attention

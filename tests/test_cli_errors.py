@@ -62,6 +62,8 @@ def test_vocab_without_mask(capsys, tmp_path):
     ("data.max_seq_length=1024", ["max_position_embeddings"]),
     ("train.lr=fast", ["train.lr"]),
     ("masking.freq_buckets=10000,1000", ["masking.freq_buckets", "increasing"]),
+    ("model.attention_dropout=1.5", ["model.attention_dropout", "[0, 1)"]),
+    ("model.dropout=-0.1", ["model.dropout"]),
 ])
 def test_bad_config(capsys, tmp_path, override, words):
     code, err = run_cli(capsys, "pretrain", override, f"train.out_dir={tmp_path / 'run'}")

@@ -1,0 +1,24 @@
+"""Model construction from the config."""
+
+import torch
+
+from mlmlab.config import load_config
+from mlmlab.model import build_model, encode
+
+
+def train_mode_outputs_differ(*overrides) -> bool:
+    """Whether two training-mode forwards of the same batch differ, i.e. whether any dropout is drawn."""
+    torch.manual_seed(0)
+    bert = build_model(load_config(None, list(overrides)).model, vocab_size=100, pad_token_id=0).train()
+    batch = {"input_ids": torch.randint(1, 100, (2, 16)), "attention_mask": torch.ones(2, 16, dtype=torch.long),
+             "token_type_ids": torch.zeros(2, 16, dtype=torch.long)}
+    first, second = encode(bert, batch)[0], encode(bert, batch)[0]  # (B, T, H) each
+    return not torch.equal(first, second)
+
+
+def test_attention_dropout_follows_dropout_unless_set():
+    assert not train_mode_outputs_differ("model.dropout=0")  # null attention_dropout: off with dropout
+    assert train_mode_outputs_differ("model.dropout=0", "model.attention_dropout=0.5")
+    assert train_mode_outputs_differ("model.dropout=0.1", "model.attention_dropout=0")
+    config = build_model(load_config(None, ["model.attention_dropout=0"]).model, 100, 0).config
+    assert (config.hidden_dropout_prob, config.attention_probs_dropout_prob) == (0.1, 0.0)
