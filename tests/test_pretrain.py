@@ -159,3 +159,22 @@ def test_corrupt_checkpoint_is_skipped(tmp_path, capsys):
     (newest / "training_state.pt").write_bytes(b"truncated")
     assert checkpoint.latest(tmp_path).name == "ckpt-00000002"
     assert "does not match its checksum" in capsys.readouterr().out
+
+
+def test_optimizer_state_in_another_format_is_refused_in_one_line(tmp_path):
+    """A checkpoint whose optimizer state is keyed by index (torch's own format, and mlmlab's before FSDP)."""
+    subprocess.run(_command(tmp_path, 2), check=True, capture_output=True)
+    saved = checkpoint.latest(tmp_path)  # the rerun below resumes from it
+    states = checkpoint.load_torch(saved / "training_state.pt")
+    by_name = states["optimizer"]
+    index = {name: i for i, name in enumerate(by_name["state"])}
+    states["optimizer"] = {"state": {index[name]: value for name, value in by_name["state"].items()},
+                           "param_groups": [{**group, "params": [index.get(n, -1) for n in group["params"]]}
+                                            for group in by_name["param_groups"]]}
+    checkpoint.save_torch(states, saved / "training_state.pt")
+    (saved / checkpoint.MANIFEST).unlink()
+    checkpoint._write_manifest(saved)  # a complete checkpoint, not a corrupt one
+    resumed = subprocess.run(_command(tmp_path, 2), capture_output=True, text=True)
+    assert resumed.returncode != 0
+    lines = resumed.stderr.strip().splitlines()
+    assert "optimizer state" in lines[-1] and "Traceback" not in resumed.stderr

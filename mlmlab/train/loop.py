@@ -190,8 +190,12 @@ class Trainer:
     def _load_training_state(self, folder: Path) -> None:
         """Everything but the weights, after ``prepare``: FSDP shards the optimizer state as it loads."""
         states = checkpoint.load_torch(folder / "training_state.pt")
-        set_optimizer_state_dict(self.module, self.optimizer.optimizer, states["optimizer"],
-                                 options=StateDictOptions(full_state_dict=True))
+        try:
+            set_optimizer_state_dict(self.module, self.optimizer.optimizer, states["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
+        except KeyError as missing:  # e.g. state keyed by index, as mlmlab wrote it before FSDP support
+            raise UserError(f"{folder} holds optimizer state this mlmlab cannot read (no entry {missing}); resume "
+                            "with the mlmlab version that wrote it, or start a new train.out_dir") from None
         self.strategy.load_state_dict(states["strategy"])
         torch.set_rng_state(states["torch_rng"])
         if torch.cuda.is_available() and "cuda_rng" in states:
