@@ -48,9 +48,9 @@ def cmd_mask(args) -> None:
 
 
 def cmd_pretrain(args) -> None:
-    from mlmlab.train.loop import pretrain
-
     from accelerate import PartialState
+
+    from mlmlab.train.loop import pretrain
 
     summary = pretrain(load_config(args.config, args.overrides), resume=args.resume, progress=not args.no_progress)
     if PartialState().is_main_process:  # under torchrun every process has the summary: print it once

@@ -9,7 +9,6 @@ one big batch, whatever the split.
 import dataclasses
 import json
 import math
-import os
 import shutil
 import signal
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs, DistributedType, set_seed
+from accelerate.utils import DistributedDataParallelKwargs, DistributedType, parse_flag_from_env, set_seed
 from safetensors.torch import load_model
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
 from torch.distributed.tensor import DTensor
@@ -35,6 +34,7 @@ from mlmlab.errors import UserError
 from mlmlab.evaluate.perplexity import evaluate_mlm
 from mlmlab.masking.select import IGNORE_INDEX, Corruption, continuation_table, token_info_for
 from mlmlab.masking.schedules import rate_at
+from mlmlab.masking.scorers import LOSS_SCORERS
 from mlmlab.masking.strategies import build_strategy, mask_batch
 from mlmlab.model import SparsePretraining, build_model, compile_model
 from mlmlab.train import checkpoint
@@ -83,7 +83,7 @@ def _mixed_precision(precision: str) -> str:
 
 def refuse_deepspeed() -> None:
     """Stop a DeepSpeed launch before it trains: nothing here has run or tested it."""
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true"):
+    if parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"):  # as accelerate itself reads its launch flags
         raise UserError("DeepSpeed is not supported; launch with FSDP (an accelerate config with "
                         "distributed_type FSDP and fsdp_version 2) or with DDP (torchrun)")
 
@@ -91,7 +91,6 @@ def refuse_deepspeed() -> None:
 # Checkpoints hold the whole model and optimizer state, keyed by parameter name, whatever the
 # process count and sharding, so that any run can resume any checkpoint.
 FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
-MODEL_SCORERS = ("entropy", "max_prob", "grad_norm")
 
 
 class Trainer:
@@ -143,7 +142,7 @@ class Trainer:
     def _check_fsdp(self) -> None:
         """Refuse the FSDP set-ups that would silently go wrong or that nothing here has tested."""
         if self.accelerator.distributed_type != DistributedType.FSDP:
-            if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
+            if parse_flag_from_env("ACCELERATE_USE_FSDP"):
                 # accelerate 1.15 shards only on accelerators: on CPU it runs an FSDP config as DDP, silently.
                 raise UserError("this FSDP launch would not shard (accelerate runs FSDP only on GPUs and other "
                                 "accelerators); on CPUs launch with DDP instead: torchrun, or accelerate with "
@@ -153,7 +152,7 @@ class Trainer:
             raise UserError("FSDP version 1 is not supported; set fsdp_version: 2 in the accelerate config "
                             "(FSDP_VERSION=2)")
         masking = self.cfg.masking
-        if masking.strategy == "adaptive" and masking.scorer in MODEL_SCORERS:
+        if masking.strategy == "adaptive" and masking.scorer not in LOSS_SCORERS:
             # Scorers call the encoder's parts directly, outside the wrapped forward that gathers them.
             raise UserError(f"masking.scorer={masking.scorer} needs the whole model on each process, which FSDP "
                             "shards; under FSDP use scorer loss_ema or context, or launch with DDP")
