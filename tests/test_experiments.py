@@ -1,9 +1,11 @@
 """Studies: grid expansion, shards, budgets, resume without retraining, reports from results alone."""
 
 import json
+import math
 
 import pytest
 import yaml
+from scipy import stats
 
 from mlmlab.cli import main
 from mlmlab.errors import UserError
@@ -125,8 +127,8 @@ def synthetic_row(arm, seed, perplexity, rare, strategy="dynamic", glue=None):
             "arm": arm, "arm_index": 0, "seed": seed, "baseline": "dynamic", "budget": "token-matched",
             "steps": 100, "global_batch": 32, "flops": 1e12, "scorer_share": 0.0, "tokens_seen": 100000,
             "train_seconds": 10.0, "scorer_seconds": 0.0, "wall_seconds": 12.0,
-            "eval": {"perplexity": perplexity, "perplexity_freq_0_1000": perplexity / 2,
-                     "perplexity_freq_10000_rest": rare, "nsp_accuracy": 0.6},
+            "eval": {"mlm_loss": math.log(perplexity), "perplexity": perplexity,
+                     "perplexity_freq_0_1000": perplexity / 2, "perplexity_freq_10000_rest": rare, "nsp_accuracy": 0.6},
             "glue": glue or {"skipped": "no GLUE tasks in the study"}, "run_dir": f"runs/{arm}/seed{seed}",
             "config": {"masking": {"strategy": strategy, "scorer": "entropy", "a_max": 1.0, "adapt_schedule": "quadratic",
                                    "score_every": 1, "score_fraction": 1.0, "rate_schedule": "constant",
@@ -147,9 +149,66 @@ def test_report_from_results_alone_has_tables_ci_and_honest_sentences(tmp_path, 
     text = (tmp_path / "report" / "report.md").read_text()
     assert "mlmlab experiment synthetic.yaml --out studies/s" in text.splitlines()[4]
     assert f"mlmlab report {results}" in text
-    assert "| dynamic (baseline) |" in text and "95% CI" in text and "GLUE RTE" in text
-    assert "adm-noisy vs dynamic, perplexity: no significant difference" in text
-    assert "adm-better vs dynamic, perplexity: lower, i.e. better (Δ = -9.96" in text
-    assert "happens by chance 12% of the time" in text  # 4 seeds: 2 / 2**4
+    assert "| dynamic (baseline) |" in text and "95% t-interval" in text and "GLUE RTE" in text
+    assert "adm-noisy vs dynamic, MLM loss (nats): no significant difference" in text
+    assert "adm-better vs dynamic, MLM loss (nats): lower, i.e. better (Δ = -0.105" in text  # mean log(90/100)
+    assert "4 seeds the t-interval rests on the differences being roughly normal" in text
     assert "curve plots skipped" in text and "not a complete result row" in text
     assert (tmp_path / "report" / "perplexity_buckets.png").is_file()
+
+
+def seed_rows(arm, perplexities, rare=None):
+    """Rows of one arm, one per seed, with the given perplexities (and rare-bucket perplexities)."""
+    rare = rare or [900.0] * len(perplexities)
+    return [synthetic_row(arm, seed, p, r) for seed, (p, r) in enumerate(zip(perplexities, rare))]
+
+
+def test_primary_interval_is_the_paired_t_interval_not_the_bootstrap_range():
+    base, arm = seed_rows("dynamic", [100.0, 100.0, 100.0]), seed_rows("adm", [101.0, 104.0, 102.5])
+    metric = report.Metric("perplexity", ("eval", "perplexity"), True)
+    comparison = report.compare(arm, base, metric)
+    expected = stats.ttest_rel([101.0, 104.0, 102.5], [100.0] * 3).confidence_interval(0.95)
+    assert (comparison.low, comparison.high) == pytest.approx((expected.low, expected.high))
+    # with 3 seeds the bootstrap is the min-max of the differences (1, 4), which excludes 0; the t-interval does not
+    assert (comparison.boot_low, comparison.boot_high) == pytest.approx((1.0, 4.0))
+    assert comparison.low < 0 < comparison.high and not comparison.significant
+    assert "no significant difference (Δ = +2.5, 95% t-interval [-1.23, +6.23]" in report.verdict(
+        "adm", "dynamic", metric, comparison)
+
+
+def test_few_seeds_label_the_bootstrap_a_range_never_a_ci(tmp_path):
+    def text_for(seeds):
+        rows = seed_rows("dynamic", [100.0 + s for s in range(seeds)])
+        rows += seed_rows("adm", [90.0 + 2 * s * (-1) ** s for s in range(seeds)])
+        results = tmp_path / f"{seeds}" / "results.jsonl"
+        results.parent.mkdir()
+        results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        return report.write_report(results, results.parent / "report").read_text()
+
+    few, many = text_for(3), text_for(5)
+    assert "| range (bootstrap) |" in few and "Secondary: range of the same differences" in few
+    assert "95% CI" not in few and "95% bootstrap CI" not in few
+    assert "| 95% bootstrap CI |" in many and "| range (bootstrap) |" not in many
+
+
+def test_an_arm_identical_to_the_baseline_is_reported_as_such_not_as_a_null(tmp_path):
+    rows = seed_rows("dynamic", [100.0, 102.0, 101.0]) + seed_rows("static", [100.0, 102.0, 101.0])
+    rows += seed_rows("adm", [95.0, 97.0, 96.0])  # same nsp_accuracy as the baseline, other metrics differ
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    text = report.write_report(results, tmp_path / "report").read_text()
+    assert "- static vs dynamic: identical by construction." in text
+    assert "| static | identical by construction |" in text
+    assert "static vs dynamic, perplexity" not in text and "+0 [+0, +0]" not in text
+    assert "adm vs dynamic, MLM loss (nats): lower" in text
+    assert "+0 (equal in every seed)" in text  # adm's NSP: equal, but the arm is no copy of the baseline
+
+
+def test_bucket_differences_are_in_nats_and_skip_empty_buckets():
+    base = seed_rows("dynamic", [100.0] * 3, rare=[4e5, 3e5, 2e5])
+    arm = seed_rows("adm", [100.0] * 3, rare=[2e5, 1e5, None])  # seed 2: no rare targets, stored as null
+    nats = {m.label: m for m in report.metrics_of(base + arm)}["loss freq 10000_rest (nats)"]
+    comparison = report.compare(arm, base, nats)
+    assert comparison.n == 2  # the null seed is left out of the pairs
+    assert comparison.diff == pytest.approx((math.log(2e5 / 4e5) + math.log(1e5 / 3e5)) / 2)
+    assert report.format_delta(comparison).startswith("-0.896 [")

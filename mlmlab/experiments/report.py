@@ -2,10 +2,16 @@
 
 Tables come from the rows only; the curves (losses, masked share per frequency bucket, ADM's
 a) also read the metrics.jsonl files the rows name, and are skipped with a note when those
-are missing. Each arm is compared with the baseline by a paired bootstrap over seeds (the
-seed fixes the initial weights and data order, so seed s of an arm and seed s of the
-baseline differ only by the masking): the 95% interval of the mean difference. An interval
-that contains 0 is reported as "no significant difference".
+are missing. Each arm is compared with the baseline seed by seed (the seed fixes the initial
+weights and data order, so seed s of an arm and seed s of the baseline differ only by the
+masking). The primary interval is a paired t-interval over seeds (df = n - 1); a percentile
+bootstrap is printed beside it as a secondary column, labelled "range" below FEW_SEEDS seeds,
+where it is little more than the min and max of the differences (with 3 seeds, exactly: an
+all-minimum resample has probability 1/27 > 2.5%). A t-interval that contains 0 is reported as
+"no significant difference". Losses are compared in nats (log perplexity), overall and per
+frequency bucket: a difference of 1e5 in a rare bucket's perplexity is unreadable, a
+difference in nats is a ratio of perplexities. An arm whose every metric equals the
+baseline's in every seed ran the same computation, and is reported as such, not as a null.
 """
 
 import json
@@ -15,24 +21,29 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy import stats
 
 from mlmlab.errors import UserError
 
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0  # a fixed generator, so the intervals are the same every time the report is made
-FEW_SEEDS = 5  # below this, say how often sign-consistent differences arise by chance
+FEW_SEEDS = 5  # below this the bootstrap is a range, not a CI, and the t-interval rests on unchecked normality
 
 
 @dataclass
 class Comparison:
     diff: float  # mean over paired seeds of (arm - baseline)
-    low: float
+    low: float  # 95% paired t-interval: the primary interval, the one verdicts use
     high: float
     n: int  # paired seeds
+    boot_low: float = math.nan  # percentile bootstrap: secondary; a range, not a CI, below FEW_SEEDS
+    boot_high: float = math.nan
+    all_zero: bool = False  # every paired difference is exactly 0 in this metric
+    identical: bool = False  # every metric equals the baseline's in every seed: the same run, not a null
 
     @property
     def significant(self) -> bool:
-        return self.n >= 2 and not self.low <= 0.0 <= self.high
+        return self.n >= 2 and not self.identical and not self.low <= 0.0 <= self.high
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,7 @@ class Metric:
     path: tuple  # keys into a row
     lower_is_better: bool
     scale: float = 1.0  # display factor (GLUE scores as percentages)
+    log: bool = False  # the stored value is a perplexity; compare its log, the loss in nats
 
     def value(self, row: dict) -> float:
         value = row
@@ -48,7 +60,9 @@ class Metric:
             if not isinstance(value, dict) or key not in value:
                 return math.nan
             value = value[key]
-        return math.nan if value is None else float(value) * self.scale
+        if value is None:  # a bucket with no targets is stored as null
+            return math.nan
+        return (math.log(value) if self.log else float(value)) * self.scale
 
 
 # ----- reading rows ------------------------------------------------------------------------
@@ -89,11 +103,16 @@ def choose_baseline(rows: list[dict]) -> str:
 
 
 def metrics_of(rows: list[dict]) -> list[Metric]:
-    """Perplexity overall and per frequency bucket, accuracies, GLUE average and per task, as present."""
+    """Perplexity and loss in nats, overall and per frequency bucket, accuracies, GLUE average and per task."""
     eval_keys = [key for row in rows for key in row["eval"]]
     buckets = list(dict.fromkeys(k for k in eval_keys if k.startswith("perplexity_freq_")))
     metrics = [Metric("perplexity", ("eval", "perplexity"), True)]
     metrics += [Metric(f"ppl freq {key.removeprefix('perplexity_freq_')}", ("eval", key), True) for key in buckets]
+    # mlm_loss is log(perplexity); older rows without it get the same number from the perplexity
+    metrics.append(Metric("MLM loss (nats)", ("eval", "mlm_loss"), True) if "mlm_loss" in eval_keys
+                   else Metric("MLM loss (nats)", ("eval", "perplexity"), True, log=True))
+    metrics += [Metric(f"loss freq {key.removeprefix('perplexity_freq_')} (nats)", ("eval", key), True, log=True)
+                for key in buckets]
     metrics += [Metric(name, ("eval", name), False) for name in ("mlm_accuracy", "nsp_accuracy") if name in eval_keys]
     tasks = list(dict.fromkeys(t for row in rows for t in (row.get("glue") or {}).get("tasks", {})))
     if tasks:
@@ -116,45 +135,93 @@ def mean_std(values: dict[int, float]) -> str:
     return f"{data.mean():.4g}{std} (n={len(data)})"
 
 
-def paired_bootstrap(arm: dict[int, float], baseline: dict[int, float]) -> Comparison | None:
-    """95% percentile interval of the mean paired difference, resampling seeds with replacement."""
+def identical_runs(rows: list[dict], base_rows: list[dict]) -> bool:
+    """Every metric of the arm equals the baseline's, seed by seed. Trained floats agree to the last
+    digit only when the two arms ran the same computation (static masking whose dupe_factor exceeds
+    the passes made is dynamic masking), so a zero difference there is no measurement."""
+    if not rows or {row["seed"] for row in rows} != {row["seed"] for row in base_rows}:
+        return False
+    return all(by_seed(rows, metric) == by_seed(base_rows, metric) for metric in metrics_of(rows + base_rows))
+
+
+def t_interval(diffs: np.ndarray) -> tuple[float, float]:
+    """Paired t-interval of the mean difference, df = n - 1."""
+    mean, sem = float(diffs.mean()), float(stats.sem(diffs))
+    if sem == 0.0:  # equal differences in every seed: scipy's t would give nan; there is no spread to widen
+        return mean, mean
+    low, high = stats.t.interval(0.95, len(diffs) - 1, loc=mean, scale=sem)
+    return float(low), float(high)
+
+
+def paired_bootstrap(diffs: np.ndarray) -> tuple[float, float]:
+    """Percentile interval of the mean difference, resampling seeds with replacement. Secondary:
+    with few seeds it only spans the observed differences (exactly [min, max] with 3)."""
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    means = diffs[rng.integers(0, len(diffs), size=(BOOTSTRAP_RESAMPLES, len(diffs)))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def compare(rows: list[dict], base_rows: list[dict], metric: Metric) -> Comparison | None:
+    """The arm against the baseline on one metric, over the seeds both have (pairs matched by seed)."""
+    arm, baseline = by_seed(rows, metric), by_seed(base_rows, metric)
     seeds = sorted(set(arm) & set(baseline))
     if not seeds:
         return None
     diffs = np.array([arm[s] - baseline[s] for s in seeds])
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    means = diffs[rng.integers(0, len(diffs), size=(BOOTSTRAP_RESAMPLES, len(diffs)))].mean(axis=1)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return Comparison(float(diffs.mean()), float(low), float(high), len(seeds))
+    identical = identical_runs(rows, base_rows)
+    if len(seeds) < 2:
+        return Comparison(float(diffs.mean()), math.nan, math.nan, 1, identical=identical)
+    return Comparison(float(diffs.mean()), *t_interval(diffs), len(seeds), *paired_bootstrap(diffs),
+                      all_zero=not diffs.any(), identical=identical)
+
+
+def boot_label(comparisons) -> str:
+    """The bootstrap column's name: below FEW_SEEDS paired seeds it is a range of the differences, never a CI."""
+    fewest = min((c.n for c in comparisons if c is not None), default=0)
+    return "range (bootstrap)" if fewest < FEW_SEEDS else "95% bootstrap CI"
 
 
 def format_delta(comparison: Comparison | None) -> str:
+    """The difference with its t-interval; * = the t-interval excludes 0."""
     if comparison is None:
         return "–"
+    if comparison.identical:
+        return "identical by construction"
     if comparison.n < 2:
-        return f"{comparison.diff:+.3g} (1 seed, no CI)"
+        return f"{comparison.diff:+.3g} (1 seed, no interval)"
+    if comparison.all_zero:
+        return "+0 (equal in every seed)"
     mark = " *" if comparison.significant else ""
     return f"{comparison.diff:+.3g} [{comparison.low:+.3g}, {comparison.high:+.3g}]{mark}"
 
 
+def format_boot(comparison: Comparison | None) -> str:
+    if comparison is None or comparison.n < 2 or comparison.identical or comparison.all_zero:
+        return "–"
+    return f"[{comparison.boot_low:+.3g}, {comparison.boot_high:+.3g}]"
+
+
 def verdict(arm: str, baseline: str, metric: Metric, comparison: Comparison | None) -> str:
-    """One honest sentence: "no significant difference" whenever the interval contains 0."""
+    """One honest sentence: "no significant difference" whenever the t-interval contains 0."""
     head = f"{arm} vs {baseline}, {metric.label}:"
     if comparison is None:
         return f"{head} no seeds in common, no comparison."
+    if comparison.identical:
+        return (f"{arm} vs {baseline}: identical by construction. Every metric equals the baseline's in every seed, "
+                "so the two arms ran the same computation; this is not a measured null.")
     if comparison.n < 2:
         return f"{head} cannot be assessed from 1 paired seed (Δ = {comparison.diff:+.3g}, no interval)."
     c = comparison
-    interval = f"Δ = {c.diff:+.3g}, 95% CI [{c.low:+.3g}, {c.high:+.3g}], {c.n} paired seeds"
+    interval = f"Δ = {c.diff:+.3g}, 95% t-interval [{c.low:+.3g}, {c.high:+.3g}], {c.n} paired seeds"
     if not comparison.significant:
         return f"{head} no significant difference ({interval})."
     better = (comparison.diff < 0) == metric.lower_is_better
     direction = "lower" if comparison.diff < 0 else "higher"
     sentence = f"{head} {direction}, i.e. {'better' if better else 'worse'} ({interval})."
     if comparison.n < FEW_SEEDS:
-        chance = 2 / 2 ** comparison.n
-        sentence += (f" With {comparison.n} seeds the bootstrap interval excludes 0 whenever all paired differences "
-                     f"share a sign, which happens by chance {chance:.0%} of the time with no effect: suggestive only.")
+        sentence += (f" With {comparison.n} seeds the t-interval rests on the differences being roughly normal, "
+                     "which so few seeds cannot check: suggestive only.")
     return sentence
 
 
@@ -301,35 +368,63 @@ def commands(rows: list[dict], results: Path, out: Path) -> list[str]:
     return lines + [f"    mlmlab report {results} --out {out}"]
 
 
+def summary_columns(metrics) -> list[tuple[Metric, Metric]]:
+    """(shown, compared) pairs: perplexity shown, its difference in nats; overall and the rarest bucket; GLUE."""
+    ppl = [m for m in metrics if m.label == "perplexity" or m.label.startswith("ppl freq")]
+    nats = [m for m in metrics if m.label.endswith("(nats)")]  # the same order: overall, then each bucket
+    pairs = list(zip(ppl, nats))
+    return pairs[:1] + pairs[1:][-1:] + [(m, m) for m in metrics if m.label == "GLUE avg"]
+
+
+def arm_verdicts(arm, baseline, compared: list[Metric], comparisons) -> list[str]:
+    """A sentence per metric; one for the whole arm when it is the baseline's run again."""
+    same = [c for c in comparisons if c is not None and c.identical]
+    if same:
+        return [f"- {verdict(arm, baseline, compared[0], same[0])}"]
+    return [f"- {verdict(arm, baseline, m, c)}" for m, c in zip(compared, comparisons)]
+
+
 def summary_section(groups, baseline, metrics) -> list[str]:
-    """The seed's comparison: baseline, then each arm; perplexity, rare-token perplexity, GLUE."""
-    chosen = [metrics[0]] + [m for m in metrics if m.label.startswith("ppl freq")][-1:]
-    chosen += [m for m in metrics if m.label == "GLUE avg"]
-    header = ["arm", "masking"] + [h for m in chosen for h in (m.label, f"Δ {m.label} [95% CI]")]
-    body, sentences = [], []
+    """The seed's comparison: baseline, then each arm; perplexity with its difference in nats, GLUE."""
+    pairs = summary_columns(metrics)
     base_rows = groups.get(baseline, [])
+    compared = {arm: [compare(rows, base_rows, m) for _, m in pairs] for arm, rows in groups.items() if arm != baseline}
+    boot = boot_label(c for cs in compared.values() for c in cs)
+    header = ["arm", "masking"]
+    header += [h for shown, m in pairs for h in (shown.label, f"Δ {m.label} [95% t-interval]", boot)]
+    body, sentences = [], []
     for arm, rows in groups.items():
         cells = [arm + (" (baseline)" if arm == baseline else ""), masking_label(rows[0])]
-        for metric in chosen:
-            comparison = paired_bootstrap(by_seed(rows, metric), by_seed(base_rows, metric)) if arm != baseline else None
-            cells += [mean_std(by_seed(rows, metric)), "" if arm == baseline else format_delta(comparison)]
-            if arm != baseline and base_rows:
-                sentences.append(f"- {verdict(arm, baseline, metric, comparison)}")
+        for (shown, _), c in zip(pairs, compared.get(arm, [None] * len(pairs))):
+            deltas = ["", ""] if arm == baseline else [format_delta(c), format_boot(c)]
+            cells += [mean_std(by_seed(rows, shown)), *deltas]
         body.append(cells)
+        if arm != baseline and base_rows:
+            sentences += arm_verdicts(arm, baseline, [m for _, m in pairs], compared[arm])
     return ["## Summary in the seed's shape: the baseline, then each arm", ""] + table(header, body) + sentences + [""]
 
 
-def metric_table(title: str, groups, baseline, metrics) -> list[str]:
+def metric_table(title: str, groups, baseline, metrics, delta_metrics=None) -> list[str]:
+    """Mean ± std of ``metrics``, then each arm's paired difference from the baseline in ``delta_metrics``
+    (default: the same): the t-interval table first, the bootstrap second."""
     if not metrics:
         return []
     header = ["arm"] + [m.label for m in metrics]
     values = [[arm] + [mean_std(by_seed(rows, m)) for m in metrics] for arm, rows in groups.items()]
-    deltas = [[arm] + [format_delta(paired_bootstrap(by_seed(rows, m), by_seed(groups[baseline], m))) for m in metrics]
-              for arm, rows in groups.items() if arm != baseline and baseline in groups]
     lines = [f"## {title}", "", "Mean ± std over seeds:", ""] + table(header, values)
-    if deltas:
-        lines += [f"Difference from {baseline} (paired over seeds), 95% bootstrap CI; * = CI excludes 0:", ""]
-        lines += table(header, deltas)
+    delta_metrics = delta_metrics or metrics
+    compared = {arm: [compare(rows, groups[baseline], m) for m in delta_metrics]
+                for arm, rows in groups.items() if arm != baseline and baseline in groups}
+    if compared:
+        delta_header = ["arm"] + [m.label for m in delta_metrics]
+        boot = boot_label(c for cs in compared.values() for c in cs)
+        lines += [f"Difference from {baseline} (arm − baseline, paired by seed), 95% t-interval; "
+                  "* = the t-interval excludes 0:", ""]
+        lines += table(delta_header, [[arm] + [format_delta(c) for c in cs] for arm, cs in compared.items()])
+        few = boot.startswith("range")  # below FEW_SEEDS the bootstrap spans the observed differences
+        lines += [f"Secondary: {'range' if few else '95% bootstrap CI'} of the same differences (percentile bootstrap"
+                  + ("; with so few seeds it is not a confidence interval" if few else "") + "):", ""]
+        lines += table(delta_header, [[arm] + [format_boot(c) for c in cs] for arm, cs in compared.items()])
     return lines
 
 
@@ -368,8 +463,9 @@ def write_report(results: Path, out: Path) -> Path:
              f"{len(rows)} runs, {len(groups)} arms, seeds {seeds}; mlmlab "
              f"{', '.join(sorted({str(row.get('mlmlab_version')) for row in rows}))}.", ""]
     lines += summary_section(groups, baseline, metrics)
-    lines += metric_table("Held-out perplexity, overall and per frequency bucket",
-                          groups, baseline, [m for m in metrics if "ppl" in m.label or m.label == "perplexity"])
+    lines += metric_table("Held-out perplexity, overall and per frequency bucket; differences in nats of MLM loss",
+                          groups, baseline, [m for m in metrics if "ppl" in m.label or m.label == "perplexity"],
+                          [m for m in metrics if m.label.endswith("(nats)")])
     lines += metric_table("Held-out MLM and NSP accuracy", groups, baseline,
                           [m for m in metrics if m.label.endswith("accuracy")])
     glue = [m for m in metrics if m.label.startswith("GLUE")]
@@ -381,9 +477,16 @@ def write_report(results: Path, out: Path) -> Path:
               "- Perplexity is exp(mean cross-entropy) on the held-out sample under the same fixed uniform 15% masks "
               "for every arm; frequency buckets are ranks of the target token in the pretraining corpus "
               "(0_1000 = the 1000 most frequent ids).",
-              f"- Δ = arm − baseline, averaged over seeds both have; the 95% CI is a percentile bootstrap "
-              f"({BOOTSTRAP_RESAMPLES} resamples of the paired seeds, generator seed {BOOTSTRAP_SEED}). "
-              "Lower perplexity is better; higher accuracy and GLUE are better.",
+              "- Losses are compared in nats: Δ of the MLM loss (overall) and of log(perplexity) per bucket. "
+              "A Δ of d nats multiplies perplexity by exp(d) (+0.01 nats ≈ +1%).",
+              "- Δ = arm − baseline, averaged over the seeds both have, paired by seed. The primary interval is the "
+              "95% paired t-interval over seeds (df = n − 1); verdicts and * use it. The secondary "
+              f"column is a percentile bootstrap ({BOOTSTRAP_RESAMPLES} resamples of the paired seeds, generator "
+              f"seed {BOOTSTRAP_SEED}); below {FEW_SEEDS} seeds it is labelled a range, since it spans little more "
+              "than the observed differences (with 3 seeds, exactly their min and max). "
+              "Lower perplexity and loss are better; higher accuracy and GLUE are better.",
+              "- \"identical by construction\": every metric of the arm equals the baseline's in every seed, so the "
+              "two arms ran the same computation; that is not a measured null.",
               "- FLOPs are estimates from the model config (mlmlab/experiments/budget.py), scorer passes included.",
               *[f"- Note: {note}" for note in notes + plot_notes], ""]
     path = out / "report.md"
