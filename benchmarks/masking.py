@@ -31,6 +31,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from mlmlab import choices  # noqa: E402
 from mlmlab.config import MaskingConfig, ModelConfig  # noqa: E402
 from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer  # noqa: E402
 from mlmlab.masking.select import Corruption, token_info_for  # noqa: E402
@@ -132,7 +133,7 @@ def bench_overhead(tokenizer, size: str, arms: dict, rounds: int) -> None:
     for _ in range(rounds):
         for name in arms:
             times[name].append(block(name))
-    base = statistics.median(times["dynamic"])
+    base = statistics.median(times[choices.DYNAMIC])
     print(f"\n[2] step time, {size} ({SIZES[size].num_layers}L/H{SIZES[size].hidden_size}), "
           f"batch {BATCH} x seq {SEQ}, vocab {vocab}, median of {rounds} interleaved blocks")
     for name, values in times.items():
@@ -142,7 +143,8 @@ def bench_overhead(tokenizer, size: str, arms: dict, rounds: int) -> None:
 
 _PEAK = """
 import resource, sys, torch
-sys.path.insert(0, {root!r})
+sys.path[:0] = [{root!r}, {root!r} + "/tests"]
+from reference import naive_entropy_scores
 from mlmlab.config import ModelConfig
 from mlmlab.masking import scorers
 from mlmlab.masking.select import eligible_positions
@@ -157,7 +159,7 @@ rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 base = rss()
 a = scorers.entropy_scores(model, batch, eligible, V, chunk=2048)  # chunked first: the high-water mark only rises
 chunked = rss() - base
-b = scorers.naive_entropy_scores(model, batch, eligible, V)
+b = naive_entropy_scores(model, batch, eligible, V)
 print(chunked, rss() - base, float((a - b).abs().max()))
 """
 
@@ -180,19 +182,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = load_bert_tokenizer(Path(tmp))
         bench_mask_time(tokenizer, reps=30)
-        adm = dict(strategy="adaptive", adapt_schedule="constant")
+        adm = dict(strategy=choices.ADAPTIVE, adapt_schedule=choices.CONSTANT)
         tiny_arms = {
-            "dynamic": MaskingConfig(strategy="dynamic"),
-            "loss_ema": MaskingConfig(**adm, scorer="loss_ema"),
-            "context": MaskingConfig(**adm, scorer="context"),
-            **{f"entropy every {k}": MaskingConfig(**adm, scorer="entropy", score_every=k) for k in COST_CONTROL_EVERY},
-            "entropy every step": MaskingConfig(**adm, scorer="entropy"),
-            "max_prob every step": MaskingConfig(**adm, scorer="max_prob"),
-            "grad_norm every step": MaskingConfig(**adm, scorer="grad_norm"),
+            choices.DYNAMIC: MaskingConfig(strategy=choices.DYNAMIC),
+            **{scorer: MaskingConfig(**adm, scorer=scorer) for scorer in choices.LOSS_SCORERS},
+            **{f"{choices.ENTROPY} every {k}": MaskingConfig(**adm, scorer=choices.ENTROPY, score_every=k)
+               for k in COST_CONTROL_EVERY},
+            **{f"{scorer} every step": MaskingConfig(**adm, scorer=scorer) for scorer in choices.MODEL_SCORERS},
         }
         bench_overhead(tokenizer, "tiny", tiny_arms, args.rounds)
         if not args.quick:
-            mini_arms = {k: v for k, v in tiny_arms.items() if not k.startswith(("max_prob", "grad_norm"))}
+            dear = (choices.MAX_PROB, choices.GRAD_NORM)
+            mini_arms = {k: v for k, v in tiny_arms.items() if not k.startswith(dear)}
             bench_overhead(tokenizer, "mini", mini_arms, max(2, args.rounds - 1))
             bench_peak_memory()
 

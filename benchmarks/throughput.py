@@ -4,9 +4,10 @@ Baseline: ``BertForPreTraining`` (full MLM head over every position) fed by
 ``DataCollatorForLanguageModeling`` in a plain PyTorch loop with AdamW -- what a
 researcher writes from the transformers docs. mlmlab: ``Trainer.train_step`` (masking
 in the step, MLM head on selected positions only). Same model size, vocabulary, data,
-batch and precision. Arms are interleaved and medians reported, because these shared
-machines swing +-30% between runs. Also reports MFU against the matmul FLOP/s measured
-here, and bf16 tokens/s of the base preset when a GPU is present.
+batch and precision. Arms are interleaved, because these shared machines swing +-30%
+between runs; each arm's tokens/s and MFU are its own real (non-padding) tokens and
+model FLOPs summed over its timed steps, over its summed time. MFU is against the matmul
+FLOP/s measured here; bf16 tokens/s of the base preset are added when a GPU is present.
 
     python benchmarks/throughput.py                 # tiny and mini, both arms with mlmlab's malloc settings
     python benchmarks/throughput.py --no-malloc-tuning   # both arms with glibc's defaults
@@ -16,19 +17,19 @@ here, and bf16 tokens/s of the base preset when a GPU is present.
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 import torch
 from transformers import BertForPreTraining, DataCollatorForLanguageModeling
 
+from mlmlab import choices
 from mlmlab.cli import reexec_with_malloc_tuning
 from mlmlab.config import load_config
-from mlmlab.data.loader import LoaderPosition, epoch_batches, iterate_batches
+from mlmlab.data.loader import epoch_batches
+from mlmlab.devices import clock
 from mlmlab.train.loop import Trainer
-from mlmlab.train.mfu import matmul_dtype, peak_matmul_flops, synchronize, training_flops
+from mlmlab.train.mfu import matmul_dtype, peak_matmul_flops, training_flops
 
 
 def make_trainer(preset: str, batch_size: int, seq: int, run_dir: str, precision: str, overrides=()) -> Trainer:
@@ -36,7 +37,7 @@ def make_trainer(preset: str, batch_size: int, seq: int, run_dir: str, precision
                                "train.max_steps=100000", "train.eval_every=0", "train.save_every=0",
                                f"train.out_dir={run_dir}", f"train.precision={precision}", "data.loader_workers=0",
                                *overrides])
-    return Trainer(cfg, progress=False)
+    return Trainer(cfg, validate=None, show_progress=False)
 
 
 class Baseline:
@@ -44,12 +45,14 @@ class Baseline:
 
     def __init__(self, trainer: Trainer):
         self.device = trainer.accelerator.device
-        self.model = BertForPreTraining(trainer.bert.config).to(self.device).train()
+        self.model = BertForPreTraining(trainer.model.config).to(self.device).train()
+        self.model_config = trainer.cfg.model
         self.collator = DataCollatorForLanguageModeling(trainer.tokenizer, mlm_probability=0.15)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
         self.autocast = trainer.accelerator.autocast
 
-    def step(self, examples: list[dict]) -> int:
+    def step(self, examples: list[dict]) -> tuple[int, float]:
+        """One step; its real tokens and model FLOPs (the full head projects every padded position)."""
         batch = self.collator([{"input_ids": e["input_ids"].tolist(), "token_type_ids": e["token_type_ids"].tolist()}
                                for e in examples])
         batch["next_sentence_label"] = torch.tensor([e["next_sentence_label"] for e in examples])
@@ -60,18 +63,19 @@ class Baseline:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return int(batch["attention_mask"].sum())
+        mask = batch["attention_mask"]
+        flops = training_flops(self.model_config, self.model.config.vocab_size, mask, mask.numel())
+        return int(mask.sum()), float(flops)
 
 
 def time_arm(step, steps: int, device) -> list[float]:
-    times = []
+    """[tokens, FLOPs, seconds] summed over ``steps`` calls of ``step`` (which returns its tokens and FLOPs)."""
+    totals = [0, 0.0, 0.0]
     for _ in range(steps):
-        synchronize(device)
-        start = time.perf_counter()
-        step()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return times
+        start = clock(device)
+        tokens, flops = step()
+        totals = [totals[0] + tokens, totals[1] + flops, totals[2] + clock(device) - start]
+    return totals
 
 
 def benchmark_preset(preset: str, args) -> dict:
@@ -80,44 +84,31 @@ def benchmark_preset(preset: str, args) -> dict:
         device = trainer.accelerator.device
         store = trainer.train_store
         baseline = Baseline(trainer)
-        batches = _mlmlab_batches(trainer)
+        batches = trainer.batches()
         # The baseline gets plainly shuffled batches (no length bucketing: that is one of mlmlab's savings).
         plain = iter(epoch_batches(len(store), args.batch_size, seed=0, epoch=0))
 
         def baseline_step():
-            baseline.step([store[int(i)] for i in next(plain)])
+            return baseline.step([store[int(i)] for i in next(plain)])
 
         def mlmlab_step():
-            trainer.train_step(batches)
+            out = trainer.train_step(batches)
+            return out["tokens"], out["flops"]
 
         time_arm(baseline_step, args.warmup, device)
         time_arm(mlmlab_step, args.warmup, device)
-        base_times, ours_times = [], []
+        base, ours = [0, 0.0, 0.0], [0, 0.0, 0.0]
         for _ in range(args.rounds):  # interleaved: both arms see the same machine load
-            base_times += time_arm(baseline_step, args.steps, device)
-            ours_times += time_arm(mlmlab_step, args.steps, device)
-        sample = trainer.masked_micro_batches(batches)[0]
-        tokens = int(sample["attention_mask"].sum())
-        selected = int((sample["labels"] != -100).sum())
+            base = [a + b for a, b in zip(base, time_arm(baseline_step, args.steps, device))]
+            ours = [a + b for a, b in zip(ours, time_arm(mlmlab_step, args.steps, device))]
         peak = peak_matmul_flops(device, matmul_dtype(trainer.accelerator.mixed_precision))
-        vocab = trainer.bert.config.vocab_size
-        base_step, ours_step = statistics.median(base_times), statistics.median(ours_times)
         return {
             "preset": preset, "device": str(device), "precision": trainer.accelerator.mixed_precision,
-            "tokens_per_step": tokens,
-            "baseline_tokens_per_s": tokens / base_step, "mlmlab_tokens_per_s": tokens / ours_step,
-            "ratio": base_step / ours_step,
-            # The baseline projects every (padded) position onto the vocabulary; mlmlab only the selected.
-            "mlmlab_mfu": float(training_flops(trainer.cfg.model, vocab, sample["attention_mask"], selected)) / ours_step / peak,
-            "baseline_mfu": float(training_flops(trainer.cfg.model, vocab, sample["attention_mask"],
-                                                 sample["input_ids"].numel())) / base_step / peak,
+            "baseline_tokens_per_s": base[0] / base[2], "mlmlab_tokens_per_s": ours[0] / ours[2],
+            "ratio": (ours[0] / ours[2]) / (base[0] / base[2]),
+            "mlmlab_mfu": ours[1] / ours[2] / peak, "baseline_mfu": base[1] / base[2] / peak,
             "peak_matmul_tflops": peak / 1e12,
         }
-
-
-def _mlmlab_batches(trainer):
-    return iterate_batches(trainer.train_store, batch_size=trainer.cfg.train.batch_size, seed=0, start=LoaderPosition(),
-                           pad_id=trainer.tokenizer.pad_token_id, bucket_batches=trainer.cfg.data.bucket_batches)
 
 
 def main(argv=None) -> None:
@@ -128,7 +119,7 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per arm per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--precision", default=choices.AUTO, choices=choices.PRECISIONS)
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="config overrides for both arms (the baseline copies mlmlab's model config)")
     parser.add_argument("--no-malloc-tuning", action="store_true",

@@ -1,4 +1,8 @@
-"""The ``mlmlab`` command: one function per subcommand, no logic beyond parsing and calling."""
+"""The ``mlmlab`` command: one function per subcommand, no logic beyond parsing and calling.
+
+Each subcommand imports what it runs inside its function: ``mlmlab --help`` and a
+mistyped option then answer without first importing torch and transformers (seconds).
+"""
 
 import argparse
 import json
@@ -6,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from mlmlab import jsonio
+from mlmlab import choices, jsonio
 from mlmlab.config import MaskingConfig, frequency_cuts, load_config
 from mlmlab.errors import UserError
 
@@ -50,9 +54,12 @@ def cmd_mask(args) -> None:
 def cmd_pretrain(args) -> None:
     from accelerate import PartialState
 
-    from mlmlab.train.loop import pretrain
+    from mlmlab.evaluate.perplexity import evaluate_mlm
+    from mlmlab.train.loop import Trainer
 
-    summary = pretrain(load_config(args.config, args.overrides), resume=args.resume, progress=not args.no_progress)
+    trainer = Trainer(load_config(args.config, args.overrides), validate=evaluate_mlm, resume=args.resume,
+                      show_progress=not args.no_progress)
+    summary = trainer.train()
     if PartialState().is_main_process:  # under torchrun every process has the summary: print it once
         print(jsonio.dumps(summary, indent=1))
 
@@ -80,13 +87,14 @@ def cmd_glue(args) -> None:
 
 
 def cmd_experiment(args) -> None:
-    from mlmlab.experiments.runner import dry_run_text, load_study, parse_shard, run_study
+    from mlmlab.experiments.runner import dry_run_text, parse_shard, run_study
+    from mlmlab.experiments.study import load_study
 
     study, shard = load_study(args.study, out_dir=args.out), parse_shard(args.shard)
     if args.dry_run:
         print(dry_run_text(study, shard))
     else:
-        run_study(study, shard, progress=not args.no_progress)
+        run_study(study, shard, show_progress=not args.no_progress)
 
 
 def cmd_report(args) -> None:
@@ -112,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", nargs="+", required=True)
     p.add_argument("--tokenizer", required=True, help="a tokenizer folder (see `mlmlab tokenizer`)")
     p.add_argument("--max-seq-length", type=int, default=128)
-    p.add_argument("--objective", choices=["nsp", "mlm"], default="nsp")
+    p.add_argument("--objective", choices=choices.OBJECTIVES, default=choices.NSP)
     p.add_argument("--short-seq-prob", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=12345)
     p.add_argument("--workers", type=int, default=None)
@@ -126,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--masked", action="store_true", help="add masked input_ids and labels as training makes them")
     p.add_argument("--seed", type=int, default=0, help="masking.seed")
     p.add_argument("--epoch", type=int, default=0)
-    p.add_argument("--strategy", choices=["static", "dynamic"], default="dynamic")
+    p.add_argument("--strategy", choices=choices.UNIFORM_STRATEGIES, default=choices.DYNAMIC)
     p.add_argument("--dupe-factor", type=int, default=10)
     p.set_defaults(func=cmd_dump)
 
@@ -136,9 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--rate", type=float, default=0.15)
-    p.add_argument("--strategy", choices=["static", "dynamic", "adaptive"], default="dynamic")
+    p.add_argument("--strategy", choices=choices.STRATEGIES, default=choices.DYNAMIC)
     p.add_argument("--model", help="model folder: its tokenizer, and for adaptive its uncertainty scores")
-    p.add_argument("--scorer", choices=["entropy", "max_prob", "grad_norm"], default="entropy")
+    p.add_argument("--scorer", choices=choices.MODEL_SCORERS, default=choices.ENTROPY)
     p.add_argument("--progress", type=float, default=1.0, help="adaptive: training progress in [0, 1] (sets a)")
     p.set_defaults(func=cmd_mask)
 

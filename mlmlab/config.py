@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from mlmlab import choices
 from mlmlab.errors import UserError
 
 PRESET_DIR = Path(__file__).parent / "configs"
@@ -40,7 +41,7 @@ class DataConfig:
     valid_corpus: list[str] = field(default_factory=list)  # empty: the bundled validation sample
     tokenizer: str = ""  # a tokenizer folder or a vocab.txt; empty: bundled bert-base-uncased vocab
     max_seq_length: int = 128
-    objective: str = "nsp"  # "nsp": sentence pairs + NSP loss; "mlm": packed full sentences, no NSP
+    objective: str = choices.NSP  # "nsp": sentence pairs + NSP loss; "mlm": packed full sentences, no NSP
     short_seq_prob: float = 0.1  # google-research/bert: share of instances with a shorter target length
     prepare_seed: int = 12345  # NSP pair sampling; part of the prepared dataset's hash
     loader_workers: int = 1  # DataLoader worker processes that prefetch batches
@@ -49,7 +50,7 @@ class DataConfig:
 
 @dataclass
 class MaskingConfig:
-    strategy: str = "dynamic"  # "static" (BERT), "dynamic" (RoBERTa), "adaptive" (ADM)
+    strategy: str = choices.DYNAMIC  # "static" (BERT), "dynamic" (RoBERTa), "adaptive" (ADM)
     rate: float = 0.15  # share of eligible positions selected per sequence
     mask_prob: float = 0.8  # of the selected: shown as [MASK]
     random_prob: float = 0.1  # of the selected: shown as a random ordinary token; the rest unchanged
@@ -57,13 +58,13 @@ class MaskingConfig:
     seed: int = 0  # masks are a function of (seed, example, epoch, position)
     mask_unk: bool = False  # whether [UNK] may be selected (it carries no learnable identity)
     whole_word: bool = False  # select whole words ("##" pieces follow their word), for every strategy
-    rate_schedule: str = "constant"  # "constant" (rate) or "linear_decay" from rate_start to rate (Ankner et al. 2024)
+    rate_schedule: str = choices.CONSTANT  # "constant" (rate) or "linear_decay" from rate_start to rate (Ankner et al. 2024)
     rate_start: float = 0.30  # linear_decay only: the mask rate at step 0
-    scorer: str = "entropy"  # adaptive: entropy (seed's), max_prob, grad_norm, loss_ema (nearly free), context
-    adapt_schedule: str = "quadratic"  # adaptive: shape of a(progress); the seed's is progress ** 2
+    scorer: str = choices.ENTROPY  # adaptive: entropy (seed's), max_prob, grad_norm, loss_ema (nearly free), context
+    adapt_schedule: str = choices.QUADRATIC  # adaptive: shape of a(progress); the seed's is progress ** 2
     a_max: float = 1.0  # adaptive: a = a_max * f(progress); lower keeps some uniform masking at the end
     floor: float = 0.1  # adaptive: least weight of any eligible position (the seed's 0.1), so none starves
-    normalize: str = "mean"  # adaptive: "mean" scales scores to mean 1 per sequence; "raw" is the seed's formula
+    normalize: str = choices.MEAN  # adaptive: "mean" scales scores to mean 1 per sequence; "raw" is the seed's formula
     score_every: int = 1  # adaptive, model scorers: score every K-th step, uniform masks between (cost control)
     score_fraction: float = 1.0  # adaptive, model scorers: score only this leading share of each batch's rows
     score_chunk: int = 2048  # entropy/max_prob: positions projected onto the vocabulary at once (memory cap)
@@ -99,7 +100,7 @@ class TrainConfig:
     save_every: int = 200  # steps between checkpoints; the final one is always written
     keep_last: int = 2  # checkpoints kept on disk
     seed: int = 0  # model initialisation, dropout and data order
-    precision: str = "auto"  # "auto": bf16 autocast on CUDA, fp32 on CPU (autocast is 10-100x slower on CPU)
+    precision: str = choices.AUTO  # "auto": bf16 autocast on CUDA, fp32 on CPU (autocast is 10-100x slower on CPU)
     compile: bool = False  # torch.compile the encoder and MLM head; no gain measured on CPU after 40-75 s of compiling
     max_bad_steps: int = 5  # consecutive non-finite losses (each skipped) before training aborts
     out_dir: str = ""  # empty: runs/<hash of the resolved config>, so a rerun resumes the same run
@@ -125,27 +126,19 @@ def validate(cfg: Config) -> None:
         raise UserError(
             f"masking.mask_prob + masking.random_prob = {m.mask_prob + m.random_prob} must be within [0, 1]"
         )
-    if m.strategy not in ("static", "dynamic", "adaptive"):
-        raise UserError(f"masking.strategy={m.strategy!r} is unknown; choose static, dynamic or adaptive")
+    _check_choice("masking.strategy", m.strategy, choices.STRATEGIES)
     if m.dupe_factor < 1:
         raise UserError(f"masking.dupe_factor={m.dupe_factor} must be at least 1")
-    if m.rate_schedule not in ("constant", "linear_decay"):
-        raise UserError(f"masking.rate_schedule={m.rate_schedule!r} is unknown; choose constant or linear_decay")
+    _check_choice("masking.rate_schedule", m.rate_schedule, choices.RATE_SCHEDULES)
     if not 0.0 < m.rate_start < 1.0:
         raise UserError(f"masking.rate_start={m.rate_start} is outside (0, 1); use e.g. masking.rate_start=0.3")
-    if m.scorer not in ("entropy", "max_prob", "grad_norm", "loss_ema", "context"):
-        raise UserError(f"masking.scorer={m.scorer!r} is unknown; choose entropy, max_prob, grad_norm, loss_ema or context")
-    if m.adapt_schedule not in ("quadratic", "linear", "cosine", "exponential", "sigmoid", "constant"):
-        raise UserError(
-            f"masking.adapt_schedule={m.adapt_schedule!r} is unknown; "
-            "choose quadratic, linear, cosine, exponential, sigmoid or constant"
-        )
+    _check_choice("masking.scorer", m.scorer, choices.SCORERS)
+    _check_choice("masking.adapt_schedule", m.adapt_schedule, choices.ADAPT_SCHEDULES)
     if not 0.0 <= m.a_max <= 1.0:
         raise UserError(f"masking.a_max={m.a_max} is outside [0, 1]; use e.g. masking.a_max=1.0")
     if m.floor <= 0.0:
         raise UserError(f"masking.floor={m.floor} must be positive so every eligible position can be drawn; use e.g. 0.1")
-    if m.normalize not in ("mean", "raw"):
-        raise UserError(f"masking.normalize={m.normalize!r} is unknown; choose mean or raw")
+    _check_choice("masking.normalize", m.normalize, choices.NORMALIZATIONS)
     if m.score_every < 1 or m.score_chunk < 1 or m.context_buckets < 1:
         raise UserError("masking.score_every, masking.score_chunk and masking.context_buckets must be at least 1")
     if not 0.0 < m.score_fraction <= 1.0:
@@ -157,8 +150,7 @@ def validate(cfg: Config) -> None:
         p = getattr(cfg.model, name)
         if p is not None and not 0.0 <= p < 1.0:
             raise UserError(f"model.{name}={p} is outside [0, 1); use e.g. model.{name}=0.1")
-    if cfg.data.objective not in ("nsp", "mlm"):
-        raise UserError(f"data.objective={cfg.data.objective!r} is unknown; choose nsp or mlm")
+    _check_choice("data.objective", cfg.data.objective, choices.OBJECTIVES)
     if cfg.data.max_seq_length > cfg.model.max_position_embeddings:
         raise UserError(
             f"data.max_seq_length={cfg.data.max_seq_length} exceeds model.max_position_embeddings="
@@ -166,8 +158,7 @@ def validate(cfg: Config) -> None:
         )
     if cfg.model.hidden_size % cfg.model.num_heads:
         raise UserError(f"model.hidden_size={cfg.model.hidden_size} is not divisible by model.num_heads={cfg.model.num_heads}")
-    if cfg.train.precision not in ("auto", "fp32", "bf16", "fp16"):
-        raise UserError(f"train.precision={cfg.train.precision!r} is unknown; choose auto, fp32, bf16 or fp16")
+    _check_choice("train.precision", cfg.train.precision, choices.PRECISIONS)
     if cfg.train.max_minutes < 0:
         raise UserError(f"train.max_minutes={cfg.train.max_minutes} must be >= 0 (0: use train.max_steps)")
     if not 0.0 < cfg.train.decay_fraction <= 1.0:
@@ -175,6 +166,11 @@ def validate(cfg: Config) -> None:
     for name in ("batch_size", "grad_accum", "max_steps"):
         if getattr(cfg.train, name) < 1:
             raise UserError(f"train.{name} must be at least 1")
+
+
+def _check_choice(key: str, value: str, names: tuple[str, ...]) -> None:
+    if value not in names:
+        raise UserError(f"{key}={value!r} is unknown; choose {choices.listed(names)}")
 
 
 def frequency_cuts(text, name: str) -> tuple[int, ...]:

@@ -1,14 +1,17 @@
 """A transformers BERT, trained with the MLM head on selected positions only.
 
 The model is a plain ``BertForPreTraining`` so that every checkpoint loads with the
-Auto classes. Training does not call its forward: that projects all B*T positions
-onto the vocabulary, while only ~15% carry a label. Gathering the selected hidden
-states first ("sparse prediction", as google-research/bert, fairseq, cramming and
-MosaicBERT do) gives the same loss for a fraction of the work.
+Auto classes. Training and held-out evaluation do not call its forward: that projects
+all B*T positions onto the vocabulary, while only ~15% carry a label. Gathering the
+selected hidden states first ("sparse prediction", as google-research/bert, fairseq,
+cramming and MosaicBERT do) gives the same loss for a fraction of the work; both go
+through ``SparsePretraining``.
+
+Names: ``model`` is the ``BertForPreTraining`` (encoder + heads); ``model.bert`` is
+transformers' own name for its encoder (``BertModel``).
 """
 
 import math
-from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +19,9 @@ from torch import nn
 from transformers import BertConfig, BertForPreTraining
 
 from mlmlab.config import ModelConfig
-from mlmlab.masking.select import IGNORE_INDEX
+from mlmlab.restoring import restoring
+
+IGNORE_INDEX = -100  # the label of every position that is not predicted (HF convention)
 
 
 def padded_vocab_size(vocab_size: int, multiple: int) -> int:
@@ -40,7 +45,7 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> BertFor
     return BertForPreTraining(bert_config)
 
 
-def compile_model(bert: BertForPreTraining) -> None:
+def compile_model(model: BertForPreTraining) -> None:
     """torch.compile the encoder and the MLM head in place.
 
     In place (``Module.compile``), so parameter names, checkpoints and the Auto classes
@@ -48,24 +53,18 @@ def compile_model(bert: BertForPreTraining) -> None:
     data-dependent shape. ``dynamic=True`` because batch lengths (bucketing) and the number
     of selected positions change every step; static shapes would recompile each time.
     """
-    bert.bert.compile(dynamic=True)
-    bert.cls.predictions.compile(dynamic=True)
+    model.bert.compile(dynamic=True)
+    model.cls.predictions.compile(dynamic=True)
 
 
-@contextmanager
 def eval_mode(model: nn.Module):
     """No dropout (and so no draws from torch's global RNG) inside; training mode restored after."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
+    return restoring(lambda: model.training, model.train, False)
 
 
-def encode(bert: BertForPreTraining, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def encode(model: BertForPreTraining, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Encoder outputs: hidden states (B, T, H) and pooled [CLS] (B, H)."""
-    out = bert.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+    out = model.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     token_type_ids=batch["token_type_ids"])
     return out[0], out[1]
 
@@ -81,18 +80,18 @@ class SparsePretraining(nn.Module):
     # accelerate's default FSDP wrapping (TRANSFORMER_BASED_WRAP) shards per module of these classes.
     _no_split_modules = ["BertLayer"]
 
-    def __init__(self, bert: BertForPreTraining, use_nsp: bool = True):
+    def __init__(self, model: BertForPreTraining, use_nsp: bool = True):
         super().__init__()
-        self.bert = bert
+        self.model = model
         self.use_nsp = use_nsp
 
     def forward(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None,
                 mlm_denominator=None, nsp_denominator=None, **_unused) -> dict:
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
-        hidden, pooled = encode(self.bert, inputs)  # (B, T, H), (B, H)
+        hidden, pooled = encode(self.model, inputs)  # (B, T, H), (B, H)
         selected_index = (labels != IGNORE_INDEX).flatten().nonzero().squeeze(1)  # (M,)
         hidden_selected = hidden.flatten(0, 1).index_select(0, selected_index)  # (M, H)
-        logits = self.bert.cls.predictions(hidden_selected)  # (M, V)
+        logits = self.model.cls.predictions(hidden_selected)  # (M, V)
         targets = labels.flatten().index_select(0, selected_index)  # (M,)
         token_losses = F.cross_entropy(logits.float(), targets, reduction="none")  # (M,)
         mlm_loss = token_losses.sum() / (mlm_denominator or max(len(targets), 1))
@@ -102,13 +101,13 @@ class SparsePretraining(nn.Module):
             "selected_index": selected_index,
             "mlm_count": torch.tensor(len(targets)),
         }
-        if not self.bert.training:
+        if not self.model.training:
             # Accuracy is an evaluation figure. In training nothing reads it, and this argmax over
             # (M, V) logits cost 1.3% of a mini step (torch.profiler, batch 32 x 128).
             result["mlm_correct"] = (logits.argmax(-1) == targets).sum()
         loss = mlm_loss
         if self.use_nsp and next_sentence_label is not None:
-            nsp_logits = self.bert.cls.seq_relationship(pooled)  # (B, 2)
+            nsp_logits = self.model.cls.seq_relationship(pooled)  # (B, 2)
             nsp_sum = F.cross_entropy(nsp_logits.float(), next_sentence_label, reduction="sum")
             result["nsp_loss"] = nsp_sum / (nsp_denominator or len(next_sentence_label))
             result["nsp_correct"] = (nsp_logits.argmax(-1) == next_sentence_label).sum().detach()
@@ -117,6 +116,6 @@ class SparsePretraining(nn.Module):
         return result
 
 
-def pretraining_loss(bert: BertForPreTraining, batch: dict, use_nsp: bool = True) -> dict:
-    """One-off sparse pretraining loss of a batch (evaluation, scorers, benchmarks)."""
-    return SparsePretraining(bert, use_nsp)(**batch)
+def pretraining_loss(model: BertForPreTraining, batch: dict, use_nsp: bool = True) -> dict:
+    """One-off sparse pretraining loss of a batch, outside a training run (tests, benchmarks)."""
+    return SparsePretraining(model, use_nsp)(**batch)

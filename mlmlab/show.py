@@ -2,19 +2,23 @@
 
 import torch
 
+from mlmlab import choices
 from mlmlab.config import Config, MaskingConfig
 from mlmlab.data.loader import collate
+from mlmlab.data.resolve import tokenizer_dir_for
 from mlmlab.data.store import TokenStore
 from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.errors import UserError
-from mlmlab.masking.select import IGNORE_INDEX, Corruption, token_info_for
+from mlmlab.evaluate.perplexity import load_pretrained
+from mlmlab.masking.select import Corruption, token_info_for
 from mlmlab.masking.strategies import UniformStrategy, build_strategy, mask_batch
+from mlmlab.model import IGNORE_INDEX
 
 INSTANCE_KEYS = ("next_sentence_label", "doc_a", "doc_b")
 
 
 def dump_instances(data_dir, n: int, *, start: int = 0, masked: bool = False, seed: int = 0, epoch: int = 0,
-                   strategy: str = "dynamic", dupe_factor: int = 10):
+                   strategy: str = choices.DYNAMIC, dupe_factor: int = 10):
     """Yield instances start..start+n-1 as dicts; with ``masked``, as the training step masks them."""
     store = TokenStore(data_dir)
     tokenizer = load_tokenizer(store.tokenizer_dir)
@@ -35,7 +39,7 @@ def dump_instances(data_dir, n: int, *, start: int = 0, masked: bool = False, se
 
 
 def mask_sentence(text: str, *, tokenizer: str = "", seed: int = 0, epoch: int = 0, rate: float = 0.15,
-                  strategy: str = "dynamic", model: str | None = None, scorer: str = "entropy",
+                  strategy: str = choices.DYNAMIC, model: str | None = None, scorer: str = choices.ENTROPY,
                   progress: float = 1.0) -> str:
     """A table: each token, its masking weight, whether it was selected, what the model sees, the label.
 
@@ -44,29 +48,26 @@ def mask_sentence(text: str, *, tokenizer: str = "", seed: int = 0, epoch: int =
     the ADM weights at training progress ``progress``.
     """
     cfg = Config(masking=MaskingConfig(strategy=strategy, rate=rate, scorer=scorer)).masking  # validated
-    tok, bert = _tokenizer_and_model(tokenizer, model, strategy, scorer)
+    tok, pretrained = _tokenizer_and_model(tokenizer, model, strategy, scorer)
     info = token_info_for(tok)
     ids = torch.tensor([tok(text)["input_ids"]])  # (1, T)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
              "example_ids": torch.zeros(1, dtype=torch.long)}
     weights = None
-    if strategy == "adaptive":
-        weights = build_strategy(cfg, info=info, vocab_size=len(tok)).weights(bert, batch, progress)  # (1, T)
+    if strategy == choices.ADAPTIVE:
+        weights = build_strategy(cfg, info=info, vocab_size=len(tok)).weights(pretrained, batch, progress)  # (1, T)
     masked = mask_batch(batch, seed=seed, epoch_key=epoch, rate=rate, info=info, corruption=Corruption(), weights=weights)
     return _mask_table(tok, ids[0], masked, weights, f"{strategy} masking, rate {rate}, seed {seed}, epoch {epoch}")
 
 
 def _tokenizer_and_model(tokenizer: str, model: str | None, strategy: str, scorer: str):
-    if strategy != "adaptive":
-        from mlmlab.train.datasets import tokenizer_dir_for
-
+    if strategy != choices.ADAPTIVE:
         return load_tokenizer(tokenizer_dir_for(model or tokenizer)), None
-    if model is None or scorer not in ("entropy", "max_prob", "grad_norm"):
-        raise UserError("--strategy adaptive needs --model DIR and a model scorer (--scorer entropy, max_prob or grad_norm)")
-    from mlmlab.evaluate.perplexity import load_pretrained
-
-    bert, tok = load_pretrained(model)
-    return tok, bert
+    if model is None or scorer not in choices.MODEL_SCORERS:
+        raise UserError("--strategy adaptive needs --model DIR and a model scorer "
+                        f"(--scorer {choices.listed(choices.MODEL_SCORERS)})")
+    pretrained, tok = load_pretrained(model)
+    return tok, pretrained
 
 
 def _mask_table(tok, ids, masked, weights, title: str) -> str:

@@ -10,6 +10,7 @@ from scipy import stats
 from mlmlab.cli import main
 from mlmlab.errors import UserError
 from mlmlab.experiments import report, runner
+from mlmlab.experiments import study as study_file
 
 TINY_BASE = {
     "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
@@ -31,7 +32,7 @@ def write_study(tmp_path, **fields):
 def test_grid_expands_to_named_arms_and_seed_major_runs(tmp_path):
     grid = [{"prefix": "adm", "fixed": {"masking.strategy": "adaptive"},
              "vary": {"masking.scorer": ["loss_ema", "context"], "masking.a_max": [0.5, 1.0]}}]
-    study = runner.load_study(write_study(tmp_path, grid=grid, seeds=[0, 1]))
+    study = study_file.load_study(write_study(tmp_path, grid=grid, seeds=[0, 1]))
     names = [arm.name for arm in study.arms]
     assert names == ["dynamic", "adm-entropy", "adm-scorer=loss_ema-a_max=0.5", "adm-scorer=loss_ema-a_max=1.0",
                      "adm-scorer=context-a_max=0.5", "adm-scorer=context-a_max=1.0"]
@@ -45,7 +46,7 @@ def test_grid_expands_to_named_arms_and_seed_major_runs(tmp_path):
 
 
 def test_shards_partition_runs_disjointly_and_completely(tmp_path):
-    study = runner.load_study(write_study(tmp_path, seeds=[0, 1, 2]))
+    study = study_file.load_study(write_study(tmp_path, seeds=[0, 1, 2]))
     runs = runner.plan_runs(study)
     shards = [runner.shard_runs(runs, runner.parse_shard(f"{i}/4")) for i in range(4)]
     keys = [run.key for shard in shards for run in shard]
@@ -57,13 +58,13 @@ def test_shards_partition_runs_disjointly_and_completely(tmp_path):
 
 def test_compute_matched_gives_the_entropy_arm_fewer_steps(tmp_path):
     base = {**TINY_BASE, "train": {**TINY_BASE["train"], "max_steps": 1000, "warmup_steps": 100}}
-    runs = runner.plan_runs(runner.load_study(write_study(tmp_path, base=base, budget="compute-matched")))
+    runs = runner.plan_runs(study_file.load_study(write_study(tmp_path, base=base, budget="compute-matched")))
     steps = {run.arm.name: run.config.train.max_steps for run in runs}
     assert steps["dynamic"] == 1000 and steps["adm-entropy"] < 1000
     entropy = next(run for run in runs if run.arm.name == "adm-entropy")
     assert entropy.config.train.warmup_steps == round(100 * steps["adm-entropy"] / 1000)
     assert entropy.cost["flops"] == pytest.approx(runs[0].cost["flops"], rel=0.01)  # same FLOPs budget
-    token = runner.plan_runs(runner.load_study(write_study(tmp_path, base=base, budget="token-matched")))
+    token = runner.plan_runs(study_file.load_study(write_study(tmp_path, base=base, budget="token-matched")))
     assert {run.config.train.max_steps for run in token} == {1000}
 
 
@@ -94,14 +95,14 @@ def test_dry_run_of_roberta_base_prints_the_cost_without_training(tmp_path, caps
 
 def test_presets_load_and_validate_every_arm():
     for name in ("adm-study-cpu", "adm-ablations-cpu"):
-        study = runner.load_study(name)
+        study = study_file.load_study(name)
         assert len(study.seeds) >= 3 and study.baseline in [arm.name for arm in study.arms]
         runner.plan_runs(study)
 
 
 def test_interrupted_study_resumes_without_retraining(tmp_path, monkeypatch):
-    study = runner.load_study(write_study(tmp_path))
-    first = runner.run_study(study, progress=False, log=lambda line: None)
+    study = study_file.load_study(write_study(tmp_path))
+    first = runner.run_study(study, show_progress=False, log=lambda line: None)
     results = tmp_path / "out" / "results.jsonl"
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     assert [row["arm"] for row in first] == [row["arm"] for row in rows] == ["dynamic", "adm-entropy"]
@@ -114,7 +115,7 @@ def test_interrupted_study_resumes_without_retraining(tmp_path, monkeypatch):
         raise AssertionError("a finished run was trained again")
 
     monkeypatch.setattr(runner, "train_run", no_training)
-    assert runner.run_study(study, progress=False, log=lambda line: None) == []
+    assert runner.run_study(study, show_progress=False, log=lambda line: None) == []
     assert len(results.read_text().splitlines()) == 2
 
     # and the report draws its curves from the runs' metrics files

@@ -164,7 +164,7 @@ def tiny_model_dir(tmp_path_factory):
 
 
 def tiny_run(model_dir, out_dir, tasks, seeds=(0,), **overrides):
-    settings = dict(learning_rates=[1e-3], epochs=1, batch_size=8, max_length=32, max_train_examples=48, progress=False)
+    settings = dict(learning_rates=[1e-3], epochs=1, batch_size=8, max_length=32, max_train_examples=48, show_progress=False)
     return run_glue(model_dir, tasks, GLUE_DIR, out_dir, seeds=seeds, **(settings | overrides))
 
 
@@ -203,7 +203,7 @@ def test_results_json_and_markdown_carry_median_choice_and_average(tiny_model_di
 
 @needs_glue
 def test_missing_tasks_are_reported_not_crashed(tiny_model_dir, tmp_path):
-    results = run_glue(tiny_model_dir, ["MNLI", "QQP", "QNLI"], GLUE_DIR, tmp_path, progress=False)
+    results = run_glue(tiny_model_dir, ["MNLI", "QQP", "QNLI"], GLUE_DIR, tmp_path, show_progress=False)
     assert {name: result["status"] for name, result in results["tasks"].items()} == dict.fromkeys(["QQP", "MNLI", "QNLI"], "missing")
     assert results["tasks"]["QNLI"]["missing_files"] == ["QNLI/train.tsv"]
     assert results["average"] is None
@@ -220,7 +220,7 @@ def test_missing_tasks_are_reported_not_crashed(tiny_model_dir, tmp_path):
     ],
 )
 def test_bad_arguments_fail_before_any_training(tiny_model_dir, tmp_path, arguments, expected):
-    arguments = {"model_dir": tiny_model_dir, "progress": False} | arguments
+    arguments = {"model_dir": tiny_model_dir, "show_progress": False} | arguments
     with pytest.raises(UserError, match=expected):
         run_glue(tasks=["RTE"], data_dir=GLUE_DIR, out_dir=tmp_path, **arguments)
     assert not (tmp_path / "glue_results.json").exists()

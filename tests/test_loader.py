@@ -64,9 +64,9 @@ def test_ranks_split_each_global_batch():
 
 def test_dump_masks_equal_the_training_step():
     from mlmlab.config import load_config
-    from mlmlab.train.datasets import prepare_datasets
+    from mlmlab.data.resolve import prepare_datasets
 
-    train, _, tokenizer = prepare_datasets(load_config("tiny"))
+    train, _, tokenizer = prepare_datasets(load_config("tiny").data)
     info = token_info_for(tokenizer)
     records = list(dump_instances(train.path, 4,
                                   start=10, masked=True, seed=5, epoch=2))

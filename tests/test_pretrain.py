@@ -17,6 +17,7 @@ from conftest import SHARED_DATA
 from mlmlab.cli import main
 from mlmlab.config import load_config
 from mlmlab.data.tokenizer import adopt_vocab
+from mlmlab.evaluate.perplexity import evaluate_mlm
 from mlmlab.model import encode
 from mlmlab.train import checkpoint
 from mlmlab.train.loop import Trainer
@@ -40,7 +41,7 @@ def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("pretrain") / "run"
     config = load_config("tiny", [f"train.out_dir={out}", f"data.tokenizer={tokenizer}", f"train.max_steps={TRAIN_STEPS}",
                                   "train.eval_every=0", "train.save_every=0", "data.loader_workers=0"])
-    trainer = Trainer(config, progress=False)
+    trainer = Trainer(config, validate=evaluate_mlm, show_progress=False)
     before = trainer.evaluate(20)
     summary = trainer.train()
     return {"before": before, "after": summary["eval"], "run_dir": out, "trainer": trainer}
@@ -82,7 +83,7 @@ def test_export_loads_with_auto_classes_and_matches_logits(trained):
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert len(tokenizer) == VOCAB_SIZE
     auto = AutoModelForMaskedLM.from_pretrained(folder).eval()
-    ours = trained["trainer"].bert.eval()
+    ours = trained["trainer"].model.eval()
     batch = tokenizer(["The city lies on the river.", "She was born in 1990 and plays basketball."],
                       padding=True, return_tensors="pt")
     with torch.no_grad():

@@ -52,11 +52,11 @@ def test_non_finite_loss_skips_the_step_then_aborts(tmp_path):
     from mlmlab.train.loop import Trainer
 
     cfg = load_config("tiny", [f"train.out_dir={tmp_path}", "train.max_bad_steps=3", "data.loader_workers=0"])
-    trainer = Trainer(cfg, progress=False)
-    before = [p.detach().clone() for p in trainer.bert.parameters()]
+    trainer = Trainer(cfg, validate=None, show_progress=False)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
     for _ in range(2):
         assert trainer._apply_update({"loss": float("nan")}, tokens=10, flops=0.0)["skipped"]
-    assert all(torch.equal(a, b) for a, b in zip(before, trainer.bert.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
     with pytest.raises(UserError, match="non-finite"):
         trainer._apply_update({"loss": float("inf")}, tokens=10, flops=0.0)
 
@@ -64,16 +64,14 @@ def test_non_finite_loss_skips_the_step_then_aborts(tmp_path):
 def test_compiled_training_follows_the_eager_one(tmp_path):
     """train.compile=true (torch.compile of encoder and head) trains the same model, within float tolerance."""
     from mlmlab.config import load_config
-    from mlmlab.data.loader import LoaderPosition, iterate_batches
     from mlmlab.train.loop import Trainer
 
     def run(compile_flag: bool) -> list[float]:
         cfg = load_config("tiny", [f"train.out_dir={tmp_path / str(compile_flag)}", "data.loader_workers=0",
                                    "model.hidden_size=32", "model.num_layers=1", "model.intermediate_size=64",
                                    "model.dropout=0.0", "train.batch_size=8", f"train.compile={compile_flag}"])
-        trainer = Trainer(cfg, progress=False)
-        batches = iterate_batches(trainer.train_store, batch_size=8, seed=0, start=LoaderPosition(),
-                                  pad_id=trainer.tokenizer.pad_token_id)
+        trainer = Trainer(cfg, validate=None, show_progress=False)
+        batches = trainer.batches()
         return [trainer.train_step(batches)["loss"] for _ in range(3)]
 
     eager, compiled = run(False), run(True)

@@ -13,11 +13,13 @@ from mlmlab import seeding
 from mlmlab.config import Config, MaskingConfig, ModelConfig
 from mlmlab.errors import UserError
 from mlmlab.masking import scorers
-from mlmlab.masking.schedules import ADAPT_SCHEDULES, adapt_factor, adapt_shape, mask_rate, rate_at
+from mlmlab.choices import ADAPT_SCHEDULES
+from mlmlab.masking.schedules import adapt_factor, adapt_shape, mask_rate, rate_at
 from mlmlab.masking.select import (Corruption, TokenInfo, continuation_table, count_to_select, eligible_positions,
                                    gumbel_top_k, token_info_for)
 from mlmlab.masking.strategies import blend, build_strategy, frequency_buckets, mask_batch, normalise
 from mlmlab.model import build_model, pretraining_loss
+from reference import naive_entropy_scores
 
 V = 300  # small vocabulary: ids 0-4 special, the rest ordinary
 INFO = TokenInfo(mask_id=4, special_ids=(0, 1, 2, 3, 4), ordinary_ids=torch.arange(5, V))
@@ -157,7 +159,7 @@ def test_chunked_entropy_and_max_prob_equal_the_full_softmax():
     for w in (model.cls.predictions.decoder.weight,):
         with torch.no_grad():
             w.mul_(30.0)  # peaked distributions, so entropies differ across positions
-    naive = scorers.naive_entropy_scores(model, batch, eligible, V)
+    naive = naive_entropy_scores(model, batch, eligible, V)
     chunked = scorers.entropy_scores(model, batch, eligible, V, chunk=7)
     assert naive[eligible].std() > 0.01
     assert torch.allclose(chunked, naive, atol=1e-5, rtol=0)
@@ -196,7 +198,7 @@ def test_chunked_entropy_peak_memory_is_below_the_naive_one():
     ids = torch.randint(5, vocab, (rows, length), generator=torch.Generator().manual_seed(0))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
     eligible = eligible_positions(ids, (0, 1, 2, 3, 4))
-    naive = _largest_allocation(lambda: scorers.naive_entropy_scores(model, batch, eligible, vocab))
+    naive = _largest_allocation(lambda: naive_entropy_scores(model, batch, eligible, vocab))
     chunked = _largest_allocation(lambda: scorers.entropy_scores(model, batch, eligible, vocab, chunk=256))
     full = rows * length * vocab * 4  # one (B, T, V) float32 tensor: 250 MiB
     assert naive >= full and chunked <= 256 * vocab * 4 * 2, (naive, chunked)

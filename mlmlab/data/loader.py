@@ -26,6 +26,9 @@ class LoaderPosition:
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "batch": self.batch}
 
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+
 
 def epoch_batches(num_examples: int, global_batch: int, seed: int, epoch: int, lengths=None,
                   bucket_batches: int = 0) -> np.ndarray:

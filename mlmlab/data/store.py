@@ -26,7 +26,6 @@ import logging
 import multiprocessing
 import os
 import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from itertools import chain, count, islice
@@ -35,17 +34,17 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from mlmlab import choices
 from mlmlab.data.corpus import document_sentences, read_paragraph_documents, resolve_paths
 from mlmlab.data.instances import RANDOM_NEXT, create_mlm_blocks, create_nsp_instances
 from mlmlab.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
 from mlmlab.errors import UserError
+from mlmlab.files import building, file_sha256
 
 # Bump whenever the shard layout or instance construction changes: old folders then
 # get a new hash instead of being misread.
 FORMAT_VERSION = 1
-OBJECTIVES = ("nsp", "mlm")
 SHARD_FIELDS = ("input_ids", "offsets", "a_len", "nsp_label", "doc_a", "doc_b", "seg_a", "seg_b")
-_HASH_BLOCK = 1 << 20
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +91,7 @@ def prepare(
     corpus_paths: str | Path | Iterable[str | Path],
     tokenizer_dir: str | Path,
     max_seq_length: int,
-    objective: str = "nsp",
+    objective: str = choices.NSP,
     short_seq_prob: float = 0.1,
     seed: int = 12345,
     out_dir: str | Path | None = None,
@@ -110,27 +109,24 @@ def prepare(
     if _holds_dataset(target, digest):
         log.info("reusing prepared dataset %s", target)
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
+    with building(target) as staging:
         _build(paths, tokenizer, tokenizer_dir, config, digest, staging, num_workers)
-        return _publish(staging, target, digest)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    _holds_dataset(target, digest)  # refuses a different dataset that a concurrent writer published there
+    return target
 
 
 def dataset_hash(paths: list[Path], tokenizer_dir: Path, config: _BuildConfig) -> str:
     """sha256 over format version, config, corpus file contents and tokenizer files."""
     digest = hashlib.sha256(json.dumps({"format": FORMAT_VERSION, **asdict(config)}, sort_keys=True).encode())
     for path in paths:
-        digest.update(_file_sha256(path).encode())
+        digest.update(file_sha256(path).encode())
     digest.update(_tokenizer_sha256(tokenizer_dir).encode())
     return digest.hexdigest()
 
 
 def _validated_config(objective, max_seq_length, short_seq_prob, seed, docs_per_shard) -> _BuildConfig:
-    if objective not in OBJECTIVES:
-        raise UserError(f"objective {objective!r} is unknown; use one of {', '.join(OBJECTIVES)}")
+    if objective not in choices.OBJECTIVES:
+        raise UserError(f"objective {objective!r} is unknown; choose {choices.listed(choices.OBJECTIVES)}")
     if not 8 <= max_seq_length <= 65535:
         raise UserError(f"max_seq_length {max_seq_length} is out of range; use 8..65535 (BERT uses 128 then 512)")
     if not 0.0 <= short_seq_prob <= 1.0:
@@ -150,18 +146,10 @@ def _validated_workers(num_workers: int | None) -> int:
     return num_workers
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(_HASH_BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _tokenizer_sha256(tokenizer_dir: Path) -> str:
     digest = hashlib.sha256()
     for path in _tokenizer_files(tokenizer_dir):
-        digest.update(path.name.encode() + b"\0" + _file_sha256(path).encode())
+        digest.update(path.name.encode() + b"\0" + file_sha256(path).encode())
     return digest.hexdigest()
 
 
@@ -186,20 +174,6 @@ def _holds_dataset(target: Path, digest: str) -> bool:
     if any(target.iterdir()):
         raise UserError(f"{target} exists and is not a prepared mlmlab dataset; give a new or empty folder as out_dir")
     return False
-
-
-def _publish(staging: Path, target: Path, digest: str) -> Path:
-    """Rename the finished staging folder into place (atomic: readers never see half a dataset)."""
-    if target.is_dir() and not any(target.iterdir()):
-        target.rmdir()
-    try:
-        staging.rename(target)
-    except OSError:
-        # Another process (e.g. a second training rank) published the same dataset first.
-        if not _holds_dataset(target, digest):
-            raise
-        log.info("reusing prepared dataset %s (built concurrently)", target)
-    return target
 
 
 def _build(paths, tokenizer, tokenizer_dir, config, digest, staging: Path, num_workers: int) -> None:
@@ -299,7 +273,7 @@ def _init_worker(tokenizer_json: str) -> None:
 def _build_shard(task: _ShardTask) -> _ShardSummary:
     documents, doc_ids = _tokenize(task.paragraph_docs, task.first_doc)
     config = task.config
-    if config.objective == "nsp":
+    if config.objective == choices.NSP:
         # Keyed by chunk index, so shards do not depend on the number of workers.
         rng = np.random.default_rng([config.seed, task.index])
         instances = create_nsp_instances(

@@ -62,7 +62,7 @@ def load_tokenizer(tokenizer_dir: str | Path):
     if not (tokenizer_dir / "tokenizer.json").is_file() and not (tokenizer_dir / "vocab.txt").is_file():
         raise UserError(
             f"{tokenizer_dir} is not a tokenizer folder (no tokenizer.json or vocab.txt); "
-            "make one with `mlmlab tokenizer train` or `adopt`"
+            "make one with `mlmlab tokenizer --corpus FILES --out DIR` or `mlmlab tokenizer --vocab vocab.txt --out DIR`"
         )
     expected = _expected_vocab(tokenizer_dir)
     _require_special_tokens(expected, tokenizer_dir)
@@ -70,7 +70,7 @@ def load_tokenizer(tokenizer_dir: str | Path):
     if len(tokenizer) != len(expected) or tokenizer.get_vocab() != expected:
         raise UserError(
             f"tokenizer in {tokenizer_dir} loaded with {len(tokenizer)} tokens but its files list {len(expected)}; "
-            "rebuild the folder with `adopt_vocab` or `train_tokenizer`"
+            "rebuild the folder with `mlmlab tokenizer`"
         )
     return tokenizer
 

@@ -25,9 +25,10 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from mlmlab import jsonio
-from mlmlab.train.optim import parameter_groups
+from mlmlab import jsonio, markdown
 from mlmlab.errors import UserError
+from mlmlab.restoring import restoring
+from mlmlab.train.optim import parameter_groups
 from mlmlab.evaluate.glue_data import (
     TASKS, TRAIN_FILE, GlueSplit, GlueTask, missing_files, read_labeled, read_unlabeled,
 )
@@ -90,7 +91,7 @@ def run_glue(
     init: str = "pretrained",
     max_train_examples: int | None = None,
     write_test_predictions: bool = False,
-    progress: bool = True,
+    show_progress: bool = True,
 ) -> dict:
     """Fine-tune model_dir on each GLUE task and write glue_results.json and glue_results.md to out_dir.
 
@@ -105,8 +106,8 @@ def run_glue(
                  "epochs": epochs, "batch_size": batch_size, "max_length": max_length}
     # Every argument is checked before the first task trains, not minutes later.
     settings = {name: with_overrides(DEFAULT_SETTINGS[name], overrides) for name in resolve_task_names(tasks)}
-    context = RunContext(model_dir, load_tokenizer(model_dir), init, tuple(seeds), max_train_examples,
-                         write_test_predictions, progress, pick_device())
+    context = RunContext(model_dir, load_model_tokenizer(model_dir), init, tuple(seeds), max_train_examples,
+                         write_test_predictions, show_progress, pick_device())
     results = {"model_dir": str(model_dir), "init": init, "seeds": list(seeds), "selection": SELECTION_NOTE,
                "max_train_examples": max_train_examples, "tasks": {}, "average": None}
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -127,7 +128,7 @@ class RunContext:
     seeds: tuple[int, ...]
     max_train_examples: int | None
     write_test_predictions: bool
-    progress: bool
+    show_progress: bool
     device: torch.device
 
 
@@ -276,7 +277,7 @@ def glue_average(task_results: dict[str, dict]) -> float | None:
 
 
 def report(context: RunContext, message: str) -> None:
-    if context.progress:
+    if context.show_progress:
         print(f"[glue] {message}", file=sys.stderr, flush=True)
 
 
@@ -309,7 +310,8 @@ def collate(split: EncodedSplit, rows: list[int], device: torch.device) -> dict[
     return {key: tensor.to(device) for key, tensor in batch.items()}
 
 
-def load_tokenizer(model_dir: Path):
+def load_model_tokenizer(model_dir: Path):
+    """The tokenizer saved with a model (any AutoTokenizer folder), or a UserError; no size checks."""
     try:
         return AutoTokenizer.from_pretrained(model_dir)
     except (OSError, ValueError) as error:
@@ -333,15 +335,11 @@ def load_model(model_dir: Path, task: GlueTask, init: str) -> torch.nn.Module:
 @contextmanager
 def quiet_transformers():
     """Hide the load report and progress bar: a new classifier head is expected, and checked by us instead."""
-    verbosity, bars = transformers.logging.get_verbosity(), transformers.logging.is_progress_bar_enabled()
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    try:
+    logging = transformers.logging
+    bars_on = lambda on: logging.enable_progress_bar() if on else logging.disable_progress_bar()  # noqa: E731
+    with restoring(logging.get_verbosity, logging.set_verbosity, logging.ERROR), \
+            restoring(logging.is_progress_bar_enabled, bars_on, False):
         yield
-    finally:
-        transformers.logging.set_verbosity(verbosity)
-        if bars:
-            transformers.logging.enable_progress_bar()
 
 
 NEW_HEAD_PREFIXES = ("classifier.", "bert.pooler.")  # a checkpoint saved from BertForMaskedLM has no pooler
@@ -448,8 +446,8 @@ def format_glue_table(results: dict) -> str:
     average = "–" if results["average"] is None else percent(results["average"])
     row = [Path(results["model_dir"]).name, results["init"]]
     row += [percent(ran[name]["dev"][metric]) for name, metric in columns] + [average]
-    lines = [markdown_row(header), markdown_row(["---"] * len(header)), markdown_row(row), ""]
-    lines += details_table(ran) + [""]
+    lines = markdown.table(header, [row])
+    lines += details_table(ran)
     lines.append(f"{SELECTION_NOTE} Metric values are medians over seeds {', '.join(map(str, results['seeds']))}; "
                  "the average is the mean of the task scores (each the mean of the task's metrics).")
     missing = [f"{name} ({', '.join(result['missing_files'])})"
@@ -463,22 +461,17 @@ def format_glue_table(results: dict) -> str:
 
 
 def details_table(ran: dict[str, dict]) -> list[str]:
-    lines = [markdown_row(["Task", "score per lr (median)", "chosen lr", "epochs", "batch", "minutes", "min/run"]),
-             markdown_row(["---"] * 7)]
+    body = []
     for name, result in ran.items():
         per_lr = ", ".join(f"{entry['learning_rate']:g}: {percent(entry['score'])}"
                            for entry in result["median_per_learning_rate"])
         settings = result["settings"]
-        lines.append(markdown_row([
+        body.append([
             name, per_lr, f"{result['chosen_learning_rate']:g}", str(settings["epochs"]), str(settings["batch_size"]),
             f"{result['minutes']:.1f}", f"{result['minutes_per_run']:.2f}",
-        ]))
-    return lines
+        ])
+    return markdown.table(["Task", "score per lr (median)", "chosen lr", "epochs", "batch", "minutes", "min/run"], body)
 
 
 def percent(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{100 * value:.1f}"
-
-
-def markdown_row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"

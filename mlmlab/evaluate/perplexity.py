@@ -8,6 +8,7 @@ target token.
 """
 
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -15,8 +16,11 @@ from transformers import BertForPreTraining
 
 from mlmlab.config import MaskingConfig
 from mlmlab.data.loader import LoaderPosition, iterate_batches
-from mlmlab.masking.strategies import eval_masks, frequency_buckets
+from mlmlab.data.resolve import held_out_store
+from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.errors import UserError
+from mlmlab.masking.select import token_info_for
+from mlmlab.masking.strategies import eval_masks, frequency_buckets
 from mlmlab.model import SparsePretraining, eval_mode
 
 DEFAULT_BUCKETS = MaskingConfig().freq_cuts  # the same as training's
@@ -93,12 +97,6 @@ def _summarise(totals: _Totals, names: list[str]) -> dict:
 
 def load_pretrained(model_dir):
     """A BertForPreTraining and its tokenizer from an mlmlab model folder, or a clear error."""
-    from pathlib import Path
-
-    from transformers import BertForPreTraining
-
-    from mlmlab.data.tokenizer import load_tokenizer
-
     folder = Path(model_dir)
     if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
         raise UserError(f"{folder} is not a model folder (needs config.json and model.safetensors); "
@@ -117,11 +115,6 @@ def evaluate_model(model_dir, data, *, batch_size: int = 32, max_batches: int | 
     ``data``: a prepared dataset folder, or text files (WikiText ``*.tokens`` included)
     that are prepared here with the model's own tokenizer.
     """
-    from pathlib import Path
-
-    from mlmlab.masking.select import token_info_for
-    from mlmlab.train.datasets import held_out_store
-
     bert, tokenizer = load_pretrained(model_dir)
     store = held_out_store([data] if isinstance(data, (str, Path)) else list(data), Path(model_dir), max_seq_length)
     if store.meta.get("vocab_size") != len(tokenizer):

@@ -1,11 +1,7 @@
 """Training budgets of a study: FLOPs per step from the model config, and matching arms.
 
-FLOPs count 2 per multiply-add of every matmul (embeddings, LayerNorm, softmax and the
-NSP head are negligible and left out). Per sequence of T tokens, H hidden, I
-intermediate, L layers, V (padded) vocabulary:
+FLOPs are mlmlab/flops.py's model of the matmuls:
 
-- encoder forward: L * T * (8 H^2 + 4 H I + 4 T H)  (Q, K, V, output projections; FFN; QK^T and AV)
-- MLM head on one position: 2 H^2 + 2 H V  (the transform dense, then the vocabulary projection)
 - a training step: 3x the forward (backward = 2x forward) of the encoder + the sparse head on the
   ~rate * T selected positions (mean rate over training, so a 30%->15% decay costs more)
 - scorer, per step on average: entropy / max_prob = one forward with the full head on every
@@ -22,12 +18,15 @@ from functools import lru_cache
 
 import numpy as np
 
-from mlmlab.config import Config, ModelConfig
+from mlmlab import choices
+from mlmlab.config import Config
+from mlmlab.data.resolve import tokenizer_dir_for
+from mlmlab.data.tokenizer import load_tokenizer
+from mlmlab.flops import TRAINING_PASSES, encoder_forward_flops, head_flops
 from mlmlab.masking.schedules import rate_at
 from mlmlab.masking.scorers import GRAD_NORM_RATE
 from mlmlab.model import padded_vocab_size
 
-BUDGETS = ("token-matched", "compute-matched")
 # Dry-run cost assumption: an H100 SXM's dense bf16 peak is ~989 TFLOP/s; 40% model-FLOPs
 # utilisation is what well-tuned BERT pretraining reaches (MosaicBERT reports 30-45%).
 H100_PEAK_FLOPS = 989e12
@@ -41,20 +40,7 @@ CPU_FLOPS = 50e9
 @lru_cache(maxsize=None)
 def vocab_size_for(tokenizer_setting: str) -> int:
     """The tokenizer's size (data.tokenizer; empty = the bundled vocab), loaded once per setting."""
-    from mlmlab.data.tokenizer import load_tokenizer
-    from mlmlab.train.datasets import tokenizer_dir_for
-
     return len(load_tokenizer(tokenizer_dir_for(tokenizer_setting)))
-
-
-def encoder_forward_flops(model: ModelConfig, seq: int) -> float:
-    h, i = model.hidden_size, model.intermediate_size
-    return model.num_layers * seq * (8 * h * h + 4 * h * i + 4 * seq * h)
-
-
-def head_flops(model: ModelConfig, vocab: int, positions: float) -> float:
-    h = model.hidden_size
-    return positions * (2 * h * h + 2 * h * vocab)
 
 
 def mean_mask_rate(cfg: Config) -> float:
@@ -62,8 +48,8 @@ def mean_mask_rate(cfg: Config) -> float:
     return float(np.mean([rate_at(cfg.masking, p) for p in np.linspace(0.0, 1.0, 101)]))
 
 
-def global_batch(cfg: Config) -> int:
-    """Sequences per optimizer step on one process; with N processes multiply by N."""
+def sequences_per_step(cfg: Config) -> int:
+    """Sequences per optimizer step on one process (batch_size x grad_accum); with N processes multiply by N."""
     return cfg.train.batch_size * cfg.train.grad_accum
 
 
@@ -72,29 +58,29 @@ def step_flops(cfg: Config) -> dict:
     model, seq = cfg.model, cfg.data.max_seq_length
     vocab = padded_vocab_size(vocab_size_for(cfg.data.tokenizer), model.pad_vocab_multiple)
     encoder = encoder_forward_flops(model, seq)
-    train = 3 * (encoder + head_flops(model, vocab, mean_mask_rate(cfg) * seq))
+    train = TRAINING_PASSES * (encoder + head_flops(model, vocab, mean_mask_rate(cfg) * seq))
     scorer = scorer_flops(cfg, encoder, vocab)
-    batch = global_batch(cfg)
+    batch = sequences_per_step(cfg)
     return {"train": batch * train, "scorer": batch * scorer, "total": batch * (train + scorer)}
 
 
 def scorer_flops(cfg: Config, encoder: float, vocab: int) -> float:
     """Average extra FLOPs per sequence per step spent scoring positions for ADM."""
     m, seq = cfg.masking, cfg.data.max_seq_length
-    if m.strategy != "adaptive" or m.a_max == 0.0:
+    if m.strategy != choices.ADAPTIVE or m.a_max == 0.0:
         return 0.0
     share = m.score_fraction / m.score_every
-    if m.scorer in ("entropy", "max_prob"):
+    if m.scorer in (choices.ENTROPY, choices.MAX_PROB):
         return share * (encoder + head_flops(cfg.model, vocab, seq))
-    if m.scorer == "grad_norm":
-        return share * 3 * (encoder + head_flops(cfg.model, vocab, GRAD_NORM_RATE * seq))
+    if m.scorer == choices.GRAD_NORM:
+        return share * TRAINING_PASSES * (encoder + head_flops(cfg.model, vocab, GRAD_NORM_RATE * seq))
     return 0.0  # loss_ema / context read a table the training step keeps up to date
 
 
 def matched_steps(cfg: Config, reference: Config, mode: str) -> int:
     """max_steps that gives ``cfg`` the reference's sequences (token-matched) or FLOPs (compute-matched)."""
-    if mode == "token-matched":
-        target, per_step = reference.train.max_steps * global_batch(reference), global_batch(cfg)
+    if mode == choices.TOKEN_MATCHED:
+        target, per_step = reference.train.max_steps * sequences_per_step(reference), sequences_per_step(cfg)
     else:
         target, per_step = reference.train.max_steps * step_flops(reference)["total"], step_flops(cfg)["total"]
     return max(1, round(target / per_step))
@@ -124,8 +110,8 @@ def run_cost(cfg: Config) -> dict:
     total = steps * flops["total"]
     return {
         "steps": steps,
-        "global_batch": global_batch(cfg),
-        "tokens": steps * global_batch(cfg) * cfg.data.max_seq_length,  # sequence slots, padding included
+        "sequences_per_step": sequences_per_step(cfg),
+        "tokens": steps * sequences_per_step(cfg) * cfg.data.max_seq_length,  # sequence slots, padding included
         "flops": total,
         "flops_per_step": flops["total"],
         "scorer_share": flops["scorer"] / flops["total"],

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from mlmlab import choices, markdown
 from mlmlab.errors import UserError
 
 BOOTSTRAP_RESAMPLES = 10_000
@@ -98,7 +99,7 @@ def group_by_arm(rows: list[dict], baseline: str) -> dict[str, list[dict]]:
 
 
 def choose_baseline(rows: list[dict]) -> str:
-    names = [row.get("baseline", "dynamic") for row in rows]
+    names = [row.get("baseline", choices.DYNAMIC) for row in rows]
     return max(set(names), key=names.count)
 
 
@@ -253,19 +254,25 @@ def mean_curve(runs: list[tuple[dict, list[dict]]], value, x) -> tuple[list[floa
 
 
 def sequences_seen(row: dict, record: dict) -> float:
-    return record["step"] * row.get("global_batch", 1)
+    return record["step"] * sequences_per_step(row)
 
 
-def progress(row: dict, record: dict) -> float:
+def sequences_per_step(row: dict) -> float:
+    """Sequences per optimizer step of a row's run (rows written before the rename call it global_batch)."""
+    return row.get("sequences_per_step", row.get("global_batch", 1))
+
+
+def progress_of(row: dict, record: dict) -> float:
     return record["step"] / max(row.get("steps", 1), 1)
 
 
 def is_adaptive(rows: list[dict]) -> bool:
-    return (rows[0].get("config") or {}).get("masking", {}).get("strategy") == "adaptive"
+    return (rows[0].get("config") or {}).get("masking", {}).get("strategy") == choices.ADAPTIVE
 
 
 def write_plots(groups, baseline, metrics, results_dir: Path, out: Path) -> tuple[list[str], list[str]]:
     """PNG files written to ``out`` (names) and notes about what could not be drawn."""
+    # Here, not at the top: the backend must be chosen before pyplot is first imported.
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display needed
@@ -325,7 +332,7 @@ def mask_share_curves(plt, curves, out: Path) -> str:
     fig, axes = plt.subplots(1, max(len(keys), 1), figsize=(4.5 * max(len(keys), 1), 3.8), squeeze=False)
     for ax, key in zip(axes[0], keys):
         for arm, runs in curves.items():
-            ax.plot(*mean_curve(runs, lambda r, key=key: r.get(key), progress), label=arm, lw=1)
+            ax.plot(*mean_curve(runs, lambda r, key=key: r.get(key), progress_of), label=arm, lw=1)
         ax.set(title=f"masked share, frequency rank {key.removeprefix('mask_share_freq_')}", xlabel="training progress")
     axes[0][0].set_ylabel("share of masked tokens")
     axes[0][-1].legend(fontsize=7)
@@ -335,29 +342,24 @@ def mask_share_curves(plt, curves, out: Path) -> str:
 def adapt_factor_curves(plt, curves, out: Path) -> str:
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for arm, runs in curves.items():
-        ax.plot(*mean_curve(runs, lambda r: r.get("mask_a"), progress), label=arm, lw=1)
+        ax.plot(*mean_curve(runs, lambda r: r.get("mask_a"), progress_of), label=arm, lw=1)
     ax.set(title="ADM adapt factor a", xlabel="training progress", ylabel="a")
     ax.legend(fontsize=7)
     return save(plt, fig, out, "mask_a.png")
 
 
 # ----- markdown ----------------------------------------------------------------------------
-def table(header: list[str], body: list[list[str]]) -> list[str]:
-    row = lambda cells: "| " + " | ".join(cells) + " |"  # noqa: E731
-    return [row(header), row(["---"] * len(header)), *(row(cells) for cells in body), ""]
-
-
 def masking_label(row: dict) -> str:
     m = (row.get("config") or {}).get("masking", {})
     if not m:
         return "?"
-    if m["strategy"] == "adaptive":
+    if m["strategy"] == choices.ADAPTIVE:
         label = f"ADM {m['scorer']}, a={m['a_max']:g}·{m['adapt_schedule']}"
         label += f", every {m['score_every']} steps" if m["score_every"] > 1 else ""
         label += f", {m['score_fraction']:g} of rows" if m["score_fraction"] < 1 else ""
     else:
         label = m["strategy"]
-    if m["rate_schedule"] == "linear_decay":
+    if m["rate_schedule"] == choices.LINEAR_DECAY:
         label += f", rate {m['rate_start']:g}→{m['rate']:g}"
     return label
 
@@ -401,7 +403,7 @@ def summary_section(groups, baseline, metrics) -> list[str]:
         body.append(cells)
         if arm != baseline and base_rows:
             sentences += arm_verdicts(arm, baseline, [m for _, m in pairs], compared[arm])
-    return ["## Summary in the seed's shape: the baseline, then each arm", ""] + table(header, body) + sentences + [""]
+    return ["## Summary in the seed's shape: the baseline, then each arm", ""] + markdown.table(header, body) + sentences + [""]
 
 
 def metric_table(title: str, groups, baseline, metrics, delta_metrics=None) -> list[str]:
@@ -411,7 +413,7 @@ def metric_table(title: str, groups, baseline, metrics, delta_metrics=None) -> l
         return []
     header = ["arm"] + [m.label for m in metrics]
     values = [[arm] + [mean_std(by_seed(rows, m)) for m in metrics] for arm, rows in groups.items()]
-    lines = [f"## {title}", "", "Mean ± std over seeds:", ""] + table(header, values)
+    lines = [f"## {title}", "", "Mean ± std over seeds:", ""] + markdown.table(header, values)
     delta_metrics = delta_metrics or metrics
     compared = {arm: [compare(rows, groups[baseline], m) for m in delta_metrics]
                 for arm, rows in groups.items() if arm != baseline and baseline in groups}
@@ -420,11 +422,11 @@ def metric_table(title: str, groups, baseline, metrics, delta_metrics=None) -> l
         boot = boot_label(c for cs in compared.values() for c in cs)
         lines += [f"Difference from {baseline} (arm − baseline, paired by seed), 95% t-interval; "
                   "* = the t-interval excludes 0:", ""]
-        lines += table(delta_header, [[arm] + [format_delta(c) for c in cs] for arm, cs in compared.items()])
+        lines += markdown.table(delta_header, [[arm] + [format_delta(c) for c in cs] for arm, cs in compared.items()])
         few = boot.startswith("range")  # below FEW_SEEDS the bootstrap spans the observed differences
         lines += [f"Secondary: {'range' if few else '95% bootstrap CI'} of the same differences (percentile bootstrap"
                   + ("; with so few seeds it is not a confidence interval" if few else "") + "):", ""]
-        lines += table(delta_header, [[arm] + [format_boot(c) for c in cs] for arm, cs in compared.items()])
+        lines += markdown.table(delta_header, [[arm] + [format_boot(c) for c in cs] for arm, cs in compared.items()])
     return lines
 
 
@@ -434,10 +436,10 @@ def cost_section(groups) -> list[str]:
     body = []
     for arm, rows in groups.items():
         mean = lambda key: np.mean([row.get(key, math.nan) for row in rows])  # noqa: E731
-        body.append([arm, rows[0].get("budget", "?"), f"{mean('steps'):.0f}", f"{mean('global_batch'):.0f}",
+        body.append([arm, rows[0].get("budget", "?"), f"{mean('steps'):.0f}", f"{np.mean([sequences_per_step(row) for row in rows]):.0f}",
                      f"{mean('tokens_seen'):.3g}", f"{mean('flops'):.3g}", f"{100 * mean('scorer_share'):.1f}%",
                      f"{mean('train_seconds'):.0f}", f"{mean('scorer_seconds'):.1f}", f"{mean('wall_seconds'):.0f}"])
-    return ["## Budget and cost (means over seeds)", ""] + table(header, body)
+    return ["## Budget and cost (means over seeds)", ""] + markdown.table(header, body)
 
 
 def glue_notes(rows: list[dict]) -> list[str]:

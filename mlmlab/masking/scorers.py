@@ -44,19 +44,17 @@ Loss scorers learn from the masked-LM losses the training step computes anyway
 import torch
 import torch.nn.functional as F
 
-from mlmlab import seeding
-from mlmlab.masking.select import IGNORE_INDEX, Corruption, select_and_corrupt
-from mlmlab.model import encode, eval_mode
+from mlmlab import choices, seeding
+from mlmlab.masking.select import Corruption, select_and_corrupt
+from mlmlab.model import IGNORE_INDEX, encode, eval_mode
 
-MODEL_SCORERS = ("entropy", "max_prob", "grad_norm")
-LOSS_SCORERS = ("loss_ema", "context")
 GRAD_NORM_RATE = 0.15  # mask rate of the copy whose loss grad_norm differentiates
 
 
 def unwrap(model):
     """The BertForPreTraining inside a DDP/accelerate wrapper or a SparsePretraining module."""
     model = getattr(model, "module", model)
-    return model if hasattr(model, "cls") else model.bert
+    return model if hasattr(model, "cls") else model.model
 
 
 def _entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -92,17 +90,6 @@ def entropy_scores(model, batch, eligible, vocab_size: int, chunk: int = 2048) -
 def max_prob_scores(model, batch, eligible, vocab_size: int, chunk: int = 2048) -> torch.Tensor:
     """(B, T) 1 / max predicted probability at each eligible, unmasked position (>= 1)."""
     return _over_vocab(model, batch, eligible, vocab_size, chunk, _inverse_max_prob)
-
-
-def naive_entropy_scores(model, batch, eligible, vocab_size: int) -> torch.Tensor:
-    """Reference: the full (B, T, V) softmax at once. Tests and benchmarks only."""
-    model = unwrap(model)
-    with torch.no_grad(), eval_mode(model):
-        hidden, _ = encode(model, batch)  # (B, T, H)
-        logits = model.cls.predictions(hidden)[..., :vocab_size].float()  # (B, T, V)
-        probs = torch.softmax(logits, dim=-1)
-        entropy = -(probs * torch.log(probs.clamp(min=1e-30))).sum(dim=-1)  # (B, T)
-    return torch.where(eligible, entropy, torch.zeros_like(entropy))
 
 
 def score_seed(seed: int) -> int:
@@ -181,11 +168,14 @@ def context_keys(input_ids: torch.Tensor, buckets: int) -> torch.Tensor:
 class LossScorer:
     """loss_ema (per id) and context (per hashed trigram, backing off to per id) scores."""
 
+    # State-dict key prefixes of the two tables (checkpoint format, not choice names).
+    ID_TABLE, CONTEXT_TABLE = "id", "context"
+
     def __init__(self, kind: str, vocab_size: int, decay: float, buckets: int):
         self.kind = kind
         self.buckets = buckets
         self.ids = LossTable(vocab_size, decay)
-        self.contexts = LossTable(buckets, decay) if kind == "context" else None
+        self.contexts = LossTable(buckets, decay) if kind == choices.CONTEXT else None
         self.global_value = torch.zeros(())  # EMA of the mean loss over all predicted tokens
         self.global_count = torch.zeros((), dtype=torch.long)
         self.decay = decay
@@ -225,15 +215,15 @@ class LossScorer:
         return scores.float()
 
     def state_dict(self) -> dict:
-        state = {**self.ids.state_dict("id"), "global_value": self.global_value.cpu().clone()}
+        state = {**self.ids.state_dict(self.ID_TABLE), "global_value": self.global_value.cpu().clone()}
         state["global_count"] = self.global_count.cpu().clone()
         if self.contexts is not None:
-            state.update(self.contexts.state_dict("context"))
+            state.update(self.contexts.state_dict(self.CONTEXT_TABLE))
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.ids.load_state_dict(state, "id")
+        self.ids.load_state_dict(state, self.ID_TABLE)
         if self.contexts is not None:
-            self.contexts.load_state_dict(state, "context")
+            self.contexts.load_state_dict(state, self.CONTEXT_TABLE)
         self.global_value = state["global_value"].clone().float().cpu()
         self.global_count = state["global_count"].clone().long().cpu()

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from mlmlab import seeding
-
-IGNORE_INDEX = -100  # the label of every position that is not predicted (HF convention)
+from mlmlab.data.tokenizer import ordinary_token_ids
+from mlmlab.model import IGNORE_INDEX
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,6 @@ class Corruption:
 
 def token_info_for(tokenizer, mask_unk: bool = False) -> TokenInfo:
     """TokenInfo from a HF tokenizer; [UNK] is excluded from selection unless ``mask_unk``."""
-    from mlmlab.data.tokenizer import ordinary_token_ids
-
     specials = {tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id, tokenizer.mask_token_id}
     if not mask_unk:
         specials.add(tokenizer.unk_token_id)

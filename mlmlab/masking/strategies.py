@@ -15,23 +15,25 @@ The training loop, per step (all randomness is counter-based, so resume is exact
     weights = strategy.weights(model, batch, progress)       # (B, T) or None = uniform
     masked = mask_batch(batch, seed=..., epoch_key=strategy.epoch_key(epoch), rate=rate_at(cfg, progress),
                         info=info, corruption=..., weights=weights, whole_word=cfg.whole_word, continuation=table)
-    result = pretraining_loss(model, masked)
+    result = sparse_pretraining(**masked)                     # model.SparsePretraining
     strategy.observe(masked, result)                          # every micro-batch
     strategy.learn(gather)                                    # once per step: ADM's loss tables
     logs.update(strategy.stats())                             # window since the previous stats() call
 """
 
 import math
-import time
 
 import numpy as np
 import torch
 
+from mlmlab import choices
 from mlmlab.config import MaskingConfig
+from mlmlab.devices import clock
 from mlmlab.errors import UserError
 from mlmlab.masking import scorers
 from mlmlab.masking.schedules import adapt_factor
-from mlmlab.masking.select import IGNORE_INDEX, Corruption, TokenInfo, eligible_positions, select_and_corrupt
+from mlmlab.masking.select import Corruption, TokenInfo, eligible_positions, select_and_corrupt
+from mlmlab.model import IGNORE_INDEX
 
 EVAL_SEED = 20190611  # evaluation masks: fixed, uniform, the same whatever trained the model
 EVAL_RATE = 0.15
@@ -74,7 +76,7 @@ class UniformStrategy:
 
     def epoch_key(self, epoch: int) -> int:
         # Static: the key ignores the epoch beyond dupe_factor distinct versions.
-        return epoch % self.cfg.dupe_factor if self.cfg.strategy == "static" else epoch
+        return epoch % self.cfg.dupe_factor if self.cfg.strategy == choices.STATIC else epoch
 
     def weights(self, model, batch: dict, progress: float):
         self.step += 1
@@ -116,7 +118,7 @@ class AdaptiveStrategy(UniformStrategy):
         self.a = 0.0
         self.score_seconds_total = 0.0
         self.loss_scorer = None
-        if cfg.scorer in scorers.LOSS_SCORERS:
+        if cfg.scorer in choices.LOSS_SCORERS:
             self.loss_scorer = scorers.LossScorer(cfg.scorer, vocab_size, cfg.ema_decay, cfg.context_buckets)
         self._scores = None  # (B, T) normalised scores of the last scored batch, for stats()
         self._observed = []  # loss scorers: observations of this step's micro-batches, for learn()
@@ -135,11 +137,11 @@ class AdaptiveStrategy(UniformStrategy):
         input_ids = batch["input_ids"]  # (B, T)
         eligible = eligible_positions(input_ids, self.info.special_ids)  # (B, T)
         rows = math.ceil(cfg.score_fraction * input_ids.size(0)) if model_scorer else input_ids.size(0)
-        start = self._clock(input_ids)
+        start = clock(input_ids.device)
         raw = torch.zeros(input_ids.shape, device=input_ids.device)  # (B, T)
         head = batch if rows == input_ids.size(0) else {k: v[:rows] if torch.is_tensor(v) and v.dim() else v for k, v in batch.items()}
         raw[:rows] = self._score(head, model, eligible[:rows])
-        self._add_seconds(start, input_ids)
+        self._add_seconds(clock(input_ids.device) - start)
         scores = normalise(raw, eligible, cfg.normalize)  # (B, T)
         weights = blend(scores, self.a, cfg.floor)
         weights[rows:] = 1.0  # rows not scored: uniform
@@ -150,22 +152,14 @@ class AdaptiveStrategy(UniformStrategy):
         cfg = self.cfg
         if self.loss_scorer is not None:
             return self.loss_scorer.scores(batch["input_ids"])
-        if cfg.scorer == "entropy":
-            return scorers.entropy_scores(model, batch, eligible, self.vocab_size, cfg.score_chunk)
-        if cfg.scorer == "max_prob":
-            return scorers.max_prob_scores(model, batch, eligible, self.vocab_size, cfg.score_chunk)
-        return scorers.grad_norm_scores(
-            model, batch, eligible, info=self.info, vocab_size=self.vocab_size, seed=cfg.seed, key=self.step
-        )
+        if cfg.scorer == choices.GRAD_NORM:
+            return scorers.grad_norm_scores(
+                model, batch, eligible, info=self.info, vocab_size=self.vocab_size, seed=cfg.seed, key=self.step
+            )
+        over_vocab = {choices.ENTROPY: scorers.entropy_scores, choices.MAX_PROB: scorers.max_prob_scores}[cfg.scorer]
+        return over_vocab(model, batch, eligible, self.vocab_size, cfg.score_chunk)
 
-    @staticmethod
-    def _clock(tensor: torch.Tensor) -> float:
-        if tensor.is_cuda:
-            torch.cuda.synchronize(tensor.device)
-        return time.perf_counter()
-
-    def _add_seconds(self, start: float, tensor: torch.Tensor) -> None:
-        seconds = self._clock(tensor) - start
+    def _add_seconds(self, seconds: float) -> None:
         self._seconds += seconds
         self.score_seconds_total += seconds
 
@@ -242,7 +236,7 @@ class AdaptiveStrategy(UniformStrategy):
 
 def normalise(scores: torch.Tensor, eligible: torch.Tensor, how: str) -> torch.Tensor:
     """(B, T) scores; "mean": each row scaled to mean 1 over its eligible positions; "raw": as is."""
-    if how == "raw":
+    if how == choices.RAW:
         return scores
     scores = torch.where(eligible, scores.float(), 0.0)
     n = eligible.sum(dim=1, keepdim=True).clamp(min=1)  # (B, 1)
@@ -258,13 +252,13 @@ def blend(scores: torch.Tensor, a: float, floor: float) -> torch.Tensor:
 
 def build_strategy(cfg: MaskingConfig, info: TokenInfo | None = None, vocab_size: int | None = None, token_counts=None):
     """The strategy cfg.strategy names. vocab_size: the tokenizer's (unpadded); token_counts: (V,) corpus counts or None."""
-    if cfg.strategy in ("static", "dynamic"):
+    if cfg.strategy in choices.UNIFORM_STRATEGIES:
         return UniformStrategy(cfg, vocab_size, token_counts)
-    if cfg.strategy == "adaptive":
+    if cfg.strategy == choices.ADAPTIVE:
         if info is None or vocab_size is None:
             raise ValueError("build_strategy needs info= and vocab_size= for the adaptive strategy")
         return AdaptiveStrategy(cfg, info, vocab_size, token_counts)
-    raise UserError(f"masking.strategy={cfg.strategy!r} is unknown; choose static, dynamic or adaptive")
+    raise UserError(f"masking.strategy={cfg.strategy!r} is unknown; choose {choices.listed(choices.STRATEGIES)}")
 
 
 def mask_batch(

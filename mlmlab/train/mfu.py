@@ -1,22 +1,16 @@
 """Model FLOPs utilisation: the matmul FLOPs training needs, over what this device can do.
 
-The numerator counts only the model's own work (experiments/budget.py's FLOP model on the
+The numerator counts only the model's own work (mlmlab/flops.py's FLOP model on the
 real, unpadded tokens and the positions the MLM head projects); padding, the ADM scorer's
 extra passes and recomputation are not model FLOPs. The denominator is measured, not taken
 from a spec sheet: the best dense-matmul rate of this device at the training precision.
 """
 
-import time
-
 import torch
 
 from mlmlab.config import ModelConfig
-from mlmlab.experiments.budget import encoder_forward_flops, head_flops
-
-
-def synchronize(device: torch.device | str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+from mlmlab.devices import clock
+from mlmlab.flops import TRAINING_PASSES, encoder_forward_flops, head_flops
 
 
 def matmul_dtype(mixed_precision: str) -> torch.dtype:
@@ -38,12 +32,10 @@ def peak_matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.flo
         a @ a
     best = float("inf")
     for _ in range(rounds):
-        synchronize(device)
-        start = time.perf_counter()
+        start = clock(device)
         for _ in range(repeats):
             a @ a
-        synchronize(device)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock(device) - start)
     return 2 * size**3 * repeats / best
 
 
@@ -55,4 +47,10 @@ def training_flops(model: ModelConfig, vocab: int, attention_mask: torch.Tensor,
     A tensor on the mask's device, so the training step adds it to its sums without a sync.
     """
     lengths = attention_mask.sum(1).double()  # (B,)
-    return 3 * (encoder_forward_flops(model, lengths).sum() + head_flops(model, vocab, head_positions))
+    return TRAINING_PASSES * (encoder_forward_flops(model, lengths).sum() + head_flops(model, vocab, head_positions))
+
+
+def rates(tokens: int, flops: float, seconds: float, peak_flops: float) -> dict:
+    """tokens/s and MFU over ``seconds``; ``peak_flops`` summed over the processes that did the work."""
+    seconds = max(seconds, 1e-9)
+    return {"tokens_per_s": tokens / seconds, "mfu": flops / seconds / peak_flops}

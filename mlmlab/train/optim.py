@@ -51,3 +51,20 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) ->
         # tiny preset, 20 -> 5.6 ms), the standard choice on CUDA.
         fused=device.type in ("cpu", "cuda"),
     )
+
+
+def training_progress(cfg: TrainConfig, step: int, seconds: float) -> float:
+    """Share of the budget spent, in [0, 1]: training seconds under train.max_minutes, else steps."""
+    if cfg.max_minutes > 0:
+        return min(1.0, seconds / (cfg.max_minutes * 60))
+    return step / cfg.max_steps
+
+
+def learning_rate(cfg: TrainConfig, step: int, progress: float, warmup_end_progress: float) -> float:
+    """The LR of the update about to be applied at ``step``: a pure function of where training stands.
+
+    ``warmup_end_progress``: the progress at which warmup ended, which a time budget only
+    knows once it has happened; a step budget knows it in advance.
+    """
+    warmup_end = warmup_end_progress if cfg.max_minutes > 0 else cfg.warmup_steps / cfg.max_steps
+    return cfg.lr * lr_factor(step, cfg.warmup_steps, progress, warmup_end, cfg.decay_fraction)

@@ -6,28 +6,20 @@ tokenizers live in the cache, in folders named by a hash of what made them.
 """
 
 import hashlib
-import os
 import shutil
 from pathlib import Path
 
-from mlmlab.config import Config, config_text
+from mlmlab.config import DataConfig
 from mlmlab.data.store import TokenStore, cache_root, prepare
 from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer
 from mlmlab.data.wikitext import is_wikitext, write_plain
 from mlmlab.errors import UserError
+from mlmlab.files import building, file_sha256
 
 SAMPLE_DIR = Path(__file__).resolve().parent.parent / "resources" / "sample"
 SAMPLE_TRAIN = SAMPLE_DIR / "train.txt.gz"
 SAMPLE_VALID = SAMPLE_DIR / "valid.txt.gz"
 SAMPLE_VOCAB = SAMPLE_DIR / "vocab.txt"
-
-
-def run_dir_for(cfg: Config) -> Path:
-    """``train.out_dir``, or runs/<hash of the resolved config> so a rerun finds its own run."""
-    if cfg.train.out_dir:
-        return Path(cfg.train.out_dir)
-    digest = hashlib.sha256(config_text(cfg).encode()).hexdigest()[:12]
-    return Path("runs") / digest
 
 
 def tokenizer_dir_for(setting: str) -> Path:
@@ -37,16 +29,15 @@ def tokenizer_dir_for(setting: str) -> Path:
         return source
     if not source.is_file():
         raise UserError(f"data.tokenizer={setting!r} is neither a tokenizer folder nor a vocab file")
-    target = cache_root().parent / "tokenizers" / hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    target = cache_root().parent / "tokenizers" / file_sha256(source)[:16]
     return _cached_folder(target, lambda staging: adopt_vocab(source, staging))
 
 
 def _cached_folder(target: Path, fill) -> Path:
-    """``target``, made once by ``fill(staging)`` then renamed in place: concurrent runs may race here."""
+    """``target``, made once by ``fill(staging)`` and published by a rename; a concurrent maker's copy wins."""
     if not target.is_dir():
-        staging = target.with_name(f".tmp-{target.name}-{os.getpid()}")
-        fill(staging)
-        os.replace(staging, target)
+        with building(target) as staging:
+            fill(staging)
     return target
 
 
@@ -58,7 +49,6 @@ def standalone_tokenizer(model_dir: Path) -> Path:
 
 
 def _copy_files(files: list[Path], folder: Path) -> None:
-    folder.mkdir(parents=True)
     for path in files:
         shutil.copy2(path, folder / path.name)
 
@@ -71,15 +61,13 @@ def held_out_store(data: list[str], model_dir: Path, max_seq_length: int) -> Tok
     corpus = []
     for path in paths:
         if is_wikitext(path) and path.is_file():
-            digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-            path = write_plain(path, cache_root().parent / "wikitext" / f"{path.stem}-{digest}.txt")
+            path = write_plain(path, cache_root().parent / "wikitext" / f"{path.stem}-{file_sha256(path)[:16]}.txt")
         corpus.append(path)
     return TokenStore(prepare(corpus, tokenizer_dir=standalone_tokenizer(model_dir), max_seq_length=max_seq_length))
 
 
-def prepare_datasets(cfg: Config):
-    """(train TokenStore, valid TokenStore, tokenizer) for a config, preparing what is missing."""
-    data = cfg.data
+def prepare_datasets(data: DataConfig):
+    """(train TokenStore, valid TokenStore, tokenizer) for a config's data section, preparing what is missing."""
     tokenizer_dir = tokenizer_dir_for(data.tokenizer)
     common = dict(tokenizer_dir=tokenizer_dir, max_seq_length=data.max_seq_length, objective=data.objective,
                   short_seq_prob=data.short_seq_prob, seed=data.prepare_seed)

@@ -1,0 +1,64 @@
+"""The named choices of the config, each set defined once.
+
+Everything else imports these: config validation, the implementations (which key their
+tables by these constants), the CLI's ``choices=``, budgets and reports. A new scorer,
+strategy, schedule or objective is added here first.
+"""
+
+# masking.strategy
+STATIC = "static"  # BERT: dupe_factor fixed masks per example, cycled over epochs
+DYNAMIC = "dynamic"  # RoBERTa: new masks every epoch
+ADAPTIVE = "adaptive"  # ADM: weights from the model's uncertainty
+UNIFORM_STRATEGIES = (STATIC, DYNAMIC)
+STRATEGIES = (*UNIFORM_STRATEGIES, ADAPTIVE)
+
+# masking.scorer: model scorers run the model on the batch; loss scorers read running loss tables
+ENTROPY = "entropy"
+MAX_PROB = "max_prob"
+GRAD_NORM = "grad_norm"
+LOSS_EMA = "loss_ema"
+CONTEXT = "context"
+MODEL_SCORERS = (ENTROPY, MAX_PROB, GRAD_NORM)
+LOSS_SCORERS = (LOSS_EMA, CONTEXT)
+SCORERS = (*MODEL_SCORERS, *LOSS_SCORERS)
+
+# masking.adapt_schedule: the shape f of ADM's a = a_max * f(progress)
+QUADRATIC = "quadratic"
+LINEAR = "linear"
+COSINE = "cosine"
+EXPONENTIAL = "exponential"
+SIGMOID = "sigmoid"
+CONSTANT = "constant"  # also a rate schedule: the mask rate stays masking.rate
+ADAPT_SCHEDULES = (QUADRATIC, LINEAR, COSINE, EXPONENTIAL, SIGMOID, CONSTANT)
+
+# masking.rate_schedule
+LINEAR_DECAY = "linear_decay"  # Ankner et al. 2024: from rate_start down to rate
+RATE_SCHEDULES = (CONSTANT, LINEAR_DECAY)
+
+# masking.normalize
+MEAN = "mean"
+RAW = "raw"
+NORMALIZATIONS = (MEAN, RAW)
+
+# data.objective
+NSP = "nsp"  # sentence pairs, loss = MLM + NSP
+MLM = "mlm"  # packed full sentences, MLM only
+OBJECTIVES = (NSP, MLM)
+
+# train.precision
+AUTO = "auto"
+FP32 = "fp32"
+BF16 = "bf16"
+FP16 = "fp16"
+PRECISIONS = (AUTO, FP32, BF16, FP16)
+
+# a study's budget
+TOKEN_MATCHED = "token-matched"  # every arm sees as many sequences as the baseline
+COMPUTE_MATCHED = "compute-matched"  # every arm spends the baseline's FLOPs, scoring included
+BUDGETS = (TOKEN_MATCHED, COMPUTE_MATCHED)
+
+
+def listed(names) -> str:
+    """"a, b or c": how an error message offers the choices."""
+    names = list(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"

@@ -1,0 +1,196 @@
+"""A study file: reading and validating it, before anything trains.
+
+A study file (YAML; presets in configs/studies/) holds a base run config, named arms
+(dotted overrides of that base), optional grid blocks that generate arms, and seeds.
+
+    name: my-study                    # default: the file name
+    preset: tiny                      # optional model/config preset the base starts from
+    base: {model: {...}, train: {max_steps: 300}, ...}   # same sections as a run config
+    arms:
+      - {name: dynamic, masking.strategy: dynamic}
+      - {name: adm, masking.strategy: adaptive, masking.scorer: entropy}
+    grid:                             # optional; each block: cartesian product of `vary`
+      - {prefix: adm, fixed: {masking.strategy: adaptive}, vary: {masking.a_max: [0.25, 0.5]}}
+    seeds: [0, 1, 2]                  # each sets train.seed and masking.seed
+    budget: token-matched             # or compute-matched (see budget.py)
+    baseline: dynamic                 # the arm every other is compared with
+    glue: {tasks: [RTE, MRPC], seeds: [0], learning_rates: [1.0e-4]}   # tasks: [] skips GLUE
+    glue_dir: ../shared/data/glue     # skipped, with a note in the row, when absent
+    out_dir: studies/my-study         # default: studies/<name>
+"""
+
+import dataclasses
+import itertools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlmlab import choices
+from mlmlab.config import load_config, read_yaml, set_dotted, to_dict
+from mlmlab.errors import UserError
+from mlmlab.evaluate.glue import resolve_task_names
+
+STUDY_DIR = Path(__file__).resolve().parent.parent / "configs" / "studies"
+STUDY_KEYS = ("name", "description", "preset", "base", "arms", "grid", "seeds", "budget", "baseline", "glue",
+              "glue_dir", "out_dir")
+GRID_KEYS = ("prefix", "fixed", "vary")
+# Set by the study itself (seeds, budget, run folders), never by an arm.
+RESERVED = {"train.seed": "seeds:", "masking.seed": "seeds:", "train.out_dir": "the study's out_dir",
+            "train.max_steps": "base: (the budget derives every arm's steps from it)"}
+ARM_NAME = re.compile(r"^[A-Za-z0-9._=+-]+$")  # names become folder names
+
+
+@dataclass(frozen=True)
+class GlueSettings:
+    """Arguments of evaluate.glue.run_glue; None keeps that module's per-task default."""
+
+    tasks: list = field(default_factory=list)  # empty: no GLUE
+    seeds: list = field(default_factory=lambda: [0])
+    learning_rates: list | None = None
+    epochs: int | None = None
+    batch_size: int | None = None
+    max_length: int | None = None
+    max_train_examples: int | None = None  # fine-tune on the first N examples only (CPU budgets)
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    overrides: dict  # dotted key -> value, over the study's base
+
+
+@dataclass
+class Study:
+    name: str
+    source: str  # as given on the command line: the report repeats it in its commands
+    base: dict  # the full config tree every arm starts from
+    arms: list[Arm]
+    seeds: list[int]
+    budget: str
+    baseline: str
+    glue: GlueSettings
+    glue_dir: str
+    out_dir: str
+
+
+def study_path(source: str) -> Path:
+    path = Path(source)
+    if path.is_file():
+        return path
+    preset = STUDY_DIR / f"{source}.yaml"
+    if preset.is_file():
+        return preset
+    names = ", ".join(sorted(p.stem for p in STUDY_DIR.glob("*.yaml")))
+    raise UserError(f"no study file or study preset named {source!r}; presets: {names}")
+
+
+def load_study(source: str, out_dir: str | None = None) -> Study:
+    path = study_path(source)
+    tree = read_yaml(str(path))
+    if not isinstance(tree, dict):
+        raise UserError(f"{path} must be a mapping with keys {', '.join(STUDY_KEYS)}")
+    _refuse_unknown(tree, STUDY_KEYS, f"study key in {path.name}")
+    name = str(tree.get("name") or path.stem)
+    arms = [_named_arm(item) for item in _list(tree, "arms")]
+    arms += [arm for block in _list(tree, "grid") for arm in grid_arms(block)]
+    study = Study(
+        name=name, source=source, base=_base_tree(tree), arms=arms, seeds=_seeds(tree.get("seeds", [0])),
+        budget=tree.get("budget", choices.TOKEN_MATCHED), baseline=tree.get("baseline", choices.DYNAMIC),
+        glue=_glue_settings(tree.get("glue") or {}), glue_dir=str(tree.get("glue_dir") or ""),
+        out_dir=out_dir or str(tree.get("out_dir") or f"studies/{name}"),
+    )
+    _check_study(study)
+    return study
+
+
+def _refuse_unknown(mapping: dict, valid, what: str) -> None:
+    unknown = sorted(set(mapping) - set(valid), key=str)
+    if unknown:
+        raise UserError(f"unknown {what} {unknown[0]!r}; valid keys: {', '.join(valid)}")
+
+
+def _list(tree: dict, key: str) -> list:
+    value = tree.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise UserError(f"study key '{key}' must be a list of mappings")
+    return value
+
+
+def _named_arm(item: dict) -> Arm:
+    overrides = {k: v for k, v in item.items() if k != "name"}
+    if "name" not in item:
+        raise UserError(f"an arm has no name: {overrides}; add name: <arm name>")
+    return Arm(str(item["name"]), overrides)
+
+
+def grid_arms(block: dict) -> list[Arm]:
+    """One arm per combination of the block's `vary` values, named prefix-key=value-..."""
+    _refuse_unknown(block, GRID_KEYS, "grid block key")
+    vary, fixed = block.get("vary") or {}, block.get("fixed") or {}
+    if not isinstance(vary, dict) or not vary or not all(isinstance(v, list) and v for v in vary.values()):
+        raise UserError("a grid block needs vary: {section.key: [value, ...], ...} with non-empty lists")
+    if not isinstance(fixed, dict):
+        raise UserError("a grid block's fixed: must map section.key to a value")
+    arms = []
+    for values in itertools.product(*vary.values()):
+        chosen = dict(zip(vary, values))
+        label = "-".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in chosen.items())
+        name = f"{block['prefix']}-{label}" if block.get("prefix") else label
+        arms.append(Arm(name, {**fixed, **chosen}))
+    return arms
+
+
+def _base_tree(tree: dict) -> dict:
+    """Defaults < preset < base: as a full config tree that arms override."""
+    base = tree.get("base") or {}
+    if not isinstance(base, dict) or not all(isinstance(v, dict) for v in base.values()):
+        raise UserError("study key 'base' must map sections (model, data, masking, train) to mappings")
+    full = to_dict(load_config(tree.get("preset")))
+    for section, values in base.items():
+        for key, value in values.items():
+            _check_reserved(f"{section}.{key}", "base", allow_steps=True)
+            set_dotted(full, f"{section}.{key}", value)
+    return full
+
+
+def _check_reserved(key: str, where: str, allow_steps: bool = False) -> None:
+    if key in RESERVED and not (allow_steps and key == "train.max_steps"):
+        raise UserError(f"{where} sets {key}, which the study sets itself from {RESERVED[key]}; remove it")
+
+
+def _seeds(value) -> list[int]:
+    integers = isinstance(value, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in value)
+    if not integers or not value or len(set(value)) != len(value):
+        raise UserError(f"study key 'seeds' must be a non-empty list of distinct integers, got {value!r}")
+    return value
+
+
+def _glue_settings(value) -> GlueSettings:
+    if not isinstance(value, dict):
+        raise UserError("study key 'glue' must be a mapping, e.g. {tasks: [RTE, MRPC], seeds: [0]}")
+    _refuse_unknown(value, [f.name for f in dataclasses.fields(GlueSettings)], "glue key")
+    try:  # YAML 1.1 reads 1e-4 (no dot) as a string
+        rates = value.get("learning_rates")
+        settings = GlueSettings(**{**value, "learning_rates": None if rates is None else [float(r) for r in rates]})
+    except (TypeError, ValueError):
+        raise UserError(f"glue learning_rates must be a list of numbers, got {value.get('learning_rates')!r}") from None
+    if settings.tasks:
+        resolve_task_names(settings.tasks)  # unknown task names fail now, not after hours of training
+    return settings
+
+
+def _check_study(study: Study) -> None:
+    if study.budget not in choices.BUDGETS:
+        raise UserError(f"study budget {study.budget!r} is unknown; choose {choices.listed(choices.BUDGETS)}")
+    if not study.arms:
+        raise UserError("the study has no arms; add arms: [{name: dynamic, masking.strategy: dynamic}, ...]")
+    names = [arm.name for arm in study.arms]
+    for arm in study.arms:
+        if not ARM_NAME.match(arm.name):
+            raise UserError(f"arm name {arm.name!r} may use only letters, digits and . _ = + - (it names a folder)")
+        if names.count(arm.name) > 1:
+            raise UserError(f"two arms are named {arm.name!r}; arm names must be unique")
+        for key in arm.overrides:
+            _check_reserved(key, f"arm {arm.name!r}")
+    if study.baseline not in names:
+        raise UserError(f"baseline {study.baseline!r} is not an arm; arms: {', '.join(names)}")

@@ -1,0 +1,26 @@
+"""Matmul FLOPs of the model: the one count that training's MFU and a study's budgets share.
+
+2 FLOPs per multiply-add of every matmul; embeddings, LayerNorm, softmax and the NSP head
+are negligible and left out. Per sequence of T tokens, H hidden, I intermediate, L
+layers, V (padded) vocabulary:
+
+- encoder forward: L * T * (8 H^2 + 4 H I + 4 T H)  (Q, K, V, output projections; FFN; QK^T and AV)
+- MLM head on one position: 2 H^2 + 2 H V  (the transform dense, then the vocabulary projection)
+- training = 3x the forward (backward = 2x forward)
+"""
+
+from mlmlab.config import ModelConfig
+
+TRAINING_PASSES = 3  # forward + backward, the backward costing two forwards
+
+
+def encoder_forward_flops(model: ModelConfig, seq):
+    """Forward FLOPs of the encoder on sequences of ``seq`` tokens (a number, or an array/tensor of lengths)."""
+    h, i = model.hidden_size, model.intermediate_size
+    return model.num_layers * seq * (8 * h * h + 4 * h * i + 4 * seq * h)
+
+
+def head_flops(model: ModelConfig, vocab: int, positions):
+    """Forward FLOPs of the MLM head on ``positions`` positions."""
+    h = model.hidden_size
+    return positions * (2 * h * h + 2 * h * vocab)

@@ -1,0 +1,73 @@
+"""The accelerator a run trains under, and the launches it refuses before training.
+
+accelerate reads the launch (single process, torchrun/DDP, FSDP) from the environment;
+what nothing here has tested, or what would silently do something other than asked,
+is refused in one line.
+"""
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedDataParallelKwargs, DistributedType, parse_flag_from_env
+
+from mlmlab import choices
+from mlmlab.config import Config
+from mlmlab.errors import UserError
+
+
+def mixed_precision(precision: str) -> str:
+    """accelerate's name for train.precision: "auto" is bf16 on a CUDA device that has it, else fp32."""
+    if precision == choices.AUTO:
+        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    return {choices.FP32: "no"}.get(precision, precision)
+
+
+def make_accelerator(cfg: Config) -> Accelerator:
+    refuse_deepspeed()
+    # The mlm objective leaves the NSP head without gradients, which DDP must be told about.
+    ddp_kwargs = DistributedDataParallelKwargs(find_unused_parameters=cfg.data.objective == choices.MLM)
+    # cpu=True is what makes accelerate run several CPU processes (gloo) under torchrun.
+    accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.precision), kwargs_handlers=[ddp_kwargs],
+                              cpu=not torch.cuda.is_available())
+    if accelerator.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    check_fsdp(accelerator, cfg)
+    return accelerator
+
+
+def refuse_deepspeed() -> None:
+    """Stop a DeepSpeed launch before it trains: nothing here has run or tested it."""
+    if parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"):  # as accelerate itself reads its launch flags
+        raise UserError("DeepSpeed is not supported; launch with FSDP (an accelerate config with "
+                        "distributed_type FSDP and fsdp_version 2) or with DDP (torchrun)")
+
+
+def check_fsdp(accelerator: Accelerator, cfg: Config) -> None:
+    """Refuse the FSDP set-ups that would silently go wrong or that nothing here has tested."""
+    if accelerator.distributed_type != DistributedType.FSDP:
+        if parse_flag_from_env("ACCELERATE_USE_FSDP"):
+            # accelerate 1.15 shards only on accelerators: on CPU it runs an FSDP config as DDP, silently.
+            raise UserError("this FSDP launch would not shard (accelerate runs FSDP only on GPUs and other "
+                            "accelerators); on CPUs launch with DDP instead: torchrun, or accelerate with "
+                            "distributed_type MULTI_CPU")
+        return
+    if not accelerator.is_fsdp2:
+        raise UserError("FSDP version 1 is not supported; set fsdp_version: 2 in the accelerate config "
+                        "(FSDP_VERSION=2)")
+    masking = cfg.masking
+    if masking.strategy == choices.ADAPTIVE and masking.scorer not in choices.LOSS_SCORERS:
+        # Scorers call the encoder's parts directly, outside the wrapped forward that gathers them.
+        raise UserError(f"masking.scorer={masking.scorer} needs the whole model on each process, which FSDP "
+                        f"shards; under FSDP use scorer {choices.listed(choices.LOSS_SCORERS)}, or launch with DDP")
+    if cfg.train.compile:
+        raise UserError("train.compile with FSDP is untested; set train.compile=false or launch with DDP")
+
+
+def concat_over_processes(accelerator: Accelerator, tensor: torch.Tensor) -> torch.Tensor:
+    """(N,) here, N differing between processes -> (all N,) of every process, in rank order."""
+    if accelerator.num_processes == 1:
+        return tensor
+    lengths = accelerator.gather(torch.tensor([len(tensor)], device=tensor.device)).tolist()
+    padded = accelerator.gather(accelerator.pad_across_processes(tensor, dim=0))  # (P * max N,)
+    rows = padded.view(accelerator.num_processes, -1)
+    return torch.cat([row[:length] for row, length in zip(rows, lengths)])
