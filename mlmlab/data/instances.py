@@ -9,11 +9,16 @@ problems fixed:
   keep the same document while still labelling B "random");
 - the target length is drawn per instance, not once per document, so `short_seq_prob`
   is the share of short *instances* as the BERT README describes;
-- the next-sentence label is a fair coin that nothing overrides, so the random share
-  is 50% (BERT forces "random" for one-segment chunks: 55% on the Wikipedia sample);
-  a single-sentence document still yields A + random B when the coin says random;
-  without another document to draw B from, a "random" chunk yields nothing rather
-  than a mislabelled pair;
+- half the *emitted* pairs are random (BERT forces "random" for one-segment chunks: 55%
+  on the Wikipedia sample). The label is a fair coin per attempt that nothing overrides,
+  and every attempt emits exactly one pair; then, by Wald's identity, the expected
+  numbers of random and real pairs are equal however many attempts a document takes.
+  (A random B puts A's unused segments back, as BERT does: that changes the number of
+  attempts, not the balance.) Emitting one pair per attempt needs both kinds to be
+  possible, so a document with one segment (no real B) or without another document to
+  draw from (no random B) is never A; it can still be drawn as a random B. Format 1 let
+  a one-sentence document give A + random B and nothing when the coin said "real":
+  50.4% random on enwiki valid, 62.7% when every paragraph is its own document;
 - no instance exceeds max_seq_length counting [CLS] and both [SEP].
 
 The MLM objective uses RoBERTa's FULL-SENTENCES packing: whole sentences fill blocks of
@@ -90,12 +95,13 @@ def _pairs_from_document(
 ) -> Iterator[tuple[_Span, _Span, int]]:
     """Yield (span A, span B, label) walking the document chunk by chunk, as BERT does.
 
-    The label is a fair coin and is never overridden (BERT forces "random" for one-segment
-    chunks, which pushes the random share well above 50% on Wikipedia's many short
-    articles). A real B needs two segments: take the next one, or at the document's end
-    reuse the previous one as A; a one-segment document yields only its random pairs.
+    Each attempt flips a fair coin and yields exactly one pair, so random and real pairs
+    are equally many in expectation. A real B needs two segments: take the next one, or
+    at the document's end reuse the previous one as A.
     """
     document = documents[doc_pos]
+    if len(document) < 2 or len(documents) < 2:
+        return  # only one kind of pair is possible here; yielding it would unbalance the labels
     start = 0
     while start < len(document):
         target_length = pick_target_length(max_num_tokens, short_seq_prob, rng)
@@ -104,19 +110,17 @@ def _pairs_from_document(
             a_end = pick_segment_a_end(start, end, rng)
             span_a = _Span(doc_pos, start, a_end)
             span_b = pick_random_b(documents, doc_pos, target_length - _length(document, span_a), rng)
-            if span_b is not None:
-                yield span_a, span_b, RANDOM_NEXT
+            yield span_a, span_b, RANDOM_NEXT
             start = a_end  # put the unused segments back, as BERT does
             continue
         start, end = _widen_for_real_b(len(document), start, end)
-        if end - start >= 2:
-            a_end = pick_segment_a_end(start, end, rng)
-            yield _Span(doc_pos, start, a_end), _Span(doc_pos, a_end, end), IS_NEXT
+        a_end = pick_segment_a_end(start, end, rng)
+        yield _Span(doc_pos, start, a_end), _Span(doc_pos, a_end, end), IS_NEXT
         start = end
 
 
 def _widen_for_real_b(doc_len: int, start: int, end: int) -> tuple[int, int]:
-    """Make segments [start, end) at least two long when the document allows it."""
+    """Make segments [start, end) at least two long (the document has at least two)."""
     if end - start >= 2:
         return start, end
     if end < doc_len:
@@ -150,10 +154,8 @@ def pick_segment_a_end(start: int, end: int, rng: np.random.Generator) -> int:
 
 def pick_random_b(
     documents: list[Document], doc_pos: int, target_b_length: int, rng: np.random.Generator
-) -> _Span | None:
-    """A random run of segments from a document other than doc_pos; None when there is none."""
-    if len(documents) < 2:
-        return None
+) -> _Span:
+    """A random run of segments from a document other than doc_pos (there must be one)."""
     other = int(rng.integers(len(documents) - 1))
     other += other >= doc_pos  # skip doc_pos itself: every other document equally likely
     document = documents[other]

@@ -7,7 +7,8 @@ chunks plus per-shard counts, so memory does not grow with the corpus.
 
 Limitation: a random NSP B is drawn from another document *of the same chunk*, not of
 the whole corpus; chunks are large (2000 documents by default), so a model cannot
-exploit this, and it is what lets chunks be built independently and in parallel.
+exploit this, and it is what lets chunks be built independently and in parallel. A last
+chunk holding a single document gives no NSP pairs (it has no random B to balance them).
 
 Layout::
 
@@ -42,8 +43,8 @@ from mlmlab.errors import UserError
 from mlmlab.files import building, file_sha256
 
 # Bump whenever the shard layout or instance construction changes: old folders then
-# get a new hash instead of being misread.
-FORMAT_VERSION = 1
+# get a new hash instead of being misread. 2: one-segment documents no longer give NSP pairs.
+FORMAT_VERSION = 2
 SHARD_FIELDS = ("input_ids", "offsets", "a_len", "nsp_label", "doc_a", "doc_b", "seg_a", "seg_b")
 
 log = logging.getLogger(__name__)
@@ -188,7 +189,8 @@ def _build(paths, tokenizer, tokenizer_dir, config, digest, staging: Path, num_w
     if totals["num_instances"] == 0:
         raise UserError(
             f"no {config.objective} training instance could be made from {', '.join(p.name for p in paths)}: "
-            "the documents are too short or too few (NSP needs at least two documents); use more text"
+            "the documents are too short or too few (NSP needs at least two documents, one of them with "
+            "two or more sentences); use more text"
         )
     np.save(staging / "token_counts.npy", totals.pop("token_counts"))
     meta = {
