@@ -1,5 +1,6 @@
 """Studies: grid expansion, shards, budgets, resume without retraining, reports from results alone."""
 
+import dataclasses
 import json
 import math
 
@@ -8,8 +9,10 @@ import yaml
 from scipy import stats
 
 from mlmlab.cli import main
+from mlmlab.config import to_dict
+from mlmlab.data.resolve import SAMPLE_VALID
 from mlmlab.errors import UserError
-from mlmlab.experiments import report, runner
+from mlmlab.experiments import identity, report, runner
 from mlmlab.experiments import study as study_file
 
 TINY_BASE = {
@@ -98,6 +101,63 @@ def test_presets_load_and_validate_every_arm():
         study = study_file.load_study(name)
         assert len(study.seeds) >= 3 and study.baseline in [arm.name for arm in study.arms]
         runner.plan_runs(study)
+
+
+def test_run_keys_follow_what_the_study_sets_not_mlmlab_defaults(tmp_path):
+    """A key added to mlmlab later (or any key the study leaves at its default) does not change a run's key."""
+    study = study_file.load_study(write_study(tmp_path))
+    run = runner.plan_runs(study)[0]
+    explicit = study.explicit | set(run.arm.overrides)
+    settings = identity.settings_of(study)
+    redefaulted = dataclasses.replace(run.config, model=dataclasses.replace(run.config.model, dropout=0.0))
+    assert "model.dropout" not in explicit
+    assert identity.identity_hash(redefaulted, explicit, run.datasets, settings) == run.key.rsplit("/", 1)[1]
+    set_by_study = dataclasses.replace(run.config, train=dataclasses.replace(run.config.train, batch_size=4))
+    assert identity.identity_hash(set_by_study, explicit, run.datasets, settings) != run.key.rsplit("/", 1)[1]
+    assert identity.identity_hash(run.config, explicit, {"train": "other"}, settings) != run.key.rsplit("/", 1)[1]
+
+
+def _row_as_made(run, **changes) -> dict:
+    cfg = dataclasses.replace(run.config, model=dataclasses.replace(run.config.model, **changes))
+    return {"key": run.key, "arm": run.arm.name, "seed": run.seed, "config": to_dict(cfg), "datasets": run.datasets}
+
+
+def test_finished_runs_made_under_other_defaults_or_data_are_refused_not_mixed(tmp_path):
+    runs = runner.plan_runs(study_file.load_study(write_study(tmp_path)))
+    runner.refuse_incomparable(runs, [_row_as_made(runs[0])])  # the same settings: fine
+    old = _row_as_made(runs[0])
+    del old["config"]["model"]["attention_dropout"]  # a key the old mlmlab did not have: fine
+    runner.refuse_incomparable(runs, [old])
+    with pytest.raises(UserError, match=r"model.dropout: 0.3 -> 0.1"):
+        runner.refuse_incomparable(runs, [_row_as_made(runs[0], dropout=0.3)])
+    with pytest.raises(UserError, match="prepared data"):
+        runner.refuse_incomparable(runs, [{**_row_as_made(runs[0]), "datasets": {"train": "x", "valid": "y"}}])
+
+
+def test_an_arm_can_run_compute_matched_beside_token_matched_arms(tmp_path):
+    base = {**TINY_BASE, "train": {**TINY_BASE["train"], "max_steps": 1000, "warmup_steps": 100}}
+    arms = [DYNAMIC, ENTROPY, {**ENTROPY, "name": "adm-entropy-cm", "budget": "compute-matched"}]
+    runs = {run.arm.name: run for run in runner.plan_runs(study_file.load_study(write_study(tmp_path, base=base,
+                                                                                             arms=arms)))}
+    assert runs["adm-entropy"].config.train.max_steps == 1000
+    assert runs["adm-entropy-cm"].config.train.max_steps < 1000
+    assert runs["adm-entropy-cm"].cost["flops"] == pytest.approx(runs["dynamic"].cost["flops"], rel=0.01)
+
+
+def test_gates_run_the_gate_arm_first_and_stop_the_others_when_they_fail(tmp_path):
+    gates = {"arm": "dynamic", "min": {"eval.mlm_accuracy": 2.0}}  # unreachable: accuracy is at most 1
+    eval_data = {"valid-again": str(SAMPLE_VALID)}
+    arms = [ENTROPY, DYNAMIC]  # the gate arm is listed second and still runs first
+    study = study_file.load_study(write_study(tmp_path, arms=arms, gates=gates, eval_data=eval_data))
+    with pytest.raises(UserError, match=r"validity gates failed on dynamic .*eval.mlm_accuracy .* < 2"):
+        runner.run_study(study, show_progress=False, log=lambda line: None)
+    rows = runner.finished_rows(tmp_path / "out" / "results.jsonl")
+    assert [row["arm"] for row in rows] == ["dynamic"]
+    assert rows[0]["eval_data"]["valid-again"]["masked_tokens"] > 0  # the further held-out set was evaluated
+    assert rows[0]["gates"] == {"arm": "dynamic", "min": {"eval.mlm_accuracy": 2.0}}
+    text = report.write_report(tmp_path / "out" / "results.jsonl", tmp_path / "report").read_text()
+    assert "Validity gates" in text and "**failed**" in text and "no conclusion is drawn" in text
+    assert "valid-again MLM loss (nats)" in text
 
 
 def test_interrupted_study_resumes_without_retraining(tmp_path, monkeypatch):

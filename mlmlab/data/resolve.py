@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from mlmlab.config import DataConfig
-from mlmlab.data.store import TokenStore, cache_root, prepare
+from mlmlab.data.store import TokenStore, cache_root, prepare, prepared_hash
 from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer
 from mlmlab.data.wikitext import is_wikitext, write_plain
 from mlmlab.errors import UserError
@@ -66,11 +66,21 @@ def held_out_store(data: list[str], model_dir: Path, max_seq_length: int) -> Tok
     return TokenStore(prepare(corpus, tokenizer_dir=standalone_tokenizer(model_dir), max_seq_length=max_seq_length))
 
 
+def _corpora_and_settings(data: DataConfig) -> tuple[dict, dict]:
+    """({"train": paths, "valid": paths}, prepare's settings) of a config's data section."""
+    settings = dict(tokenizer_dir=tokenizer_dir_for(data.tokenizer), max_seq_length=data.max_seq_length,
+                    objective=data.objective, short_seq_prob=data.short_seq_prob, seed=data.prepare_seed)
+    return {"train": data.corpus or [SAMPLE_TRAIN], "valid": data.valid_corpus or [SAMPLE_VALID]}, settings
+
+
 def prepare_datasets(data: DataConfig):
     """(train TokenStore, valid TokenStore, tokenizer) for a config's data section, preparing what is missing."""
-    tokenizer_dir = tokenizer_dir_for(data.tokenizer)
-    common = dict(tokenizer_dir=tokenizer_dir, max_seq_length=data.max_seq_length, objective=data.objective,
-                  short_seq_prob=data.short_seq_prob, seed=data.prepare_seed)
-    train = TokenStore(prepare(data.corpus or [SAMPLE_TRAIN], **common))
-    valid = TokenStore(prepare(data.valid_corpus or [SAMPLE_VALID], **common))
-    return train, valid, load_tokenizer(tokenizer_dir)
+    corpora, settings = _corpora_and_settings(data)
+    train, valid = (TokenStore(prepare(corpora[split], **settings)) for split in ("train", "valid"))
+    return train, valid, load_tokenizer(settings["tokenizer_dir"])
+
+
+def dataset_hashes(data: DataConfig) -> dict:
+    """{"train": hash, "valid": hash} of the datasets ``prepare_datasets`` would give, without preparing them."""
+    corpora, settings = _corpora_and_settings(data)
+    return {split: prepared_hash(paths, **settings)[:16] for split, paths in corpora.items()}

@@ -116,6 +116,13 @@ def prepare(
     return target
 
 
+def prepared_hash(corpus_paths, tokenizer_dir: str | Path, max_seq_length: int, objective: str = choices.NSP,
+                  short_seq_prob: float = 0.1, seed: int = 12345, docs_per_shard: int = 2000) -> str:
+    """The hash ``prepare`` would give these inputs and settings, without preparing anything."""
+    config = _validated_config(objective, max_seq_length, short_seq_prob, seed, docs_per_shard)
+    return dataset_hash(resolve_paths(corpus_paths), Path(tokenizer_dir), config)
+
+
 def dataset_hash(paths: list[Path], tokenizer_dir: Path, config: _BuildConfig) -> str:
     """sha256 over format version, config, corpus file contents and tokenizer files."""
     digest = hashlib.sha256(json.dumps({"format": FORMAT_VERSION, **asdict(config)}, sort_keys=True).encode())

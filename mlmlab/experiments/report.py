@@ -25,6 +25,7 @@ from scipy import stats
 
 from mlmlab import choices, markdown
 from mlmlab.errors import UserError
+from mlmlab.experiments.gates import gate_results
 
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0  # a fixed generator, so the intervals are the same every time the report is made
@@ -115,6 +116,10 @@ def metrics_of(rows: list[dict]) -> list[Metric]:
     metrics += [Metric(f"loss freq {key.removeprefix('perplexity_freq_')} (nats)", ("eval", key), True, log=True)
                 for key in buckets]
     metrics += [Metric(name, ("eval", name), False) for name in ("mlm_accuracy", "nsp_accuracy") if name in eval_keys]
+    held_out = list(dict.fromkeys(name for row in rows for name, report in (row.get("eval_data") or {}).items()
+                                  if "mlm_loss" in report))
+    metrics += [Metric(f"{name} MLM loss (nats)", ("eval_data", name, "mlm_loss"), True) for name in held_out]
+    metrics += [Metric(f"{name} mlm_accuracy", ("eval_data", name, "mlm_accuracy"), False) for name in held_out]
     tasks = list(dict.fromkeys(t for row in rows for t in (row.get("glue") or {}).get("tasks", {})))
     if tasks:
         metrics.append(Metric("GLUE avg", ("glue", "average"), False, 100.0))
@@ -386,6 +391,21 @@ def arm_verdicts(arm, baseline, compared: list[Metric], comparisons) -> list[str
     return [f"- {verdict(arm, baseline, m, c)}" for m, c in zip(compared, comparisons)]
 
 
+def gates_section(rows: list[dict], groups) -> list[str]:
+    """The study's validity gates, as its rows recorded them, and whether the gate arm's means met them."""
+    gates = next((row["gates"] for row in rows if row.get("gates")), None)
+    if gates is None:
+        return []
+    arm_rows = groups.get(gates["arm"], [])
+    results = gate_results(gates["min"], arm_rows)
+    body = [[r["path"], f"{r['least']:g}", f"{r['mean']:.4g}", "held" if r["held"] else "**failed**"] for r in results]
+    held = bool(results) and all(r["held"] for r in results)
+    verdict = ("All gates held: the comparisons below are between models that have left the unigram plateau."
+               if held else "A gate failed: the comparisons below are reported, but no conclusion is drawn from them.")
+    return ([f"## Validity gates (means over the {len(arm_rows)} seeds of {gates['arm']}, fixed before the runs)", ""]
+            + markdown.table(["figure", "least", "mean", "outcome"], body) + [verdict, ""])
+
+
 def summary_section(groups, baseline, metrics) -> list[str]:
     """The seed's comparison: baseline, then each arm; perplexity with its difference in nats, GLUE."""
     pairs = summary_columns(metrics)
@@ -464,12 +484,17 @@ def write_report(results: Path, out: Path) -> Path:
              *commands(rows, results, out), "",
              f"{len(rows)} runs, {len(groups)} arms, seeds {seeds}; mlmlab "
              f"{', '.join(sorted({str(row.get('mlmlab_version')) for row in rows}))}.", ""]
+    lines += gates_section(rows, groups)
     lines += summary_section(groups, baseline, metrics)
     lines += metric_table("Held-out perplexity, overall and per frequency bucket; differences in nats of MLM loss",
                           groups, baseline, [m for m in metrics if "ppl" in m.label or m.label == "perplexity"],
-                          [m for m in metrics if m.label.endswith("(nats)")])
+                          [m for m in metrics if m.label.endswith("(nats)") and m.path[0] == "eval"])
     lines += metric_table("Held-out MLM and NSP accuracy", groups, baseline,
-                          [m for m in metrics if m.label.endswith("accuracy")])
+                          [m for m in metrics if m.label.endswith("accuracy") and m.path[0] == "eval"])
+    further = [m for m in metrics if m.path[0] == "eval_data"]
+    if further:
+        lines += metric_table("Further held-out sets (the study's eval_data; same fixed masks)", groups, baseline,
+                              further)
     glue = [m for m in metrics if m.label.startswith("GLUE")]
     lines += metric_table("GLUE dev scores (x100; median over fine-tuning seeds, then over pretraining seeds "
                           "as mean ± std)", groups, baseline, glue) + glue_notes(rows) + [""]

@@ -15,16 +15,20 @@ import re
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import lru_cache
 from pathlib import Path
 
 import mlmlab
 from mlmlab import jsonio
-from mlmlab.config import Config, config_text, from_dict, set_dotted, to_dict
+from mlmlab.config import Config, DataConfig, config_text, from_dict, set_dotted, to_dict
 from mlmlab.errors import UserError
+from mlmlab.data.resolve import dataset_hashes
 from mlmlab.evaluate.glue import run_glue
-from mlmlab.evaluate.perplexity import evaluate_mlm
+from mlmlab.evaluate.perplexity import evaluate_mlm, evaluate_model
 from mlmlab.experiments.budget import ASSUMED_MFU, CPU_FLOPS, H100_PEAK_FLOPS, apply_budget, run_cost
-from mlmlab.experiments.study import Arm, GlueSettings, Study
+from mlmlab.experiments.gates import describe, gate_results
+from mlmlab.experiments.identity import config_changes, identity_hash, settings_of
+from mlmlab.experiments.study import Arm, Study
 from mlmlab.train.loop import Trainer
 
 RESULTS_FILE = "results.jsonl"
@@ -37,8 +41,9 @@ class Run:
     seed: int
     config: Config  # resolved: budget applied, seeds set, train.out_dir = the run folder
     cost: dict  # budget.run_cost
-    config_hash: str  # of the config without its folder
-    key: str  # arm/seed/hash of (config, GLUE settings): a row with this key means "done"
+    config_hash: str  # of the whole config without its folder
+    datasets: dict  # {"train": hash, "valid": hash} of the prepared data
+    key: str  # arm/seed/identity.identity_hash: a row with this key means "done"
 
 
 # ----- from a study to runs ----------------------------------------------------------------
@@ -56,11 +61,17 @@ def arm_config(study: Study, arm: Arm) -> Config:
 def plan_runs(study: Study) -> list[Run]:
     """Every run of the study, seed-major (so an interrupted study has all arms of its first seeds)."""
     configs = {arm.name: arm_config(study, arm) for arm in study.arms}
-    _refuse_duplicate_arms(configs)
     reference = configs[study.baseline]
-    budgeted = {name: apply_budget(cfg, reference, study.budget) for name, cfg in configs.items()}
+    budgeted = {arm.name: apply_budget(configs[arm.name], reference, arm.budget or study.budget) for arm in study.arms}
+    _refuse_duplicate_arms(budgeted)
     pairs = [(seed, arm) for seed in study.seeds for arm in study.arms]
     return [_run(study, index, arm, seed, budgeted[arm.name]) for index, (seed, arm) in enumerate(pairs)]
+
+
+@lru_cache(maxsize=None)
+def _dataset_hashes(data_json: str) -> dict:
+    """Arms mostly share one data section: hash its corpus files once per process."""
+    return dataset_hashes(DataConfig(**json.loads(data_json)))
 
 
 def _refuse_duplicate_arms(configs: dict[str, Config]) -> None:
@@ -76,16 +87,16 @@ def _refuse_duplicate_arms(configs: dict[str, Config]) -> None:
 def _run(study: Study, index: int, arm: Arm, seed: int, cfg: Config) -> Run:
     cfg = dataclasses.replace(cfg, masking=dataclasses.replace(cfg.masking, seed=seed),
                               train=dataclasses.replace(cfg.train, seed=seed, out_dir=""))
-    key = f"{arm.name}/seed{seed}/{config_hash(cfg, study.glue)}"
+    datasets = _dataset_hashes(json.dumps(dataclasses.asdict(cfg.data), sort_keys=True))
+    identity = identity_hash(cfg, study.explicit | set(arm.overrides), datasets, settings_of(study))
     run_dir = Path(study.out_dir) / "runs" / arm.name / f"seed{seed}"
     placed = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out_dir=str(run_dir)))
-    return Run(index, arm, seed, placed, run_cost(cfg), config_hash(cfg), key)
+    return Run(index, arm, seed, placed, run_cost(cfg), config_hash(cfg), datasets, f"{arm.name}/seed{seed}/{identity}")
 
 
-def config_hash(cfg: Config, glue: GlueSettings | None = None) -> str:
-    """Hash of what determines a run's results: the config (without its folder) and the GLUE settings."""
-    text = config_text(cfg) + (json.dumps(dataclasses.asdict(glue), sort_keys=True) if glue else "")
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+def config_hash(cfg: Config) -> str:
+    """Hash of the whole resolved config without its folder: recorded in the row (the key is identity_hash)."""
+    return hashlib.sha256(config_text(cfg).encode()).hexdigest()[:12]
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
@@ -104,17 +115,36 @@ def shard_runs(runs: list[Run], shard: tuple[int, int]) -> list[Run]:
 
 
 # ----- running -----------------------------------------------------------------------------
-def finished_keys(results: Path) -> set[str]:
-    """Keys of the rows already written; a line cut short by a crash is ignored (that run reruns)."""
+def finished_rows(results: Path) -> list[dict]:
+    """The rows already written; a line cut short by a crash is ignored (that run reruns)."""
     if not results.is_file():
-        return set()
-    keys = set()
+        return []
+    rows = []
     for line in results.read_text().splitlines():
         try:
-            keys.add(json.loads(line)["key"])
-        except (json.JSONDecodeError, KeyError, TypeError):
+            row = json.loads(line)
+        except json.JSONDecodeError:
             continue
-    return keys
+        if isinstance(row, dict) and "key" in row:
+            rows.append(row)
+    return rows
+
+
+def refuse_incomparable(runs: list[Run], rows: list[dict]) -> None:
+    """Stop before a new run would sit beside finished ones made with other settings or data (identity.py)."""
+    planned = {(run.arm.name, run.seed): run for run in runs}
+    for row in rows:
+        run = planned.get((row.get("arm"), row.get("seed")))
+        if run is None:  # an arm the study no longer has, or another shard's seed
+            continue
+        changes = config_changes(row.get("config") or {}, to_dict(run.config))
+        if row.get("datasets") not in (None, run.datasets):
+            changes.append(f"prepared data {row['datasets']} -> {run.datasets}")
+        if changes or row["key"] != run.key:
+            raise UserError(
+                f"{row['arm']} seed {row['seed']} in results.jsonl was made with other settings or data than this "
+                f"study now gives ({'; '.join(changes[:3]) or 'the study file changed'}); pin what changed in the "
+                "study's base so old and new runs stay comparable, or start a new study with --out")
 
 
 def train_run(cfg: Config, show_progress: bool) -> tuple[dict, float]:
@@ -141,7 +171,21 @@ def glue_for(run: Run, study: Study, show_progress: bool) -> dict:
     return {"average": result["average"], "tasks": tasks, **({"missing": missing} if missing else {})}
 
 
-def make_row(run: Run, study: Study, summary: dict, scorer_seconds: float, glue: dict, train_started: float) -> dict:
+def held_out_reports(run: Run, study: Study) -> dict:
+    """The study's further held-out sets (eval_data), each evaluated with the same fixed masks as training's."""
+    cfg, reports = run.config, {}
+    for name, paths in study.eval_data.items():
+        missing = [path for path in paths if not Path(path).exists()]
+        if missing:
+            reports[name] = {"skipped": f"{missing[0]} not found"}
+            continue
+        reports[name] = evaluate_model(Path(cfg.train.out_dir) / "model", paths, batch_size=cfg.train.batch_size,
+                                       max_seq_length=cfg.data.max_seq_length, freq_cuts=cfg.masking.freq_cuts)
+    return reports
+
+
+def make_row(run: Run, study: Study, summary: dict, scorer_seconds: float, evaluations: dict,
+             train_started: float) -> dict:
     cfg = run.config
     return {
         "key": run.key,
@@ -153,16 +197,18 @@ def make_row(run: Run, study: Study, summary: dict, scorer_seconds: float, glue:
         "overrides": run.arm.overrides,
         "seed": run.seed,
         "baseline": study.baseline,
-        "budget": study.budget,
+        "budget": run.arm.budget or study.budget,
         **{k: run.cost[k] for k in ("steps", "sequences_per_step", "flops", "flops_per_step", "scorer_share")},
         "tokens_seen": summary["tokens_seen"],  # non-padding tokens actually trained on
         "train_seconds": summary["train_seconds"],  # scoring included (it happens inside the step)
         "scorer_seconds": scorer_seconds,
         "wall_seconds": time.time() - train_started,  # training, evaluation, checkpoints and GLUE
         "eval": summary["eval"],
-        "glue": glue,
+        **evaluations,  # "glue" and "eval_data"
         "run_dir": str(Path(cfg.train.out_dir).relative_to(study.out_dir)),  # relative to results.jsonl
         "config_hash": run.config_hash,
+        "datasets": run.datasets,
+        "gates": {"arm": study.gates.arm, "min": study.gates.minimum} if study.gates else None,
         "config": to_dict(cfg),
         "mlmlab_version": mlmlab.__version__,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -172,7 +218,8 @@ def make_row(run: Run, study: Study, summary: dict, scorer_seconds: float, glue:
 def execute(run: Run, study: Study, results: Path, show_progress: bool) -> dict:
     started = time.time()
     summary, scorer_seconds = train_run(run.config, show_progress)
-    row = make_row(run, study, summary, scorer_seconds, glue_for(run, study, show_progress), started)
+    evaluations = {"eval_data": held_out_reports(run, study), "glue": glue_for(run, study, show_progress)}
+    row = make_row(run, study, summary, scorer_seconds, evaluations, started)
     with open(results, "a") as handle:
         # One write per row, so concurrent shards never interleave.
         handle.write(jsonio.dumps(row) + "\n")
@@ -180,17 +227,21 @@ def execute(run: Run, study: Study, results: Path, show_progress: bool) -> dict:
 
 
 def run_study(study: Study, shard: tuple[int, int] = (0, 1), show_progress: bool = True, log=print) -> list[dict]:
-    """Run this shard's unfinished runs; return the rows written."""
-    runs = shard_runs(plan_runs(study), shard)
+    """Run this shard's unfinished runs, the gate arm's first; return the rows written."""
+    planned = plan_runs(study)
     results = Path(study.out_dir) / RESULTS_FILE
     results.parent.mkdir(parents=True, exist_ok=True)
-    done = finished_keys(results)
+    refuse_incomparable(planned, finished_rows(results))
+    gate_arm = study.gates.arm if study.gates else None
+    runs = sorted(shard_runs(planned, shard), key=lambda run: run.arm.name != gate_arm)  # stable: seed-major within
     rows = []
     for number, run in enumerate(runs, 1):
         label = f"[{number}/{len(runs)}] {run.arm.name} seed {run.seed}"
-        if run.key in done:
+        if run.key in {row["key"] for row in finished_rows(results)}:
             log(f"{label}: already in {results}, skipped")
             continue
+        if gate_arm is not None and run.arm.name != gate_arm:
+            check_gates(study, planned, finished_rows(results), log)
         log(f"{label}: {run.cost['steps']} steps of batch {run.cost['sequences_per_step']} -> {run.config.train.out_dir}")
         row = execute(run, study, results, show_progress)
         glue = row["glue"].get("average")
@@ -200,6 +251,20 @@ def run_study(study: Study, shard: tuple[int, int] = (0, 1), show_progress: bool
         rows.append(row)
     log(f"{len(rows)} runs finished, {len(runs) - len(rows)} skipped; results in {results}")
     return rows
+
+
+def check_gates(study: Study, planned: list[Run], rows: list[dict], log=print) -> None:
+    """Refuse to run other arms until every run of the gate arm is in and its means pass the gates."""
+    gate_keys = {run.key for run in planned if run.arm.name == study.gates.arm}
+    gate_rows = [row for row in rows if row["key"] in gate_keys]
+    if len(gate_rows) < len(gate_keys):
+        raise UserError(f"the validity gates need every run of arm {study.gates.arm!r} first ({len(gate_rows)} of "
+                        f"{len(gate_keys)} are in); run the shard(s) that hold them")
+    results = gate_results(study.gates.minimum, gate_rows)
+    if not all(result["held"] for result in results):
+        raise UserError(f"validity gates failed on {study.gates.arm} (means of {len(gate_rows)} seeds): "
+                        f"{describe(results)}; raise the budget (base train.max_steps) in a new study out_dir")
+    log(f"validity gates held on {study.gates.arm}: {describe(results)}")
 
 
 def dry_run_text(study: Study, shard: tuple[int, int] = (0, 1)) -> str:

@@ -16,7 +16,14 @@ A study file (YAML; presets in configs/studies/) holds a base run config, named 
     baseline: dynamic                 # the arm every other is compared with
     glue: {tasks: [RTE, MRPC], seeds: [0], learning_rates: [1.0e-4]}   # tasks: [] skips GLUE
     glue_dir: ../shared/data/glue     # skipped, with a note in the row, when absent
+    eval_data: {wikitext103-valid: ../shared/data/wikitext103_eval/wiki.valid.tokens}  # more held-out sets
+    gates:                            # validity gates: checked on one arm's runs before any other arm runs
+      arm: dynamic
+      min: {eval.mlm_accuracy: 0.14, glue.tasks.STS-B.dev.pearson: 0.35}   # row paths -> least mean over seeds
     out_dir: studies/my-study         # default: studies/<name>
+
+An arm may also set ``budget:`` (token-matched or compute-matched) for itself, e.g. to run a
+costly scorer once more at the baseline's FLOPs.
 """
 
 import dataclasses
@@ -32,7 +39,8 @@ from mlmlab.evaluate.glue import resolve_task_names
 
 STUDY_DIR = Path(__file__).resolve().parent.parent / "configs" / "studies"
 STUDY_KEYS = ("name", "description", "preset", "base", "arms", "grid", "seeds", "budget", "baseline", "glue",
-              "glue_dir", "out_dir")
+              "glue_dir", "eval_data", "gates", "out_dir")
+GATE_KEYS = ("arm", "min")
 GRID_KEYS = ("prefix", "fixed", "vary")
 # Set by the study itself (seeds, budget, run folders), never by an arm.
 RESERVED = {"train.seed": "seeds:", "masking.seed": "seeds:", "train.out_dir": "the study's out_dir",
@@ -57,6 +65,15 @@ class GlueSettings:
 class Arm:
     name: str
     overrides: dict  # dotted key -> value, over the study's base
+    budget: str | None = None  # None: the study's
+
+
+@dataclass(frozen=True)
+class Gates:
+    """Validity gates: least means over the seeds of ``arm`` of row values (dotted paths into a result row)."""
+
+    arm: str
+    minimum: dict  # e.g. {"eval.mlm_accuracy": 0.14}
 
 
 @dataclass
@@ -64,12 +81,15 @@ class Study:
     name: str
     source: str  # as given on the command line: the report repeats it in its commands
     base: dict  # the full config tree every arm starts from
+    explicit: frozenset  # dotted keys the preset or base set: a run's identity (runner.run_key)
     arms: list[Arm]
     seeds: list[int]
     budget: str
     baseline: str
     glue: GlueSettings
     glue_dir: str
+    eval_data: dict  # name -> path(s) of further held-out data, evaluated after each run
+    gates: Gates | None
     out_dir: str
 
 
@@ -94,10 +114,11 @@ def load_study(source: str, out_dir: str | None = None) -> Study:
     arms = [_named_arm(item) for item in _list(tree, "arms")]
     arms += [arm for block in _list(tree, "grid") for arm in grid_arms(block)]
     study = Study(
-        name=name, source=source, base=_base_tree(tree), arms=arms, seeds=_seeds(tree.get("seeds", [0])),
-        budget=tree.get("budget", choices.TOKEN_MATCHED), baseline=tree.get("baseline", choices.DYNAMIC),
-        glue=_glue_settings(tree.get("glue") or {}), glue_dir=str(tree.get("glue_dir") or ""),
-        out_dir=out_dir or str(tree.get("out_dir") or f"studies/{name}"),
+        name=name, source=source, base=_base_tree(tree), explicit=_explicit_keys(tree), arms=arms,
+        seeds=_seeds(tree.get("seeds", [0])), budget=tree.get("budget", choices.TOKEN_MATCHED),
+        baseline=tree.get("baseline", choices.DYNAMIC), glue=_glue_settings(tree.get("glue") or {}),
+        glue_dir=str(tree.get("glue_dir") or ""), eval_data=_eval_data(tree.get("eval_data") or {}),
+        gates=_gates(tree.get("gates")), out_dir=out_dir or str(tree.get("out_dir") or f"studies/{name}"),
     )
     _check_study(study)
     return study
@@ -117,10 +138,10 @@ def _list(tree: dict, key: str) -> list:
 
 
 def _named_arm(item: dict) -> Arm:
-    overrides = {k: v for k, v in item.items() if k != "name"}
+    overrides = {k: v for k, v in item.items() if k not in ("name", "budget")}
     if "name" not in item:
         raise UserError(f"an arm has no name: {overrides}; add name: <arm name>")
-    return Arm(str(item["name"]), overrides)
+    return Arm(str(item["name"]), overrides, item.get("budget"))
 
 
 def grid_arms(block: dict) -> list[Arm]:
@@ -151,6 +172,34 @@ def _base_tree(tree: dict) -> dict:
             _check_reserved(f"{section}.{key}", "base", allow_steps=True)
             set_dotted(full, f"{section}.{key}", value)
     return full
+
+
+def _explicit_keys(tree: dict) -> frozenset:
+    """The dotted keys that the study's preset and base set (not those left at mlmlab's defaults)."""
+    preset = read_yaml(tree["preset"]) if tree.get("preset") else {}
+    return frozenset(f"{section}.{key}" for layer in (preset, tree.get("base") or {})
+                     for section, values in layer.items() for key in values)
+
+
+def _eval_data(value) -> dict:
+    if not isinstance(value, dict) or not all(isinstance(v, (str, list)) for v in value.values()):
+        raise UserError("study key 'eval_data' must map names to held-out data paths, "
+                        "e.g. {wikitext103-valid: ../shared/data/wikitext103_eval/wiki.valid.tokens}")
+    return {str(name): [paths] if isinstance(paths, str) else list(paths) for name, paths in value.items()}
+
+
+def _gates(value) -> Gates | None:
+    if value is None:
+        return None
+    minimum = value.get("min") if isinstance(value, dict) else None
+    if not isinstance(minimum, dict) or not minimum or "arm" not in value:
+        raise UserError("study key 'gates' must be {arm: NAME, min: {row.path: least mean, ...}}, "
+                        "e.g. {arm: dynamic, min: {eval.mlm_accuracy: 0.14}}")
+    _refuse_unknown(value, GATE_KEYS, "gates key")
+    try:
+        return Gates(str(value["arm"]), {str(path): float(least) for path, least in minimum.items()})
+    except (TypeError, ValueError):
+        raise UserError(f"gates min: values must be numbers, got {minimum!r}") from None
 
 
 def _check_reserved(key: str, where: str, allow_steps: bool = False) -> None:
@@ -186,6 +235,8 @@ def _check_study(study: Study) -> None:
         raise UserError("the study has no arms; add arms: [{name: dynamic, masking.strategy: dynamic}, ...]")
     names = [arm.name for arm in study.arms]
     for arm in study.arms:
+        if arm.budget is not None and arm.budget not in choices.BUDGETS:
+            raise UserError(f"arm {arm.name!r}: budget {arm.budget!r} is unknown; choose {choices.listed(choices.BUDGETS)}")
         if not ARM_NAME.match(arm.name):
             raise UserError(f"arm name {arm.name!r} may use only letters, digits and . _ = + - (it names a folder)")
         if names.count(arm.name) > 1:
@@ -194,3 +245,5 @@ def _check_study(study: Study) -> None:
             _check_reserved(key, f"arm {arm.name!r}")
     if study.baseline not in names:
         raise UserError(f"baseline {study.baseline!r} is not an arm; arms: {', '.join(names)}")
+    if study.gates is not None and study.gates.arm not in names:
+        raise UserError(f"gates arm {study.gates.arm!r} is not an arm; arms: {', '.join(names)}")

@@ -1,0 +1,34 @@
+"""Validity gates: a comparison of masking strategies means something only once the baseline learns.
+
+A study names one arm (the baseline) and least values of row figures (dotted paths into a
+result row, e.g. ``eval.mlm_accuracy`` or ``glue.tasks.STS-B.dev.pearson``). The means over
+that arm's seeds are checked before any other arm runs, and the report states the outcome.
+"""
+
+import math
+
+import numpy as np
+
+
+def row_value(row: dict, path: str) -> float:
+    """The number at a dotted path of a row (NaN when it is missing or null)."""
+    value = row
+    for key in path.split("."):
+        if not isinstance(value, dict) or key not in value:
+            return math.nan
+        value = value[key]
+    return math.nan if value is None else float(value)
+
+
+def gate_results(minimum: dict, rows: list[dict]) -> list[dict]:
+    """One {"path", "mean", "least", "held"} per gate, the mean over ``rows`` (the gate arm's seeds)."""
+    results = []
+    for path, least in minimum.items():
+        values = [row_value(row, path) for row in rows]
+        mean = float(np.mean(values)) if values else math.nan
+        results.append({"path": path, "mean": mean, "least": least, "held": mean >= least})
+    return results
+
+
+def describe(results: list[dict]) -> str:
+    return "; ".join(f"{r['path']} {r['mean']:.4g} {'>=' if r['held'] else '<'} {r['least']:g}" for r in results)

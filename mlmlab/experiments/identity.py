@@ -1,0 +1,46 @@
+"""What makes two study runs the same run, and what makes finished runs incomparable with new ones.
+
+A study grows over several sessions while mlmlab changes under it. Its runs are keyed by
+what the study itself fixes: the values of the config keys its preset, base and arm set,
+the budget's steps, the seed, the GLUE and held-out settings, and the hashes of the
+prepared datasets. A config key added to mlmlab later (with a default that keeps the old
+behaviour) therefore neither changes a key nor reruns a finished run. What could silently
+mix old and new runs is refused instead of rerun: a finished row whose recorded config
+differs from what the study now resolves to (a changed default the study did not pin), or
+whose prepared data differs (changed data preparation).
+"""
+
+import dataclasses
+import hashlib
+import json
+
+from mlmlab.config import Config, to_dict
+
+# Set for every run by the study (budget, seeds), whatever its preset and base say.
+STUDY_SET_KEYS = ("train.max_steps", "train.warmup_steps", "train.seed", "masking.seed")
+NOT_IDENTITY = ("train.out_dir",)  # where a run lives, not what it computes
+
+
+def flat(tree: dict) -> dict:
+    """{"section.key": value} of a config tree."""
+    return {f"{section}.{key}": value for section, values in tree.items() for key, value in values.items()}
+
+
+def identity_hash(cfg: Config, explicit_keys, datasets: dict, settings: dict) -> str:
+    """12 hex digits over the explicitly set config values, the datasets' hashes and the study's other settings."""
+    values = flat(to_dict(cfg))
+    chosen = {key: values[key] for key in sorted(set(explicit_keys) | set(STUDY_SET_KEYS)) if key not in NOT_IDENTITY}
+    text = json.dumps({"config": chosen, "datasets": datasets, **settings}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def config_changes(recorded: dict, planned: dict) -> list[str]:
+    """"key: old -> new" for every key both config trees have and that differs (folders aside)."""
+    old, new = flat(recorded), flat(planned)
+    return [f"{key}: {old[key]!r} -> {new[key]!r}" for key in sorted(old.keys() & new.keys())
+            if key not in NOT_IDENTITY and old[key] != new[key]]
+
+
+def settings_of(study) -> dict:
+    """The study's settings besides the config that decide a row's numbers."""
+    return {"glue": dataclasses.asdict(study.glue), "eval_data": study.eval_data}
