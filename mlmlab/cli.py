@@ -92,7 +92,7 @@ def cmd_experiment(args) -> None:
 
     study, shard = load_study(args.study, out_dir=args.out), parse_shard(args.shard)
     if args.dry_run:
-        print(dry_run_text(study, shard))
+        print(dry_run_text(study, shard, probe_steps=args.probe))
     else:
         run_study(study, shard, show_progress=not args.no_progress)
 
@@ -189,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", default=None, help="i/n: only the runs whose index %% n == i (i from 0), to split a study over machines")
     p.add_argument("--out", default=None, help="study folder (default: the study's out_dir, else studies/<name>)")
     p.add_argument("--dry-run", action="store_true", help="validate every arm's config and print the estimated cost; train nothing")
+    p.add_argument("--probe", type=int, default=0, metavar="STEPS",
+                   help="with --dry-run: also time STEPS training steps of each arm here and extrapolate each run's time")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_experiment)
 

@@ -96,6 +96,15 @@ def test_dry_run_of_roberta_base_prints_the_cost_without_training(tmp_path, caps
     assert not (tmp_path / "out").exists()
 
 
+def test_dry_run_probe_times_each_arm_and_extrapolates_a_run(tmp_path, capsys):
+    assert main(["experiment", write_study(tmp_path), "--dry-run", "--probe", "1"]) == 0
+    out = capsys.readouterr().out
+    timed = [line.split() for line in out.splitlines() if line.startswith("  dynamic") or line.startswith("  adm-")]
+    assert [row[0] for row in timed] == ["dynamic", "adm-entropy"] and float(timed[0][1]) > 0
+    assert timed[0][2] == "1.00x" and "this shard, timed:" in out
+    assert not (tmp_path / "out").exists()  # the probes leave nothing behind
+
+
 def test_presets_load_and_validate_every_arm():
     for name in ("adm-study-cpu", "adm-ablations-cpu"):
         study = study_file.load_study(name)

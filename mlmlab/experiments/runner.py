@@ -28,6 +28,7 @@ from mlmlab.evaluate.perplexity import evaluate_mlm, evaluate_model
 from mlmlab.experiments.budget import ASSUMED_MFU, CPU_FLOPS, H100_PEAK_FLOPS, apply_budget, run_cost
 from mlmlab.experiments.gates import describe, gate_results
 from mlmlab.experiments.identity import config_changes, identity_hash, settings_of
+from mlmlab.experiments.probe import WARMUP_STEPS, probe_run, run_minutes
 from mlmlab.experiments.study import Arm, Study
 from mlmlab.train.loop import Trainer
 
@@ -267,8 +268,8 @@ def check_gates(study: Study, planned: list[Run], rows: list[dict], log=print) -
     log(f"validity gates held on {study.gates.arm}: {describe(results)}")
 
 
-def dry_run_text(study: Study, shard: tuple[int, int] = (0, 1)) -> str:
-    """Every arm's config validated and its estimated cost, without training."""
+def dry_run_text(study: Study, shard: tuple[int, int] = (0, 1), probe_steps: int = 0, log=print) -> str:
+    """Every arm's config validated and its estimated cost; with ``probe_steps``, each arm's cost timed here too."""
     runs = plan_runs(study)
     mine = shard_runs(runs, shard)
     lines = [f"study {study.name}: {len(study.arms)} arms x {len(study.seeds)} seeds = {len(runs)} runs "
@@ -278,6 +279,8 @@ def dry_run_text(study: Study, shard: tuple[int, int] = (0, 1)) -> str:
         c = run.cost
         lines.append(f"{run.arm.name:<34} {c['steps']:>9} {c['sequences_per_step']:>6} {c['tokens']:>10.3g} "
                      f"{c['flops']:>9.3g} {100 * c['scorer_share']:>6.1f}% {c['gpu_hours']:>9.3g} {c['cpu_hours']:>9.3g}")
+    if probe_steps:
+        lines += probed_cost_lines(runs[: len(study.arms)], mine, probe_steps, log)
     total = sum(run.cost["flops"] for run in mine)
     gpu, cpu = (sum(run.cost[k] for run in mine) for k in ("gpu_hours", "cpu_hours"))
     lines += [
@@ -291,3 +294,21 @@ def dry_run_text(study: Study, shard: tuple[int, int] = (0, 1)) -> str:
         "one process, so with N processes divide train.grad_accum by N to keep the batch",
     ]
     return "\n".join(lines)
+
+
+def probed_cost_lines(arm_runs: list[Run], mine: list[Run], steps: int, log=print) -> list[str]:
+    """Each arm's seconds per step and minutes per run, timed on this machine, and this shard's total."""
+    lines = [f"timed here: {steps} steps per arm after {WARMUP_STEPS} warm-up steps; a run's minutes include its "
+             "held-out evaluations, not GLUE",
+             f"  {'arm':<30} {'s/step':>8} {'vs first':>10} {'min/run':>8}"]
+    minutes, first = {}, None
+    for run in arm_runs:
+        log(f"probing {run.arm.name} ...")
+        probed = probe_run(run.config, steps)
+        first = first or probed["step_seconds"]
+        minutes[run.arm.name] = run_minutes(run.config, probed)
+        lines.append(f"  {run.arm.name:<30} {probed['step_seconds']:>8.3f} {probed['step_seconds'] / first:>9.2f}x "
+                     f"{minutes[run.arm.name]:>8.1f}")
+    hours = sum(minutes[run.arm.name] for run in mine) / 60
+    lines.append(f"this shard, timed: {hours:.2f} CPU-hours of training and evaluation (a shared machine runs slower)")
+    return lines

@@ -1,0 +1,48 @@
+"""A study's cost measured, not only estimated: a few real training steps of each arm, timed here.
+
+FLOPs misprice what is not a matmul. The entropy scorer, for one, makes several elementwise
+passes over (positions x vocabulary) logits: in the CPU study it cost 2.4x dynamic's wall
+time where FLOPs said 1.7x. So the dry run can time ``steps`` steps of each arm (after
+warm-up steps, from the arm's real config and data) and a few held-out batches, and
+extrapolate each run's training and evaluation time. GLUE fine-tuning is not included.
+"""
+
+import dataclasses
+import tempfile
+
+from mlmlab.config import Config
+from mlmlab.devices import clock
+from mlmlab.evaluate.perplexity import evaluate_mlm
+from mlmlab.train.loop import Trainer
+
+WARMUP_STEPS = 2  # thread pools, allocator, and ADM's first scoring step (a = 0 at step 0 scores nothing)
+EVAL_PROBE_BATCHES = 2
+
+
+def probe_run(cfg: Config, steps: int) -> dict:
+    """{"step_seconds", "eval_batch_seconds", "eval_batches"} of ``cfg`` on this machine (nothing is kept)."""
+    with tempfile.TemporaryDirectory() as folder:
+        probe = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out_dir=folder, eval_every=0,
+                                                                   save_every=0))
+        trainer = Trainer(probe, validate=evaluate_mlm, show_progress=False)
+        batches = trainer.batches()
+        for _ in range(WARMUP_STEPS):
+            trainer.train_step(batches)
+        device = trainer.accelerator.device
+        start = clock(device)
+        for _ in range(steps):
+            trainer.train_step(batches)
+        step_seconds = (clock(device) - start) / steps
+        start = clock(device)
+        trainer.evaluate(EVAL_PROBE_BATCHES)
+        eval_batch_seconds = (clock(device) - start) / EVAL_PROBE_BATCHES
+        eval_batches = min(cfg.train.eval_batches, max(1, len(trainer.valid_store) // cfg.train.batch_size))
+    return {"step_seconds": step_seconds, "eval_batch_seconds": eval_batch_seconds, "eval_batches": eval_batches}
+
+
+def run_minutes(cfg: Config, probed: dict) -> float:
+    """Training plus held-out evaluations (every eval_every steps and at the end) of one run, in minutes."""
+    t = cfg.train
+    evaluations = (t.max_steps - 1) // t.eval_every + 1 if t.eval_every else 1
+    seconds = t.max_steps * probed["step_seconds"] + evaluations * probed["eval_batches"] * probed["eval_batch_seconds"]
+    return seconds / 60
