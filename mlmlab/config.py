@@ -60,7 +60,7 @@ class MaskingConfig:
     whole_word: bool = False  # select whole words ("##" pieces follow their word), for every strategy
     rate_schedule: str = choices.CONSTANT  # "constant" (rate) or "linear_decay" from rate_start to rate (Ankner et al. 2024)
     rate_start: float = 0.30  # linear_decay only: the mask rate at step 0
-    scorer: str = choices.ENTROPY  # adaptive: entropy (seed's), max_prob, grad_norm, loss_ema (nearly free), context
+    scorer: str = choices.ENTROPY  # adaptive: entropy (seed's), max_prob, grad_norm, loss_ema (~free), context, frequency (control)
     adapt_schedule: str = choices.QUADRATIC  # adaptive: shape of a(progress); the seed's is progress ** 2
     a_max: float = 1.0  # adaptive: a = a_max * f(progress); lower keeps some uniform masking at the end
     floor: float = 0.1  # adaptive: least weight of any eligible position (the seed's 0.1), so none starves

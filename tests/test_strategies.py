@@ -4,10 +4,12 @@ import copy
 import io
 import itertools
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from accelerate.utils import DistributedType
 
 from mlmlab import seeding
 from mlmlab.config import Config, MaskingConfig, ModelConfig
@@ -15,14 +17,17 @@ from mlmlab.errors import UserError
 from mlmlab.masking import scorers
 from mlmlab.choices import ADAPT_SCHEDULES
 from mlmlab.masking.schedules import adapt_factor, adapt_shape, mask_rate, rate_at
+from mlmlab.experiments.budget import scorer_flops
 from mlmlab.masking.select import (Corruption, TokenInfo, continuation_table, count_to_select, eligible_positions,
                                    gumbel_top_k, token_info_for)
 from mlmlab.masking.strategies import blend, build_strategy, frequency_buckets, mask_batch, normalise
 from mlmlab.model import build_model, pretraining_loss
+from mlmlab.train.launch import check_fsdp
 from reference import naive_entropy_scores
 
 V = 300  # small vocabulary: ids 0-4 special, the rest ordinary
 INFO = TokenInfo(mask_id=4, special_ids=(0, 1, 2, 3, 4), ordinary_ids=torch.arange(5, V))
+COUNTS = np.arange(V, 0, -1)  # id i is the i-th most frequent; freq_buckets "50,150": ids < 50, < 150, the rest
 TINY = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, dropout=0.0, pad_vocab_multiple=64)
 
 
@@ -350,7 +355,8 @@ def test_score_every_and_fraction_control_cost():
     assert (got[0][4:] == 1).all()  # rows past the scored half: uniform
 
 
-@pytest.mark.parametrize("scorer,extra", [("context", {}), ("loss_ema", {}), ("entropy", {"score_every": 2})])
+@pytest.mark.parametrize("scorer,extra", [("context", {}), ("loss_ema", {}), ("entropy", {"score_every": 2}),
+                                          ("frequency", {})])
 def test_state_round_trip_reproduces_the_uninterrupted_run(scorer, extra):
     cfg = adaptive(scorer=scorer, adapt_schedule="linear", context_buckets=4096, **extra)
     model = tiny_model()
@@ -361,19 +367,20 @@ def test_state_round_trip_reproduces_the_uninterrupted_run(scorer, extra):
         for step in steps:
             batch = batches[step]
             w = strategy.weights(model, batch, step / 6)
-            masked = mask_batch(batch, seed=0, epoch_key=strategy.epoch_key(0), rate=0.3, info=INFO, corruption=Corruption(), weights=w)
+            masked = mask_batch(batch, seed=0, epoch_key=strategy.epoch_key(0), rate=0.3, info=INFO, corruption=Corruption(),
+                                weights=w)
             strategy.observe(masked, pretraining_loss(model, masked))
             strategy.learn()
             out.append((w, masked["input_ids"], masked["labels"]))
         return out
 
-    whole = run(build_strategy(cfg, info=INFO, vocab_size=V), range(6))
-    first = build_strategy(cfg, info=INFO, vocab_size=V)
+    whole = run(build_strategy(cfg, info=INFO, vocab_size=V, token_counts=COUNTS), range(6))
+    first = build_strategy(cfg, info=INFO, vocab_size=V, token_counts=COUNTS)
     run(first, range(3))
     buffer = io.BytesIO()
     torch.save(first.state_dict(), buffer)  # tensors only: loadable with weights_only=True
     buffer.seek(0)
-    resumed = build_strategy(cfg, info=INFO, vocab_size=V)
+    resumed = build_strategy(cfg, info=INFO, vocab_size=V, token_counts=COUNTS)
     resumed.load_state_dict(torch.load(buffer, weights_only=True))
     rest = run(resumed, range(3, 6))
     for (w1, i1, l1), (w2, i2, l2) in zip(whole[3:], rest):
@@ -393,3 +400,55 @@ def test_masking_config_validation_says_what_to_change():
             Config(masking=MaskingConfig(**bad))
         assert "\n" not in str(err.value) and "masking." in str(err.value)
     json.dumps(Config().masking.__dict__)  # defaults run and serialise
+
+
+# ----- frequency controls: the frequency scorer -----------------------------------------------------
+
+
+def test_frequency_scores_rank_rarer_ids_higher_and_are_never_negative():
+    counts = np.array([0, 7, 3, 3, 120, 1, 50])  # shorter than the vocabulary of 10: ids 7-9 unseen
+    scores = scorers.FrequencyScorer(counts, 10).scores(torch.arange(10)[None])[0]  # (V,)
+    full = np.concatenate([counts, [0, 0, 0]])
+    for i, j in itertools.permutations(range(10), 2):
+        if full[i] < full[j]:
+            assert scores[i] > scores[j], (i, j)  # strictly monotone in the count
+        elif full[i] == full[j]:
+            assert scores[i] == scores[j]
+    assert torch.isfinite(scores).all() and (scores >= 0).all() and scores[0] == scores.max()
+    expected = -np.log((full + 1) / (full.sum() + 10))  # add-one smoothed unigram surprisal
+    assert torch.allclose(scores.double(), torch.from_numpy(expected), atol=1e-5)
+    assert scorers.FrequencyScorer([5], 1).scores(torch.zeros(1, 1, dtype=torch.long)).item() == 0.0  # p = 1
+
+
+def test_adm_with_the_frequency_scorer_targets_rare_ids_more_than_uniform():
+    batch = make_batch(16, 32)
+    strategy = build_strategy(adaptive(scorer="frequency", adapt_schedule="constant"), info=INFO, vocab_size=V,
+                              token_counts=COUNTS)
+    weights = strategy.weights(None, batch, 1.0)
+
+    def rare_share(w):
+        labels = torch.stack([mask_batch(batch, seed=2, epoch_key=e, rate=0.15, info=INFO, corruption=Corruption(),
+                                         weights=w)["labels"] for e in range(100)])
+        return float((labels >= 150).sum() / (labels != -100).sum())
+
+    adm, uniform = rare_share(weights), rare_share(None)
+    assert adm > uniform + 0.03, (adm, uniform)  # about 10 standard errors at these sizes
+
+
+def test_cost_controls_fsdp_and_budget_spare_the_frequency_scorer():
+    batch = make_batch()
+    cfg = adaptive(scorer="frequency", adapt_schedule="constant", score_every=3, score_fraction=0.5)
+    strategy = build_strategy(cfg, info=INFO, vocab_size=V, token_counts=COUNTS)
+    for _ in range(4):  # every step scored, every row: score_every and score_fraction price model passes only
+        w = strategy.weights(None, batch, 0.5)
+        assert w is not None and all(w[row, 1:-1].std() > 0 for row in range(len(w)))
+    assert set(strategy.state_dict()) == {"step", "score_seconds_total"}  # nothing learnt, nothing to checkpoint
+    with pytest.raises(ValueError):
+        build_strategy(cfg, info=INFO, vocab_size=V)  # no corpus counts, no frequency scores
+    fsdp = SimpleNamespace(distributed_type=DistributedType.FSDP, is_fsdp2=True)
+    for scorer in ("frequency", "loss_ema", "context"):
+        check_fsdp(fsdp, Config(masking=adaptive(scorer=scorer)))  # not refused
+        assert scorer_flops(Config(masking=adaptive(scorer=scorer, score_every=2)), 1e9, V) == 0.0
+    with pytest.raises(UserError, match="needs the whole model"):
+        check_fsdp(fsdp, Config(masking=adaptive(scorer="entropy")))
+    assert scorer_flops(Config(masking=adaptive(scorer="entropy")), 1e9, V) > 0

@@ -120,6 +120,9 @@ class AdaptiveStrategy(UniformStrategy):
         self.loss_scorer = None
         if cfg.scorer in choices.LOSS_SCORERS:
             self.loss_scorer = scorers.LossScorer(cfg.scorer, vocab_size, cfg.ema_decay, cfg.context_buckets)
+        self.frequency_scorer = None  # no state: the counts come with the data on every start and resume
+        if cfg.scorer == choices.FREQUENCY:
+            self.frequency_scorer = scorers.FrequencyScorer(token_counts, vocab_size)
         self._scores = None  # (B, T) normalised scores of the last scored batch, for stats()
         self._observed = []  # loss scorers: observations of this step's micro-batches, for learn()
 
@@ -131,7 +134,7 @@ class AdaptiveStrategy(UniformStrategy):
         self.step += 1
         self.a = adapt_factor(cfg.adapt_schedule, progress, cfg.a_max)
         self._scores = None
-        model_scorer = self.loss_scorer is None
+        model_scorer = cfg.scorer in choices.MODEL_SCORERS  # only model passes cost enough to thin out
         if self.a == 0.0 or (model_scorer and (self.step - 1) % cfg.score_every):
             return None  # uniform: exactly the dynamic masks, and no scoring cost
         input_ids = batch["input_ids"]  # (B, T)
@@ -152,6 +155,8 @@ class AdaptiveStrategy(UniformStrategy):
         cfg = self.cfg
         if self.loss_scorer is not None:
             return self.loss_scorer.scores(batch["input_ids"])
+        if self.frequency_scorer is not None:
+            return self.frequency_scorer.scores(batch["input_ids"])
         if cfg.scorer == choices.GRAD_NORM:
             return scorers.grad_norm_scores(
                 model, batch, eligible, info=self.info, vocab_size=self.vocab_size, seed=cfg.seed, key=self.step
@@ -257,6 +262,8 @@ def build_strategy(cfg: MaskingConfig, info: TokenInfo | None = None, vocab_size
     if cfg.strategy == choices.ADAPTIVE:
         if info is None or vocab_size is None:
             raise ValueError("build_strategy needs info= and vocab_size= for the adaptive strategy")
+        if token_counts is None and cfg.scorer == choices.FREQUENCY:
+            raise ValueError("the frequency scorer needs token_counts= (the corpus's token counts)")
         return AdaptiveStrategy(cfg, info, vocab_size, token_counts)
     raise UserError(f"masking.strategy={cfg.strategy!r} is unknown; choose {choices.listed(choices.STRATEGIES)}")
 
