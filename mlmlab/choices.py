@@ -12,15 +12,18 @@ ADAPTIVE = "adaptive"  # ADM: weights from the model's uncertainty
 UNIFORM_STRATEGIES = (STATIC, DYNAMIC)
 STRATEGIES = (*UNIFORM_STRATEGIES, ADAPTIVE)
 
-# masking.scorer: model scorers run the model on the batch; loss scorers read running loss tables
+# masking.scorer: model scorers run the model on the batch; loss scorers read running loss tables;
+# data scorers read only the corpus counts stored with the data (no model, no state)
 ENTROPY = "entropy"
 MAX_PROB = "max_prob"
 GRAD_NORM = "grad_norm"
 LOSS_EMA = "loss_ema"
 CONTEXT = "context"
+FREQUENCY = "frequency"  # control: -log unigram probability; does uncertainty add anything beyond frequency?
 MODEL_SCORERS = (ENTROPY, MAX_PROB, GRAD_NORM)
 LOSS_SCORERS = (LOSS_EMA, CONTEXT)
-SCORERS = (*MODEL_SCORERS, *LOSS_SCORERS)
+DATA_SCORERS = (FREQUENCY,)
+SCORERS = (*MODEL_SCORERS, *LOSS_SCORERS, *DATA_SCORERS)
 
 # masking.adapt_schedule: the shape f of ADM's a = a_max * f(progress)
 QUADRATIC = "quadratic"

@@ -60,7 +60,7 @@ class MaskingConfig:
     whole_word: bool = False  # select whole words ("##" pieces follow their word), for every strategy
     rate_schedule: str = choices.CONSTANT  # "constant" (rate) or "linear_decay" from rate_start to rate (Ankner et al. 2024)
     rate_start: float = 0.30  # linear_decay only: the mask rate at step 0
-    scorer: str = choices.ENTROPY  # adaptive: entropy (seed's), max_prob, grad_norm, loss_ema (nearly free), context
+    scorer: str = choices.ENTROPY  # adaptive: entropy (seed's), max_prob, grad_norm, loss_ema (~free), context, frequency (control)
     adapt_schedule: str = choices.QUADRATIC  # adaptive: shape of a(progress); the seed's is progress ** 2
     a_max: float = 1.0  # adaptive: a = a_max * f(progress); lower keeps some uniform masking at the end
     floor: float = 0.1  # adaptive: least weight of any eligible position (the seed's 0.1), so none starves
@@ -73,6 +73,10 @@ class MaskingConfig:
     # Frequency-rank cut-offs of the per-bucket figures: the masked share while training and
     # held-out perplexity at each evaluation. Default: the 1k most frequent ids, the next 9k, the rest.
     freq_buckets: str = "1000,10000"
+    # adaptive: draw each frequency bucket's share of the k targets as uniform masking would
+    # (k * n_b / n per sequence, randomised rounding) and let the weights choose only within a
+    # bucket: a control that cannot shift the target prior between frequent and rare ids.
+    frequency_neutral: bool = False
 
     @property
     def freq_cuts(self) -> tuple[int, ...]:
@@ -146,6 +150,7 @@ def validate(cfg: Config) -> None:
     if not 0.0 <= m.ema_decay < 1.0:
         raise UserError(f"masking.ema_decay={m.ema_decay} is outside [0, 1); use e.g. 0.95")
     m.freq_cuts  # parsing it is the check: a bad value raises the one-line UserError
+    _check_frequency_neutral(m)
     for name in ("dropout", "attention_dropout"):
         p = getattr(cfg.model, name)
         if p is not None and not 0.0 <= p < 1.0:
@@ -166,6 +171,17 @@ def validate(cfg: Config) -> None:
     for name in ("batch_size", "grad_accum", "max_steps"):
         if getattr(cfg.train, name) < 1:
             raise UserError(f"train.{name} must be at least 1")
+
+
+def _check_frequency_neutral(m: MaskingConfig) -> None:
+    if not m.frequency_neutral:
+        return
+    if m.strategy != choices.ADAPTIVE:
+        raise UserError(f"masking.frequency_neutral=true re-weights ADM only; set masking.strategy={choices.ADAPTIVE} "
+                        "or masking.frequency_neutral=false")
+    if m.whole_word:  # the quotas count tokens, but whole-word selection takes words whose pieces span buckets
+        raise UserError("masking.frequency_neutral=true does not combine with masking.whole_word=true; "
+                        "set one of them to false")
 
 
 def _check_choice(key: str, value: str, names: tuple[str, ...]) -> None:

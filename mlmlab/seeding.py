@@ -25,6 +25,7 @@ STREAM_ACTION = 2
 STREAM_TOKEN = 3
 MASK_STREAMS = (STREAM_SELECT, STREAM_ACTION, STREAM_TOKEN)
 STREAM_SCORE = 4  # the uniformly masked copy that the grad_norm scorer differentiates
+STREAM_QUOTA = 5  # frequency-neutral ADM: one number per sequence that rounds the bucket quotas
 
 
 def mix32(x):
@@ -64,3 +65,13 @@ def uniforms(seed: int, streams, example_ids: torch.Tensor, epoch_keys: torch.Te
     """Uniform floats strictly inside (0, 1): (S, B, T) float32, 24 random bits each."""
     bits = key_hash(seed, streams, example_ids, epoch_keys, length) >> 8  # in [0, 2**24)
     return (bits.float() + 0.5) / float(1 << 24)
+
+
+def row_uniforms(seed: int, stream: int, example_ids: torch.Tensor, epoch_keys: torch.Tensor) -> torch.Tensor:
+    """One uniform per (seed, stream, example, epoch), strictly inside (0, 1): (B,) float64.
+
+    Position 0's hash of the stream, so it does not depend on the padded length. float64,
+    because float32 rounds the largest 24-bit value (2**24 - 0.5) / 2**24 up to exactly 1.
+    """
+    bits = key_hash(seed, [stream], example_ids, epoch_keys, 1)[0, :, 0] >> 8  # (B,) in [0, 2**24)
+    return (bits.double() + 0.5) / float(1 << 24)

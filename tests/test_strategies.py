@@ -4,10 +4,12 @@ import copy
 import io
 import itertools
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from accelerate.utils import DistributedType
 
 from mlmlab import seeding
 from mlmlab.config import Config, MaskingConfig, ModelConfig
@@ -15,14 +17,17 @@ from mlmlab.errors import UserError
 from mlmlab.masking import scorers
 from mlmlab.choices import ADAPT_SCHEDULES
 from mlmlab.masking.schedules import adapt_factor, adapt_shape, mask_rate, rate_at
+from mlmlab.experiments.budget import scorer_flops
 from mlmlab.masking.select import (Corruption, TokenInfo, continuation_table, count_to_select, eligible_positions,
-                                   gumbel_top_k, token_info_for)
+                                   group_quotas, gumbel_top_k, select_and_corrupt, token_info_for)
 from mlmlab.masking.strategies import blend, build_strategy, frequency_buckets, mask_batch, normalise
 from mlmlab.model import build_model, pretraining_loss
+from mlmlab.train.launch import check_fsdp
 from reference import naive_entropy_scores
 
 V = 300  # small vocabulary: ids 0-4 special, the rest ordinary
 INFO = TokenInfo(mask_id=4, special_ids=(0, 1, 2, 3, 4), ordinary_ids=torch.arange(5, V))
+COUNTS = np.arange(V, 0, -1)  # id i is the i-th most frequent; freq_buckets "50,150": ids < 50, < 150, the rest
 TINY = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, dropout=0.0, pad_vocab_multiple=64)
 
 
@@ -350,7 +355,9 @@ def test_score_every_and_fraction_control_cost():
     assert (got[0][4:] == 1).all()  # rows past the scored half: uniform
 
 
-@pytest.mark.parametrize("scorer,extra", [("context", {}), ("loss_ema", {}), ("entropy", {"score_every": 2})])
+@pytest.mark.parametrize("scorer,extra", [("context", {}), ("loss_ema", {}), ("entropy", {"score_every": 2}),
+                                          ("frequency", {}),
+                                          ("loss_ema", {"frequency_neutral": True, "freq_buckets": "50,150"})])
 def test_state_round_trip_reproduces_the_uninterrupted_run(scorer, extra):
     cfg = adaptive(scorer=scorer, adapt_schedule="linear", context_buckets=4096, **extra)
     model = tiny_model()
@@ -361,19 +368,20 @@ def test_state_round_trip_reproduces_the_uninterrupted_run(scorer, extra):
         for step in steps:
             batch = batches[step]
             w = strategy.weights(model, batch, step / 6)
-            masked = mask_batch(batch, seed=0, epoch_key=strategy.epoch_key(0), rate=0.3, info=INFO, corruption=Corruption(), weights=w)
+            masked = mask_batch(batch, seed=0, epoch_key=strategy.epoch_key(0), rate=0.3, info=INFO, corruption=Corruption(),
+                                weights=w, groups=strategy.selection_groups(batch))
             strategy.observe(masked, pretraining_loss(model, masked))
             strategy.learn()
             out.append((w, masked["input_ids"], masked["labels"]))
         return out
 
-    whole = run(build_strategy(cfg, info=INFO, vocab_size=V), range(6))
-    first = build_strategy(cfg, info=INFO, vocab_size=V)
+    whole = run(build_strategy(cfg, info=INFO, vocab_size=V, token_counts=COUNTS), range(6))
+    first = build_strategy(cfg, info=INFO, vocab_size=V, token_counts=COUNTS)
     run(first, range(3))
     buffer = io.BytesIO()
     torch.save(first.state_dict(), buffer)  # tensors only: loadable with weights_only=True
     buffer.seek(0)
-    resumed = build_strategy(cfg, info=INFO, vocab_size=V)
+    resumed = build_strategy(cfg, info=INFO, vocab_size=V, token_counts=COUNTS)
     resumed.load_state_dict(torch.load(buffer, weights_only=True))
     rest = run(resumed, range(3, 6))
     for (w1, i1, l1), (w2, i2, l2) in zip(whole[3:], rest):
@@ -388,8 +396,176 @@ def test_state_round_trip_reproduces_the_uninterrupted_run(scorer, extra):
 
 def test_masking_config_validation_says_what_to_change():
     for bad in ({"scorer": "oracle"}, {"adapt_schedule": "cubic"}, {"floor": 0.0}, {"a_max": 1.5},
-                {"normalize": "softmax"}, {"score_every": 0}, {"rate_schedule": "step"}, {"freq_buckets": "10,5"}):
+                {"normalize": "softmax"}, {"score_every": 0}, {"rate_schedule": "step"}, {"freq_buckets": "10,5"},
+                {"frequency_neutral": True}, {"frequency_neutral": True, "strategy": "adaptive", "whole_word": True}):
         with pytest.raises(UserError) as err:
             Config(masking=MaskingConfig(**bad))
         assert "\n" not in str(err.value) and "masking." in str(err.value)
     json.dumps(Config().masking.__dict__)  # defaults run and serialise
+
+
+# ----- frequency controls: the frequency scorer and frequency-neutral ADM --------------------------
+
+
+def frequency_neutral(**overrides):
+    return adaptive(frequency_neutral=True, freq_buckets="50,150", **overrides)
+
+
+def per_group(selected, groups, num_groups=3):
+    """(..., G) selected positions of each group per row; selected and groups (..., T)."""
+    counts = torch.zeros(*selected.shape[:-1], num_groups, dtype=torch.long)
+    return counts.scatter_add_(-1, groups, selected.long())
+
+
+def test_frequency_scores_rank_rarer_ids_higher_and_are_never_negative():
+    counts = np.array([0, 7, 3, 3, 120, 1, 50])  # shorter than the vocabulary of 10: ids 7-9 unseen
+    scores = scorers.FrequencyScorer(counts, 10).scores(torch.arange(10)[None])[0]  # (V,)
+    full = np.concatenate([counts, [0, 0, 0]])
+    for i, j in itertools.permutations(range(10), 2):
+        if full[i] < full[j]:
+            assert scores[i] > scores[j], (i, j)  # strictly monotone in the count
+        elif full[i] == full[j]:
+            assert scores[i] == scores[j]
+    assert torch.isfinite(scores).all() and (scores >= 0).all() and scores[0] == scores.max()
+    expected = -np.log((full + 1) / (full.sum() + 10))  # add-one smoothed unigram surprisal
+    assert torch.allclose(scores.double(), torch.from_numpy(expected), atol=1e-5)
+    assert scorers.FrequencyScorer([5], 1).scores(torch.zeros(1, 1, dtype=torch.long)).item() == 0.0  # p = 1
+
+
+def test_adm_with_the_frequency_scorer_targets_rare_ids_more_than_uniform():
+    batch = make_batch(16, 32)
+    strategy = build_strategy(adaptive(scorer="frequency", adapt_schedule="constant"), info=INFO, vocab_size=V,
+                              token_counts=COUNTS)
+    weights = strategy.weights(None, batch, 1.0)
+
+    def rare_share(w):
+        labels = torch.stack([mask_batch(batch, seed=2, epoch_key=e, rate=0.15, info=INFO, corruption=Corruption(),
+                                         weights=w)["labels"] for e in range(100)])
+        return float((labels >= 150).sum() / (labels != -100).sum())
+
+    adm, uniform = rare_share(weights), rare_share(None)
+    assert adm > uniform + 0.03, (adm, uniform)  # about 10 standard errors at these sizes
+
+
+def test_cost_controls_fsdp_and_budget_spare_the_frequency_scorer():
+    batch = make_batch()
+    cfg = adaptive(scorer="frequency", adapt_schedule="constant", score_every=3, score_fraction=0.5)
+    strategy = build_strategy(cfg, info=INFO, vocab_size=V, token_counts=COUNTS)
+    for _ in range(4):  # every step scored, every row: score_every and score_fraction price model passes only
+        w = strategy.weights(None, batch, 0.5)
+        assert w is not None and all(w[row, 1:-1].std() > 0 for row in range(len(w)))
+    assert set(strategy.state_dict()) == {"step", "score_seconds_total"}  # nothing learnt, nothing to checkpoint
+    with pytest.raises(ValueError):
+        build_strategy(cfg, info=INFO, vocab_size=V)  # no corpus counts, no frequency scores
+    fsdp = SimpleNamespace(distributed_type=DistributedType.FSDP, is_fsdp2=True)
+    for scorer in ("frequency", "loss_ema", "context"):
+        check_fsdp(fsdp, Config(masking=adaptive(scorer=scorer)))  # not refused
+        assert scorer_flops(Config(masking=adaptive(scorer=scorer, score_every=2)), 1e9, V) == 0.0
+    with pytest.raises(UserError, match="needs the whole model"):
+        check_fsdp(fsdp, Config(masking=adaptive(scorer="entropy")))
+    assert scorer_flops(Config(masking=adaptive(scorer="entropy")), 1e9, V) > 0
+
+
+def test_group_quotas_sum_to_k_and_round_each_share_down_or_up():
+    counts = torch.tensor([[3, 4, 0], [0, 7, 2], [5, 0, 0], [1, 1, 1], [0, 0, 0]])  # (B, G) eligible per group
+    k = torch.tensor([3, 3, 2, 1, 0])
+    share = k[:, None] * counts / counts.sum(1, keepdim=True).clamp(min=1)  # (B, G) k * n_g / n
+    mean = torch.zeros_like(share, dtype=torch.float64)
+    grid = (torch.arange(1000, dtype=torch.float64) + 0.5) / 1000
+    for u in [*grid, torch.tensor(1 - 2**-25, dtype=torch.float64)]:  # the largest uniform seeding can give
+        quotas = group_quotas(counts, k, torch.full((5,), float(u), dtype=torch.float64))
+        assert torch.equal(quotas.sum(1), k)
+        assert ((quotas == share.floor()) | (quotas == share.ceil())).all()
+        mean += quotas / (len(grid) + 1)
+    assert torch.allclose(mean, share.double(), atol=2e-3)  # E[k_g] = k * n_g / n over u
+
+
+def test_frequency_neutral_keeps_the_uniform_expectation_per_bucket_where_plain_adm_does_not():
+    batch, draws = make_batch(8, 40), 2000
+    strategy = build_strategy(frequency_neutral(), info=INFO, vocab_size=V, token_counts=COUNTS)
+    ids, groups = batch["input_ids"], strategy.selection_groups(batch)  # (B, T)
+    eligible = eligible_positions(ids, INFO.special_ids)
+    weights = torch.where(eligible & (groups == 0), 50.0, 1.0)  # far from uniform: 50x on the frequent bucket
+    k = count_to_select(eligible, 0.15)  # (B,)
+    n_g = per_group(eligible, groups).double()  # (B, G)
+    expected = k[:, None] * n_g / n_g.sum(1, keepdim=True)  # uniform masking's expectation
+
+    def targets(with_groups):  # (R, B, G): R draws at once, one epoch key each, rows repeated
+        rows = torch.arange(8).repeat(draws)
+        _, _, selected = select_and_corrupt(
+            ids[rows], batch["example_ids"][rows], torch.arange(draws).repeat_interleave(8), seed=3, rate=0.15,
+            info=INFO, corruption=Corruption(), weights=weights[rows], groups=groups[rows] if with_groups else None)
+        assert torch.equal(selected.sum(1), k[rows]) and not (selected & ~eligible[rows]).any()  # k, never a special
+        return per_group(selected, groups[rows]).view(draws, 8, 3).double()
+
+    neutral, plain = targets(True), targets(False)
+    se = neutral.std(0) / draws**0.5
+    assert ((neutral.mean(0) - expected).abs() <= 4 * se + 1e-9).all(), (neutral.mean(0), expected)
+    assert ((neutral == expected.floor()) | (neutral == expected.ceil())).all()
+    plain_se = plain.std(0) / draws**0.5
+    assert ((plain.mean(0) - expected)[:, 0] > 20 * plain_se[:, 0] + 0.5).all()  # the test can fail: plain ADM shifts
+
+
+def test_frequency_neutral_applies_the_quotas_with_every_scorer_and_at_uniform_steps():
+    batch, model = make_batch(8, 40), tiny_model()
+    ids = batch["input_ids"]
+    eligible = eligible_positions(ids, INFO.special_ids)
+    for scorer, progress in [(name, 1.0) for name in ("entropy", "max_prob", "grad_norm", "loss_ema", "context",
+                                                      "frequency")] + [("entropy", 0.0)]:
+        strategy = build_strategy(frequency_neutral(scorer=scorer), info=INFO, vocab_size=V, token_counts=COUNTS)
+        w = strategy.weights(model, batch, progress)
+        assert (w is None) == (progress == 0.0)  # a = 0: uniform weights, still stratified
+        groups = strategy.selection_groups(batch)
+        labels = mask_batch(batch, seed=1, epoch_key=4, rate=0.15, info=INFO, corruption=Corruption(), weights=w,
+                            groups=groups)["labels"]
+        selected = labels != -100
+        k, n_g = count_to_select(eligible, 0.15), per_group(eligible, groups)
+        share = k[:, None] * n_g / n_g.sum(1, keepdim=True)
+        got = per_group(selected, groups)
+        assert torch.equal(selected.sum(1), k) and not (selected & ~eligible).any()
+        assert ((got == share.floor()) | (got == share.ceil())).all(), scorer
+
+
+def test_frequency_neutral_chooses_within_a_bucket_by_weight_with_exact_probabilities():
+    rows = 40_000
+    ids = torch.tensor([2, 10, 20, 30, 60, 70, 80, 90, 3])  # [CLS], 3 ids of bucket 0, 4 of bucket 1, [SEP]
+    weights = torch.tensor([1.0, 1.0, 4.0, 0.5, 1.0, 2.0, 3.0, 0.5, 1.0])
+    strategy = build_strategy(frequency_neutral(), info=INFO, vocab_size=V, token_counts=COUNTS)
+    groups = strategy.selection_groups({"input_ids": ids[None]})[0]
+    assert groups[1:-1].tolist() == [0, 0, 0, 1, 1, 1, 1]
+    _, _, selected = select_and_corrupt(
+        ids.expand(rows, -1), torch.arange(rows), torch.zeros(rows, dtype=torch.long), seed=9, rate=0.43, info=INFO,
+        corruption=Corruption(), weights=weights.expand(rows, -1), groups=groups.expand(rows, -1))
+    empirical = selected.float().mean(0).numpy()
+    # k = 3 of 7; bucket 0's quota 3 * 3/7 = 9/7: 2 targets with probability 2/7, else 1; bucket 1 gets the rest
+    p2 = 2 / 7
+    first = (1 - p2) * exact_inclusion([1.0, 4.0, 0.5], 1) + p2 * exact_inclusion([1.0, 4.0, 0.5], 2)
+    second = p2 * exact_inclusion([1.0, 2.0, 3.0, 0.5], 1) + (1 - p2) * exact_inclusion([1.0, 2.0, 3.0, 0.5], 2)
+    exact = np.concatenate([[0.0], first, second, [0.0]])
+    sigma = np.sqrt(exact * (1 - exact) / rows)
+    assert np.all(np.abs(empirical - exact) < 4.5 * sigma + 1e-9), (empirical, exact)
+    assert empirical[2] > empirical[1] > empirical[3] and empirical[6] > empirical[5] > empirical[4] > empirical[7]
+
+
+def test_frequency_neutral_masks_depend_on_seed_example_and_epoch_only():
+    strategy = build_strategy(frequency_neutral(), info=INFO, vocab_size=V, token_counts=COUNTS)
+    full = make_batch(8, 24, seed=1)
+
+    def masks(batch, epoch):
+        weights = 1.0 + (batch["input_ids"] % 7).float()  # row-local, as ADM's per-row normalised weights are
+        return mask_batch(batch, seed=4, epoch_key=epoch, rate=0.3, info=INFO, corruption=Corruption(),
+                          weights=weights, groups=strategy.selection_groups(batch))
+
+    whole = masks(full, 2)
+    picked = [5, 2, 7]  # another batch: other rows, another order, padded to a longer length
+    other = {key: value[picked] for key, value in full.items()}
+    for key in ("input_ids", "attention_mask", "token_type_ids"):
+        other[key] = torch.nn.functional.pad(other[key], (0, 6))  # [PAD] = 0
+    part = masks(other, 2)
+    for key in ("input_ids", "labels"):
+        assert torch.equal(part[key][:, :24], whole[key][picked])
+    assert (part["labels"][:, 24:] == -100).all()
+    assert torch.equal(masks(full, 2)["labels"], whole["labels"])
+    assert not torch.equal(masks(full, 3)["labels"], whole["labels"])  # dynamic: a new epoch, new masks
+    off = build_strategy(adaptive(freq_buckets="50,150"), info=INFO, vocab_size=V, token_counts=COUNTS)
+    assert off.selection_groups(full) is None  # default off: the masks of every existing setting stay as they were

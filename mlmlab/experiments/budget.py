@@ -6,7 +6,7 @@ FLOPs are mlmlab/flops.py's model of the matmuls:
   ~rate * T selected positions (mean rate over training, so a 30%->15% decay costs more)
 - scorer, per step on average: entropy / max_prob = one forward with the full head on every
   position; grad_norm = forward + backward of a 15%-masked copy; both on ``score_fraction`` of
-  the rows every ``score_every`` steps; loss_ema / context = table lookups, ~0
+  the rows every ``score_every`` steps; loss_ema / context / frequency = table lookups, ~0
 
 "token-matched": every arm trains on as many sequences as the reference (the baseline arm).
 "compute-matched": every arm spends the reference's FLOPs, scorer included, so an arm whose
@@ -67,14 +67,14 @@ def step_flops(cfg: Config) -> dict:
 def scorer_flops(cfg: Config, encoder: float, vocab: int) -> float:
     """Average extra FLOPs per sequence per step spent scoring positions for ADM."""
     m, seq = cfg.masking, cfg.data.max_seq_length
-    if m.strategy != choices.ADAPTIVE or m.a_max == 0.0:
-        return 0.0
+    if m.strategy != choices.ADAPTIVE or m.a_max == 0.0 or m.scorer not in choices.MODEL_SCORERS:
+        return 0.0  # loss_ema / context / frequency read a table; score_every and score_fraction do not apply
     share = m.score_fraction / m.score_every
     if m.scorer in (choices.ENTROPY, choices.MAX_PROB):
         return share * (encoder + head_flops(cfg.model, vocab, seq))
     if m.scorer == choices.GRAD_NORM:
         return share * TRAINING_PASSES * (encoder + head_flops(cfg.model, vocab, GRAD_NORM_RATE * seq))
-    return 0.0  # loss_ema / context read a table the training step keeps up to date
+    raise ValueError(f"no FLOP model for model scorer {m.scorer}")
 
 
 def matched_steps(cfg: Config, reference: Config, mode: str) -> int:

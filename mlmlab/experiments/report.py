@@ -360,8 +360,10 @@ def masking_label(row: dict) -> str:
         return "?"
     if m["strategy"] == choices.ADAPTIVE:
         label = f"ADM {m['scorer']}, a={m['a_max']:g}·{m['adapt_schedule']}"
-        label += f", every {m['score_every']} steps" if m["score_every"] > 1 else ""
-        label += f", {m['score_fraction']:g} of rows" if m["score_fraction"] < 1 else ""
+        if m["scorer"] in choices.MODEL_SCORERS:  # the cost controls apply to model passes only
+            label += f", every {m['score_every']} steps" if m["score_every"] > 1 else ""
+            label += f", {m['score_fraction']:g} of rows" if m["score_fraction"] < 1 else ""
+        label += ", frequency-neutral" if m.get("frequency_neutral") else ""  # absent from older results
     else:
         label = m["strategy"]
     if m["rate_schedule"] == choices.LINEAR_DECAY:

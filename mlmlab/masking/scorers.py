@@ -38,9 +38,16 @@ Loss scorers learn from the masked-LM losses the training step computes anyway
   examples, and refreshed by every occurrence. Hash collisions average unrelated
   contexts; with 2**20 buckets that is a known, bounded blur. Entries lag the model by
   their EMA horizon, which is what makes them free.
+
+The data scorer reads only the training corpus's token counts (stored with the data):
+
+- ``frequency``: -log of the token's add-one smoothed unigram probability. A control, not
+  a method: ADM's uncertainty scores are high on rare ids, so moving targets to rare ids is
+  part of what any scorer does; this scorer does only that. No model pass, nothing learnt,
+  no state to checkpoint (the table is a function of the data).
 """
 
-
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -227,3 +234,24 @@ class LossScorer:
             self.contexts.load_state_dict(state, self.CONTEXT_TABLE)
         self.global_value = state["global_value"].clone().float().cpu()
         self.global_count = state["global_count"].clone().long().cpu()
+
+
+class FrequencyScorer:
+    """frequency scores: -log p(id), p = (count + 1) / (total + V), from the corpus's (V,) token counts.
+
+    Add-one smoothing gives an id the corpus never showed a finite score, the highest of all.
+    Every score is >= 0 (p <= 1) and strictly decreasing in the count.
+    """
+
+    def __init__(self, token_counts, vocab_size: int):
+        counts = np.zeros(vocab_size, dtype=np.float64)
+        given = np.asarray(token_counts, dtype=np.float64)[:vocab_size]
+        counts[: len(given)] = given  # ids beyond the stored counts: unseen
+        # float64 logs, then float32: the weights that use them are float32 anyway
+        self.table = torch.from_numpy(np.log(counts.sum() + vocab_size) - np.log(counts + 1.0)).float()  # (V,)
+
+    def scores(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) score of each position's id (specials too: selection never takes them)."""
+        if self.table.device != input_ids.device:  # lives where the batches are: no host round trip per step
+            self.table = self.table.to(input_ids.device)
+        return self.table[input_ids.clamp(max=len(self.table) - 1)]

@@ -8,6 +8,7 @@ replacement) and corrupts them 80/10/10. Uniform weights give BERT/RoBERTa maski
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from mlmlab import seeding
 from mlmlab.data.tokenizer import ordinary_token_ids
@@ -72,6 +73,46 @@ def gumbel_top_k(weights: torch.Tensor, eligible: torch.Tensor, k: torch.Tensor,
     order = keys.argsort(dim=1, descending=True)  # (B, T)
     rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.size(1), device=order.device).expand_as(order))
     return (rank < k[:, None]) & eligible
+
+
+def group_quotas(counts: torch.Tensor, k: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """(B, G) long: each group's share of the row's k, k_g = k * n_g / n rounded without bias.
+
+    counts (B, G): n_g, the eligible positions of group g in the row; n = their sum; k (B,);
+    u (B,) one uniform per row. Systematic rounding: k_g = floor(C_g + u) - floor(C_{g-1} + u)
+    over the cumulative quotas C_g = k * (n_0 + ... + n_g) / n, C_{-1} = 0. The sum telescopes
+    to floor(k + u) - floor(u) = k exactly; E[floor(x + u)] = x gives E[k_g] = k * n_g / n;
+    and each k_g is the floor or the ceiling of k * n_g / n, so never above n_g (k <= n).
+    """
+    cumulative = F.pad(counts.cumsum(dim=1), (1, 0))  # (B, G + 1), leading C_{-1} = 0
+    n = counts.sum(dim=1, keepdim=True).clamp(min=1)  # (B, 1)
+    # float64: k * cumulative / n + u must not round across an integer (u is within 2**-25 of 1)
+    edges = torch.floor(k[:, None].double() * cumulative / n + u.double()[:, None]).long()  # (B, G + 1)
+    return edges.diff(dim=1)  # (B, G)
+
+
+def gumbel_top_k_grouped(weights: torch.Tensor, eligible: torch.Tensor, groups: torch.Tensor, k: torch.Tensor,
+                         u: torch.Tensor, u_quota: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: per row, group_quotas' k_g positions of each group g, drawn within g with P ∝ weights.
+
+    groups (B, T) long in [0, G), read at eligible positions only; u (B, T) the selection
+    uniforms, u_quota (B,) one per row. Inside a group this is gumbel_top_k with k_g: the
+    weights decide which positions of a group are targets, never how many.
+    """
+    num_groups = int(groups.max()) + 1 if groups.numel() else 1
+    group = torch.where(eligible, groups.clamp(0, num_groups - 1), num_groups)  # (B, T) ineligible: group G, last
+    sizes = torch.zeros(group.size(0), num_groups + 1, dtype=torch.long, device=group.device)
+    sizes.scatter_add_(1, group, torch.ones_like(group))  # (B, G + 1)
+    quotas = F.pad(group_quotas(sizes[:, :-1], k, u_quota), (0, 1))  # (B, G + 1): none from the ineligible
+    starts = F.pad(sizes.cumsum(dim=1)[:, :-1], (1, 0))  # (B, G + 1) where each group begins in the order below
+    keys = torch.log(weights.clamp(min=1e-30)) - torch.log(-torch.log(u))  # (B, T)
+    by_key = torch.sort(keys, dim=1, descending=True, stable=True).indices  # (B, T)
+    by_group = torch.sort(group.gather(1, by_key), dim=1, stable=True).indices  # (B, T) keeps key order in a group
+    order = by_key.gather(1, by_group)  # (B, T) positions by (group, key descending)
+    sorted_group = group.gather(1, order)  # (B, T)
+    rank = torch.arange(order.size(1), device=order.device) - starts.gather(1, sorted_group)  # (B, T) rank in group
+    take = rank < quotas.gather(1, sorted_group)  # (B, T)
+    return torch.zeros_like(eligible).scatter_(1, order, take)
 
 
 def continuation_table(vocab) -> torch.Tensor:
@@ -140,12 +181,15 @@ def corrupt(input_ids, selected, u_action, u_token, info: TokenInfo, corruption:
 
 
 def select_and_corrupt(
-    input_ids, example_ids, epoch_keys, *, seed, rate, info, corruption, weights=None, eligible=None, is_continuation=None
+    input_ids, example_ids, epoch_keys, *, seed, rate, info, corruption, weights=None, eligible=None, is_continuation=None,
+    groups=None,
 ):
     """Masks for a batch as a pure function of (seed, example, epoch key, position).
 
     input_ids (B, T); example_ids, epoch_keys (B,); weights (B, T) or None for uniform;
-    is_continuation (B, T) bool or None: when given, whole words are selected.
+    is_continuation (B, T) bool or None: when given, whole words are selected;
+    groups (B, T) long or None: when given, each group gets its proportional share of the
+    k targets (gumbel_top_k_grouped); not with is_continuation.
     Returns (masked input_ids, labels, selected), all (B, T).
     """
     batch, length = input_ids.shape
@@ -155,7 +199,12 @@ def select_and_corrupt(
         weights = torch.ones(batch, length, device=input_ids.device)
     draws = dict(zip(seeding.MASK_STREAMS, seeding.uniforms(seed, seeding.MASK_STREAMS, example_ids, epoch_keys, length)))
     k = count_to_select(eligible, rate)  # (B,)
-    if is_continuation is None:
+    if groups is not None and is_continuation is not None:
+        raise ValueError("per-group quotas count tokens; they do not combine with whole-word selection")
+    if groups is not None:
+        u_quota = seeding.row_uniforms(seed, seeding.STREAM_QUOTA, example_ids, epoch_keys)  # (B,)
+        selected = gumbel_top_k_grouped(weights, eligible, groups, k, draws[seeding.STREAM_SELECT], u_quota)
+    elif is_continuation is None:
         selected = gumbel_top_k(weights, eligible, k, draws[seeding.STREAM_SELECT])
     else:
         selected = gumbel_top_k_words(weights, eligible, is_continuation, k, draws[seeding.STREAM_SELECT])

@@ -10,11 +10,21 @@ normalised to mean 1 over the sequence's eligible positions (or raw, as the seed
 a = a_max * f(progress) (schedules.py). a = 0 gives exactly the dynamic masks. k stays
 round(rate * eligible); special tokens are never eligible, whatever their score.
 
+Frequency-neutral ADM (``masking.frequency_neutral``) is a control for the target prior:
+ADM's weights move targets from frequent to rare ids, which by itself refits the output
+bias. It gives every corpus-frequency bucket (``masking.freq_buckets``) of a sequence the
+share of k that uniform masking gives it in expectation, and lets the weights choose only
+within a bucket (select.gumbel_top_k_grouped). Rescaling scores per bucket would not do:
+Gumbel-top-k's inclusion probabilities are not proportional to the weights. The quotas
+apply at every step, also where the weights are uniform (a = 0, unscored steps).
+
 The training loop, per step (all randomness is counter-based, so resume is exact):
 
     weights = strategy.weights(model, batch, progress)       # (B, T) or None = uniform
+    groups = strategy.selection_groups(batch)                # (B, T) frequency buckets, or None
     masked = mask_batch(batch, seed=..., epoch_key=strategy.epoch_key(epoch), rate=rate_at(cfg, progress),
-                        info=info, corruption=..., weights=weights, whole_word=cfg.whole_word, continuation=table)
+                        info=info, corruption=..., weights=weights, groups=groups, whole_word=cfg.whole_word,
+                        continuation=table)
     result = sparse_pretraining(**masked)                     # model.SparsePretraining
     strategy.observe(masked, result)                          # every micro-batch
     strategy.learn(gather)                                    # once per step: ADM's loss tables
@@ -82,6 +92,9 @@ class UniformStrategy:
         self.step += 1
         return None  # uniform
 
+    def selection_groups(self, batch: dict):
+        """(B, T) groups whose share of the targets selection must keep, or None: uniform masking keeps none."""
+
     def observe(self, batch: dict, result: dict) -> None:
         """Count what was selected (and, adaptive, keep the micro-batch's masked-LM losses for learn())."""
         if self.bucket_of is not None:
@@ -120,6 +133,10 @@ class AdaptiveStrategy(UniformStrategy):
         self.loss_scorer = None
         if cfg.scorer in choices.LOSS_SCORERS:
             self.loss_scorer = scorers.LossScorer(cfg.scorer, vocab_size, cfg.ema_decay, cfg.context_buckets)
+        self.frequency_scorer = None  # no state: the counts come with the data on every start and resume
+        if cfg.scorer == choices.FREQUENCY:
+            self.frequency_scorer = scorers.FrequencyScorer(token_counts, vocab_size)
+        self._group_table = None  # frequency_neutral: bucket_of on the batches' device (observe() counts on the CPU)
         self._scores = None  # (B, T) normalised scores of the last scored batch, for stats()
         self._observed = []  # loss scorers: observations of this step's micro-batches, for learn()
 
@@ -131,7 +148,7 @@ class AdaptiveStrategy(UniformStrategy):
         self.step += 1
         self.a = adapt_factor(cfg.adapt_schedule, progress, cfg.a_max)
         self._scores = None
-        model_scorer = self.loss_scorer is None
+        model_scorer = cfg.scorer in choices.MODEL_SCORERS  # only model passes cost enough to thin out
         if self.a == 0.0 or (model_scorer and (self.step - 1) % cfg.score_every):
             return None  # uniform: exactly the dynamic masks, and no scoring cost
         input_ids = batch["input_ids"]  # (B, T)
@@ -152,12 +169,23 @@ class AdaptiveStrategy(UniformStrategy):
         cfg = self.cfg
         if self.loss_scorer is not None:
             return self.loss_scorer.scores(batch["input_ids"])
+        if self.frequency_scorer is not None:
+            return self.frequency_scorer.scores(batch["input_ids"])
         if cfg.scorer == choices.GRAD_NORM:
             return scorers.grad_norm_scores(
                 model, batch, eligible, info=self.info, vocab_size=self.vocab_size, seed=cfg.seed, key=self.step
             )
         over_vocab = {choices.ENTROPY: scorers.entropy_scores, choices.MAX_PROB: scorers.max_prob_scores}[cfg.scorer]
         return over_vocab(model, batch, eligible, self.vocab_size, cfg.score_chunk)
+
+    def selection_groups(self, batch: dict):
+        """frequency_neutral: (B, T) corpus-frequency bucket of every position; else None."""
+        if not self.cfg.frequency_neutral:
+            return None
+        ids = batch["input_ids"]  # (B, T)
+        if self._group_table is None or self._group_table.device != ids.device:
+            self._group_table = self.bucket_of.to(ids.device)
+        return self._group_table[ids.clamp(max=len(self._group_table) - 1)]  # (B, T)
 
     def _add_seconds(self, seconds: float) -> None:
         self._seconds += seconds
@@ -257,16 +285,20 @@ def build_strategy(cfg: MaskingConfig, info: TokenInfo | None = None, vocab_size
     if cfg.strategy == choices.ADAPTIVE:
         if info is None or vocab_size is None:
             raise ValueError("build_strategy needs info= and vocab_size= for the adaptive strategy")
+        if token_counts is None and (cfg.scorer == choices.FREQUENCY or cfg.frequency_neutral):
+            raise ValueError("the frequency scorer and frequency_neutral need token_counts= (the corpus's token counts)")
         return AdaptiveStrategy(cfg, info, vocab_size, token_counts)
     raise UserError(f"masking.strategy={cfg.strategy!r} is unknown; choose {choices.listed(choices.STRATEGIES)}")
 
 
 def mask_batch(
     batch: dict, *, seed: int, epoch_key: int, rate, info: TokenInfo, corruption: Corruption,
-    weights=None, whole_word: bool = False, continuation: torch.Tensor | None = None,
+    weights=None, groups=None, whole_word: bool = False, continuation: torch.Tensor | None = None,
 ) -> dict:
     """A copy of ``batch`` with masked ``input_ids`` and ``labels`` (original ids, -100 elsewhere).
 
+    groups: (B, T) long or None; each group keeps its proportional share of the targets
+    (strategy.selection_groups: frequency-neutral ADM).
     whole_word: select whole words; "##" pieces come from batch["is_continuation"] (B, T) if
     present, else from ``continuation``, the (V,) per-id table of select.continuation_table.
     """
@@ -282,6 +314,7 @@ def mask_batch(
     masked, labels, _ = select_and_corrupt(
         batch["input_ids"], example_ids, epoch_keys,
         seed=seed, rate=rate, info=info, corruption=corruption, weights=weights, is_continuation=is_continuation,
+        groups=groups,
     )
     return {**batch, "input_ids": masked, "labels": labels}
 

@@ -55,10 +55,11 @@ def check_fsdp(accelerator: Accelerator, cfg: Config) -> None:
         raise UserError("FSDP version 1 is not supported; set fsdp_version: 2 in the accelerate config "
                         "(FSDP_VERSION=2)")
     masking = cfg.masking
-    if masking.strategy == choices.ADAPTIVE and masking.scorer not in choices.LOSS_SCORERS:
-        # Scorers call the encoder's parts directly, outside the wrapped forward that gathers them.
+    if masking.strategy == choices.ADAPTIVE and masking.scorer in choices.MODEL_SCORERS:
+        # Model scorers call the encoder's parts directly, outside the wrapped forward that gathers them.
         raise UserError(f"masking.scorer={masking.scorer} needs the whole model on each process, which FSDP "
-                        f"shards; under FSDP use scorer {choices.listed(choices.LOSS_SCORERS)}, or launch with DDP")
+                        f"shards; under FSDP use scorer {choices.listed(choices.LOSS_SCORERS + choices.DATA_SCORERS)}, "
+                        "or launch with DDP")
     if cfg.train.compile:
         raise UserError("train.compile with FSDP is untested; set train.compile=false or launch with DDP")
 

@@ -226,7 +226,8 @@ class Trainer:
             weights = self.strategy.weights(self.model, batch, progress)
             micro.append(mask_batch(batch, seed=masking.seed, epoch_key=self.strategy.epoch_key(self.state.position.epoch),
                                     rate=rate_at(masking, progress), info=self.info, corruption=self.corruption,
-                                    weights=weights, whole_word=masking.whole_word, continuation=self.continuation))
+                                    weights=weights, groups=self.strategy.selection_groups(batch),
+                                    whole_word=masking.whole_word, continuation=self.continuation))
         return micro
 
     def train_step(self, batches: Iterator[dict]) -> dict:
