@@ -75,8 +75,9 @@ def save(run_dir: Path, step: int, write_contents, keep_last: int) -> Path:
     with building(final, replace=True) as staging:
         write_contents(staging)
         _write_manifest(staging)
-    for old in complete_checkpoints(run_dir, check=False)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    if keep_last > 0:  # 0 keeps every checkpoint (config validation refuses negative values)
+        for old in complete_checkpoints(run_dir, check=False)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 
