@@ -125,7 +125,7 @@ def _save_folder(tokens: list[str], out_dir: Path, lowercase: bool) -> Path:
 def _read_vocab_file(vocab_file: Path) -> list[str]:
     if not vocab_file.is_file():
         raise UserError(f"vocab file {vocab_file} does not exist; give a BERT vocab.txt (one token per line)")
-    tokens = [line.rstrip("\r\n") for line in vocab_file.read_text(encoding="utf-8").splitlines()]
+    tokens = _vocab_lines(vocab_file)
     duplicates = len(tokens) - len(set(tokens))
     if duplicates:
         raise UserError(f"vocab {vocab_file} has {duplicates} duplicate lines; each token must appear once")
@@ -141,8 +141,27 @@ def _expected_vocab(tokenizer_dir: Path) -> dict[str, int]:
         vocab = dict(spec["model"]["vocab"])
         vocab.update({added["content"]: added["id"] for added in spec.get("added_tokens", [])})
         return vocab
-    lines = (tokenizer_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
-    return {token: i for i, token in enumerate(lines)}
+    return {token: i for i, token in enumerate(_vocab_lines(tokenizer_dir / "vocab.txt"))}
+
+
+def _vocab_lines(vocab_file: Path) -> list[str]:
+    """The tokens of a vocab.txt, id = line number; trailing blank lines are dropped.
+
+    A blank line inside is refused rather than skipped: skipping it would renumber every
+    later token, and keeping it would make the empty string a token.
+    """
+    try:
+        lines = vocab_file.read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        line = vocab_file.read_bytes()[: err.start].count(b"\n") + 1
+        raise UserError(f"vocab {vocab_file} is not valid UTF-8 at line {line}; re-encode it as UTF-8") from None
+    while lines and not lines[-1].strip():
+        lines.pop()
+    blank = next((number for number, token in enumerate(lines, start=1) if not token.strip()), None)
+    if blank is not None:
+        raise UserError(f"vocab {vocab_file} line {blank} is blank; each line must hold one token (delete the line "
+                        "only if the ids after it may shift)")
+    return lines
 
 
 def _require_special_tokens(tokens: Iterable[str], source: Path) -> None:
