@@ -274,9 +274,20 @@ class Trainer:
         return {**losses, "grad_norm": float(grad_norm), "tokens": tokens, "flops": flops}
 
     def train(self) -> dict:
+        # SIGTERM is caught until the very end (the final evaluation too): it must never lose the run.
+        with _StopRequest() as stop:
+            self._train_steps(stop)
+            if stop.requested:
+                self._log_line(f"SIGTERM: saving a checkpoint at step {self.state.step} before exiting")
+                self._save()
+                raise SystemExit(143)
+            return self._finish(stop)
+
+    def _train_steps(self, stop: _StopRequest) -> None:
+        """Steps until the budget is spent or SIGTERM asks to stop."""
         batches, window = self.batches(), _Window()
         shown = self.show_progress and self.accelerator.is_main_process
-        with _StopRequest() as stop, _progress_bar(self.cfg.train, self.state.step, shown) as bar:
+        with _progress_bar(self.cfg.train, self.state.step, shown) as bar:
             while self.progress() < 1.0 and not stop.requested:
                 started = time.perf_counter()
                 out = self.train_step(batches)
@@ -320,14 +331,18 @@ class Trainer:
                              max_batches=max_batches, device=self.accelerator.device,
                              token_counts=self.train_store.token_counts, freq_cuts=self.cfg.masking.freq_cuts)
 
-    def _finish(self) -> dict:
+    def _finish(self, stop: _StopRequest) -> dict:
+        saved = self._save()  # before the final evaluation, so a SIGTERM during it leaves the run resumable
+        if stop.requested:
+            self._log_line(f"SIGTERM: the final checkpoint (step {self.state.step}) is saved; exiting before "
+                           "the final evaluation (rerun the command to finish the run)")
+            raise SystemExit(143)
         final_eval, state = self.evaluate(self.cfg.train.eval_batches), self.state
         summary = {"steps": state.step, "tokens_seen": state.tokens, "train_seconds": state.seconds,
                    **rates(state.tokens, state.flops, state.seconds, self.peak_flops), "eval": final_eval,
                    "distributed": self.accelerator.distributed_type.value, "processes": self.accelerator.num_processes,
                    "run_dir": str(self.run_dir)}
         self.metrics.write({"step": state.step, "eval": final_eval})
-        saved = self._save()
         if self.accelerator.is_main_process:  # the final model is the last checkpoint's: copy, not re-export
             shutil.copytree(saved / checkpoint.MODEL_DIR, self.run_dir / checkpoint.MODEL_DIR, dirs_exist_ok=True)
             (self.run_dir / "summary.json").write_text(jsonio.dumps(summary, indent=1))
