@@ -11,9 +11,10 @@ vocabulary, so `load_tokenizer` also asserts the loaded size against the files.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +74,21 @@ def load_tokenizer(tokenizer_dir: str | Path):
             "rebuild the folder with `mlmlab tokenizer`"
         )
     return tokenizer
+
+
+def vocab_hash(vocab: Mapping[str, int]) -> str:
+    """A vocabulary's identity: 16 hex digits of sha256 over its (id, token) pairs.
+
+    The one place it is computed. The size is not an identity: a WordPiece retrained on the
+    same corpus has the same size and renumbers hundreds of ids.
+    """
+    pairs = "\n".join(f"{i}\t{token}" for token, i in sorted(vocab.items(), key=lambda item: item[1]))
+    return hashlib.sha256(pairs.encode("utf-8")).hexdigest()[:16]
+
+
+def folder_vocab_hash(tokenizer_dir: str | Path) -> str:
+    """``vocab_hash`` of a tokenizer folder's files (what ``load_tokenizer`` checks the loaded tokenizer against)."""
+    return vocab_hash(_expected_vocab(Path(tokenizer_dir)))
 
 
 def ordinary_token_ids(tokenizer) -> np.ndarray:

@@ -145,6 +145,8 @@ class Trainer:
         self.cfg, self.validate, self.show_progress = cfg, validate, show_progress
         self.accelerator = make_accelerator(cfg)
         self.run_dir = checkpoint.run_dir_for(cfg)
+        # Before the slow set-up: an unwritable run folder or a refused resume stops here.
+        folder = checkpoint.open_run(self.run_dir, cfg, resume, self.accelerator.is_main_process)
         self.metrics = MetricsWriter(self.run_dir, enabled=self.accelerator.is_main_process)
         with self.accelerator.main_process_first():
             self.train_store, self.valid_store, self.tokenizer = prepare_datasets(cfg.data)
@@ -163,13 +165,15 @@ class Trainer:
         self.peak_flops = self.accelerator.num_processes * peak_matmul_flops(
             self.accelerator.device, matmul_dtype(self.accelerator.mixed_precision), size=1024, repeats=3, rounds=4)
         self.state = TrainerState()
-        folder = checkpoint.open_run(self.run_dir, cfg, resume, self.accelerator.is_main_process)
         if folder is not None:
             self._log_line(f"resuming from {folder}")
-            checkpoint.load_weights(self.model, folder)  # every process, before FSDP (if any) shards the model
+            # Every process, before FSDP (if any) shards the model; another architecture or vocabulary is refused.
+            checkpoint.load_resumed_weights(self.model, folder, self.tokenizer)
         self.module, self.optimizer = self.accelerator.prepare(self.module, self.optimizer)
         if folder is not None:  # after prepare: FSDP shards the optimizer state as it loads
             self.load_state_dict(checkpoint.read_training_state(folder))
+        if self.accelerator.is_main_process:  # only now: a refused resume leaves the run folder as it was
+            checkpoint.record_config(self.run_dir, cfg, folder, self.state.step)
         self.metrics.drop_after(self.state.step)  # steps after the checkpoint are redone
 
     def state_dict(self) -> dict:
@@ -295,11 +299,6 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{out['loss']:.3f}", **window.postfix(self.peak_flops))
                 window = self._after_step(out, window)
-            if stop.requested:
-                self._log_line(f"SIGTERM: saving a checkpoint at step {self.state.step} before exiting")
-                self._save()
-                raise SystemExit(143)
-        return self._finish()
 
     def _count_step(self, seconds: float) -> float:
         self.state.seconds += seconds
