@@ -28,12 +28,13 @@ def cmd_tokenizer(args) -> None:
 
 
 def cmd_prepare(args) -> None:
-    from mlmlab.data.store import TokenStore, prepare
+    from mlmlab.data.store import TokenStore, prepare, token_use
 
     out = prepare(args.corpus, tokenizer_dir=args.tokenizer, max_seq_length=args.max_seq_length,
                   objective=args.objective, short_seq_prob=args.short_seq_prob, seed=args.seed,
                   out_dir=args.out, num_workers=args.workers)
-    print(f"{len(TokenStore(out))} instances in {out}")
+    store = TokenStore(out)
+    print(f"{len(store)} instances in {out}" + (f" ({use})" if (use := token_use(store.meta)) else ""))
 
 
 def cmd_dump(args) -> None:
