@@ -28,12 +28,13 @@ def cmd_tokenizer(args) -> None:
 
 
 def cmd_prepare(args) -> None:
-    from mlmlab.data.store import TokenStore, prepare
+    from mlmlab.data.store import TokenStore, prepare, token_use
 
     out = prepare(args.corpus, tokenizer_dir=args.tokenizer, max_seq_length=args.max_seq_length,
                   objective=args.objective, short_seq_prob=args.short_seq_prob, seed=args.seed,
                   out_dir=args.out, num_workers=args.workers)
-    print(f"{len(TokenStore(out))} instances in {out}")
+    store = TokenStore(out)
+    print(f"{len(store)} instances in {out}" + (f" ({use})" if (use := token_use(store.meta)) else ""))
 
 
 def cmd_dump(args) -> None:
@@ -201,6 +202,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_arguments(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:
+    """parse_args, but overrides may follow options too (`pretrain a=1 --no-progress b=2`).
+
+    argparse fills a "*" positional from one run of arguments only, and its
+    parse_intermixed_args does not support subcommands: overrides left over are appended.
+    """
+    args, extra = parser.parse_known_args(argv)
+    if extra and (not hasattr(args, "overrides") or any(item.startswith("-") for item in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 # glibc returns freed activation memory to the OS after every step and maps it back on the
 # next, which showed up as ~50% system time here. Keeping the heap (no trimming, 1 GiB top
 # pad) measured 1.27x faster steps on the tiny preset (646 -> 507 ms, 2 CPU cores). glibc
@@ -219,7 +234,7 @@ def main(argv=None) -> int:
         reexec_with_malloc_tuning([sys.executable, "-m", "mlmlab.cli", *sys.argv[1:]])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork DataLoader workers
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # "Loading weights" bars would bury our output
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(build_parser(), argv)
     try:
         args.func(args)
     except UserError as err:

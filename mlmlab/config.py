@@ -6,6 +6,7 @@ Any key that is not a field is an error, so a typo never silently trains the wro
 """
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -102,7 +103,7 @@ class TrainConfig:
     eval_every: int = 200  # steps between held-out evaluations; 0 disables
     eval_batches: int = 20  # held-out batches per evaluation (fixed masks, same every time)
     save_every: int = 200  # steps between checkpoints; the final one is always written
-    keep_last: int = 2  # checkpoints kept on disk
+    keep_last: int = 2  # newest checkpoints kept on disk; 0 keeps every one
     seed: int = 0  # model initialisation, dropout and data order
     precision: str = choices.AUTO  # "auto": bf16 autocast on CUDA, fp32 on CPU (autocast is 10-100x slower on CPU)
     compile: bool = False  # torch.compile the encoder and MLM head; no gain measured on CPU after 40-75 s of compiling
@@ -123,6 +124,7 @@ class Config:
 
 def validate(cfg: Config) -> None:
     """Refuse values that cannot train, with a message that says what to change."""
+    _check_counts(cfg)
     m = cfg.masking
     if not 0.0 < m.rate < 1.0:
         raise UserError(f"masking.rate={m.rate} is outside (0, 1); use e.g. masking.rate=0.15")
@@ -182,6 +184,43 @@ def _check_frequency_neutral(m: MaskingConfig) -> None:
     if m.whole_word:  # the quotas count tokens, but whole-word selection takes words whose pieces span buckets
         raise UserError("masking.frequency_neutral=true does not combine with masking.whole_word=true; "
                         "set one of them to false")
+
+
+# Counts and sizes that fail deep inside training (a division by zero, a deleted checkpoint) if
+# out of range: (key, least value, what to write instead).
+_LEAST = (
+    ("model.hidden_size", 1, 128), ("model.num_layers", 1, 2), ("model.num_heads", 1, 2),
+    ("model.intermediate_size", 1, 512), ("model.max_position_embeddings", 1, 512),
+    ("model.pad_vocab_multiple", 1, 64), ("data.max_seq_length", 8, 128), ("data.prepare_seed", 0, 12345),
+    ("data.loader_workers", 0, 1), ("data.bucket_batches", 0, 50), ("train.warmup_steps", 0, 100),
+    ("train.log_every", 1, 20), ("train.eval_every", 0, 200), ("train.eval_batches", 1, 20),
+    ("train.save_every", 0, 200), ("train.keep_last", 0, 2), ("train.max_bad_steps", 1, 5),
+)
+# Optimizer values that must be positive and finite (a negative LR ascends the loss): (key, example).
+_POSITIVE = (("train.lr", 1e-3), ("train.adam_eps", 1e-6), ("train.max_grad_norm", 1.0))
+
+
+def _check_counts(cfg: Config) -> None:
+    """The sizes, counts and optimizer values above, each refused with its key."""
+    for key, least, example in _LEAST:
+        value = _dotted(cfg, key)
+        if value < least:
+            raise UserError(f"{key}={value} must be at least {least}; use e.g. {key}={example}")
+    for key, example in _POSITIVE:
+        value = _dotted(cfg, key)
+        if not 0.0 < value < math.inf:
+            raise UserError(f"{key}={value} must be positive and finite; use e.g. {key}={example}")
+    t = cfg.train
+    if t.weight_decay < 0 or not (0.0 <= t.adam_beta1 < 1.0 and 0.0 <= t.adam_beta2 < 1.0):
+        raise UserError("train.weight_decay must be >= 0 and train.adam_beta1, train.adam_beta2 within [0, 1); "
+                        "use e.g. 0.01, 0.9, 0.98")
+    if not 0.0 <= cfg.data.short_seq_prob <= 1.0:
+        raise UserError(f"data.short_seq_prob={cfg.data.short_seq_prob} is outside [0, 1]; use e.g. 0.1")
+
+
+def _dotted(cfg: Config, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
 
 
 def _check_choice(key: str, value: str, names: tuple[str, ...]) -> None:

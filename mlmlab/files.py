@@ -4,15 +4,17 @@ A folder is built under a staging name beside its target (same filesystem) and p
 with one rename. Checksums of files name caches and verify checkpoints.
 """
 
+import glob
 import hashlib
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-STAGING_PREFIX = ".tmp-"  # a killed writer leaves ".tmp-<target name>-<random>" behind
+STAGING_PREFIX = ".tmp-"  # a killed writer leaves ".tmp-<target name>-<host>-<pid>-<random>" behind
 _BLOCK = 1 << 20
 
 
@@ -26,10 +28,41 @@ def file_sha256(path: Path) -> str:
 
 
 def staging_folder(target: Path) -> Path:
-    """A new, empty folder beside ``target``, unique to this writer."""
+    """A new, empty folder beside ``target``, unique to this writer; stale ones of dead writers are removed first."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{target.name}-", dir=target.parent))
+    remove_stale_staging(target)
+    return Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(target)}{_HOST}-{os.getpid()}-", dir=target.parent))
+
+
+_HOST = socket.gethostname().replace("-", "_")  # "-" separates the name's fields
+
+
+def _staging_prefix(target: Path) -> str:
+    return f"{STAGING_PREFIX}{target.name}-"
+
+
+def remove_stale_staging(target: Path) -> None:
+    """Delete ``target``'s staging folders whose writer, a process of this host, is dead.
+
+    A live writer's folder (a concurrent prepare) is left alone, and so is one from another
+    host sharing the filesystem: its process cannot be checked from here.
+    """
+    prefix = _staging_prefix(target)
+    for folder in target.parent.glob(f"{glob.escape(prefix)}{_HOST}-*"):
+        pid = folder.name[len(prefix) + len(_HOST) + 1:].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
 
 
 def publish(staging: Path, target: Path, *, replace: bool = False) -> bool:

@@ -11,17 +11,28 @@ Names: ``model`` is the ``BertForPreTraining`` (encoder + heads); ``model.bert``
 transformers' own name for its encoder (``BertModel``).
 """
 
+import json
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_model
 from torch import nn
 from transformers import BertConfig, BertForPreTraining
 
 from mlmlab.config import ModelConfig
+from mlmlab.data.tokenizer import folder_vocab_hash
+from mlmlab.errors import UserError
 from mlmlab.restoring import restoring
 
 IGNORE_INDEX = -100  # the label of every position that is not predicted (HF convention)
+WEIGHTS_FILE = "model.safetensors"
+# A BertForMaskedLM folder has no pooler and no NSP head: initialising a BertForPreTraining from
+# one may leave these fresh. Nothing else may be missing, and a resume allows nothing at all.
+MASKED_LM_MISSING = ("bert.pooler.", "cls.seq_relationship.")
+VOCAB_HASH_KEY = "vocab_hash"  # config.json entry: the vocabulary the model was trained with
 
 
 def padded_vocab_size(vocab_size: int, multiple: int) -> int:
@@ -43,6 +54,43 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> BertFor
     )
     bert_config._attn_implementation = cfg.attention
     return BertForPreTraining(bert_config)
+
+
+def load_weights(model: nn.Module, path: Path, allowed_missing: tuple[str, ...] = ()) -> None:
+    """``path``'s safetensors weights into ``model``; any key or shape difference is a UserError naming the key.
+
+    The one weight loader: ``allowed_missing`` lists the key prefixes the file may lack
+    (MASKED_LM_MISSING when starting from a BertForMaskedLM; none for a resume).
+    """
+    expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    for name, shape in weight_shapes(path).items():
+        if name not in expected:
+            raise UserError(f"{path} holds {name}, which this model does not have; load it into the architecture "
+                            "it was saved from (its config.json)")
+        if shape != expected[name]:
+            raise UserError(f"{path} holds {name} of shape {list(shape)}, this model's is {list(expected[name])}; "
+                            "load it into the architecture it was saved from (its config.json)")
+    missing, _ = load_model(model, path, strict=False)  # tied weights (decoder = embeddings) are not missing
+    absent = sorted(name for name in missing if not name.startswith(allowed_missing))
+    if absent:
+        raise UserError(f"{path} lacks {absent[0]} ({len(absent)} weights missing); it was saved from another "
+                        "architecture: load it into that one (its config.json)")
+
+
+def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """{name: shape} from a safetensors header; a missing, truncated or foreign file is a UserError."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+    except (SafetensorError, OSError) as err:
+        raise UserError(f"cannot read the weights {path} ({str(err).splitlines()[0]}); the file is missing, "
+                        "truncated or not safetensors: copy or export the model again") from None
+
+
+def saved_vocab_hash(model_dir: Path) -> str:
+    """The vocabulary a model folder was trained with: recorded in config.json, else its tokenizer files' (older folders)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    return config.get(VOCAB_HASH_KEY) or folder_vocab_hash(model_dir)
 
 
 def compile_model(model: BertForPreTraining) -> None:

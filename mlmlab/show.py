@@ -21,6 +21,9 @@ def dump_instances(data_dir, n: int, *, start: int = 0, masked: bool = False, se
                    strategy: str = choices.DYNAMIC, dupe_factor: int = 10):
     """Yield instances start..start+n-1 as dicts; with ``masked``, as the training step masks them."""
     store = TokenStore(data_dir)
+    if not 0 <= start < len(store):
+        raise UserError(f"--start {start} is past the end: {data_dir} holds {len(store)} instances "
+                        f"(0 to {len(store) - 1})")
     tokenizer = load_tokenizer(store.tokenizer_dir)
     info = token_info_for(tokenizer)
     epoch_key = UniformStrategy(MaskingConfig(strategy=strategy, dupe_factor=dupe_factor)).epoch_key(epoch)

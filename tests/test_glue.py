@@ -202,11 +202,11 @@ def test_results_json_and_markdown_carry_median_choice_and_average(tiny_model_di
 
 
 @needs_glue
-def test_missing_tasks_are_reported_not_crashed(tiny_model_dir, tmp_path):
-    results = run_glue(tiny_model_dir, ["MNLI", "QQP", "QNLI"], GLUE_DIR, tmp_path, show_progress=False)
-    assert {name: result["status"] for name, result in results["tasks"].items()} == dict.fromkeys(["QQP", "MNLI", "QNLI"], "missing")
-    assert results["tasks"]["QNLI"]["missing_files"] == ["QNLI/train.tsv"]
-    assert results["average"] is None
+def test_every_requested_task_missing_is_an_error_not_an_empty_success(tiny_model_dir, tmp_path):
+    """Some missing tasks are reported beside the others (MNLI above); all missing would run nothing."""
+    with pytest.raises(UserError, match="none of the requested GLUE tasks .* QQP/train.tsv is missing"):
+        run_glue(tiny_model_dir, ["MNLI", "QQP", "QNLI"], GLUE_DIR, tmp_path, show_progress=False)
+    assert not (tmp_path / "glue_results.json").exists()
 
 
 @needs_glue

@@ -17,6 +17,7 @@ import gzip
 import html
 import json
 import re
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -103,12 +104,22 @@ def resolve_paths(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     if not resolved:
         raise UserError("no corpus files given; pass at least one text, <doc> or JSONL file")
     for path in resolved:
+        if path.is_dir():
+            raise UserError(f"corpus path {path} is a directory; give the files in it (e.g. {path}/*.txt)")
         if not path.is_file():
             raise UserError(f"corpus file {path} does not exist; check the path")
     return resolved
 
 
 def _read_file(path: Path) -> Iterator[list[str]]:
+    try:
+        yield from _read_documents(path)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as err:  # raised while decompressing, mid-stream
+        raise UserError(f"{path} is a truncated or corrupt gzip file ({err}); copy or compress it again "
+                        "(`gzip -t` checks a file)") from None
+
+
+def _read_documents(path: Path) -> Iterator[list[str]]:
     with _open_binary(path) as raw:
         lines = _decoded_lines(raw, path)
         first = _first_nonblank(lines)

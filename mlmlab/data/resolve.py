@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mlmlab.config import DataConfig
 from mlmlab.data.store import TokenStore, cache_root, prepare, prepared_hash
-from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer
+from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer, vocab_hash
 from mlmlab.data.wikitext import is_wikitext, write_plain
 from mlmlab.errors import UserError
 from mlmlab.files import building, file_sha256
@@ -77,7 +77,17 @@ def prepare_datasets(data: DataConfig):
     """(train TokenStore, valid TokenStore, tokenizer) for a config's data section, preparing what is missing."""
     corpora, settings = _corpora_and_settings(data)
     train, valid = (TokenStore(prepare(corpora[split], **settings)) for split in ("train", "valid"))
-    return train, valid, load_tokenizer(settings["tokenizer_dir"])
+    tokenizer = load_tokenizer(settings["tokenizer_dir"])
+    for store in (train, valid):
+        require_vocab(store, vocab_hash(tokenizer.get_vocab()), f"data.tokenizer ({settings['tokenizer_dir']})")
+    return train, valid, tokenizer
+
+
+def require_vocab(store: TokenStore, expected: str, whose: str) -> None:
+    """Refuse data tokenized with another vocabulary than ``whose`` (a size check misses a renumbered one)."""
+    if store.vocab_hash != expected:
+        raise UserError(f"{store.path} was tokenized with another vocabulary than {whose} (vocabulary hash "
+                        f"{store.vocab_hash}, expected {expected}); prepare the data again with that tokenizer")
 
 
 def dataset_hashes(data: DataConfig) -> dict:

@@ -11,9 +11,10 @@ vocabulary, so `load_tokenizer` also asserts the loaded size against the files.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,21 @@ def load_tokenizer(tokenizer_dir: str | Path):
     return tokenizer
 
 
+def vocab_hash(vocab: Mapping[str, int]) -> str:
+    """A vocabulary's identity: 16 hex digits of sha256 over its (id, token) pairs.
+
+    The one place it is computed. The size is not an identity: a WordPiece retrained on the
+    same corpus has the same size and renumbers hundreds of ids.
+    """
+    pairs = "\n".join(f"{i}\t{token}" for token, i in sorted(vocab.items(), key=lambda item: item[1]))
+    return hashlib.sha256(pairs.encode("utf-8")).hexdigest()[:16]
+
+
+def folder_vocab_hash(tokenizer_dir: str | Path) -> str:
+    """``vocab_hash`` of a tokenizer folder's files (what ``load_tokenizer`` checks the loaded tokenizer against)."""
+    return vocab_hash(_expected_vocab(Path(tokenizer_dir)))
+
+
 def ordinary_token_ids(tokenizer) -> np.ndarray:
     """Ids a random replacement may insert: not special and not a reserved [unusedN] slot."""
     special = set(tokenizer.all_special_ids)
@@ -125,7 +141,7 @@ def _save_folder(tokens: list[str], out_dir: Path, lowercase: bool) -> Path:
 def _read_vocab_file(vocab_file: Path) -> list[str]:
     if not vocab_file.is_file():
         raise UserError(f"vocab file {vocab_file} does not exist; give a BERT vocab.txt (one token per line)")
-    tokens = [line.rstrip("\r\n") for line in vocab_file.read_text(encoding="utf-8").splitlines()]
+    tokens = _vocab_lines(vocab_file)
     duplicates = len(tokens) - len(set(tokens))
     if duplicates:
         raise UserError(f"vocab {vocab_file} has {duplicates} duplicate lines; each token must appear once")
@@ -141,8 +157,27 @@ def _expected_vocab(tokenizer_dir: Path) -> dict[str, int]:
         vocab = dict(spec["model"]["vocab"])
         vocab.update({added["content"]: added["id"] for added in spec.get("added_tokens", [])})
         return vocab
-    lines = (tokenizer_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
-    return {token: i for i, token in enumerate(lines)}
+    return {token: i for i, token in enumerate(_vocab_lines(tokenizer_dir / "vocab.txt"))}
+
+
+def _vocab_lines(vocab_file: Path) -> list[str]:
+    """The tokens of a vocab.txt, id = line number; trailing blank lines are dropped.
+
+    A blank line inside is refused rather than skipped: skipping it would renumber every
+    later token, and keeping it would make the empty string a token.
+    """
+    try:
+        lines = vocab_file.read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        line = vocab_file.read_bytes()[: err.start].count(b"\n") + 1
+        raise UserError(f"vocab {vocab_file} is not valid UTF-8 at line {line}; re-encode it as UTF-8") from None
+    while lines and not lines[-1].strip():
+        lines.pop()
+    blank = next((number for number, token in enumerate(lines, start=1) if not token.strip()), None)
+    if blank is not None:
+        raise UserError(f"vocab {vocab_file} line {blank} is blank; each line must hold one token (delete the line "
+                        "only if the ids after it may shift)")
+    return lines
 
 
 def _require_special_tokens(tokens: Iterable[str], source: Path) -> None:

@@ -26,7 +26,9 @@ from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from mlmlab import jsonio, markdown
+from mlmlab.data.tokenizer import vocab_hash
 from mlmlab.errors import UserError
+from mlmlab.model import VOCAB_HASH_KEY, WEIGHTS_FILE, weight_shapes
 from mlmlab.restoring import restoring
 from mlmlab.train.optim import parameter_groups
 from mlmlab.evaluate.glue_data import (
@@ -106,6 +108,7 @@ def run_glue(
                  "epochs": epochs, "batch_size": batch_size, "max_length": max_length}
     # Every argument is checked before the first task trains, not minutes later.
     settings = {name: with_overrides(DEFAULT_SETTINGS[name], overrides) for name in resolve_task_names(tasks)}
+    refuse_all_missing(list(settings), data_dir)
     context = RunContext(model_dir, load_model_tokenizer(model_dir), init, tuple(seeds), max_train_examples,
                          write_test_predictions, show_progress, pick_device())
     results = {"model_dir": str(model_dir), "init": init, "seeds": list(seeds), "selection": SELECTION_NOTE,
@@ -135,6 +138,8 @@ class RunContext:
 def check_arguments(model_dir: Path, data_dir: Path, seeds, init: str, max_train_examples) -> None:
     if not (model_dir / "config.json").is_file():
         raise UserError(f"{model_dir} has no config.json; pass a checkpoint folder saved by mlmlab (save_pretrained)")
+    if init == "pretrained":
+        weight_shapes(model_dir / WEIGHTS_FILE)  # a missing or truncated weights file, before any task reads data
     if not data_dir.is_dir():
         raise UserError(f"GLUE data folder {data_dir} does not exist; pass the glue_data folder holding CoLA/, SST-2/, ...")
     if not seeds:
@@ -143,6 +148,15 @@ def check_arguments(model_dir: Path, data_dir: Path, seeds, init: str, max_train
         raise UserError(f"init={init!r} is not known; use 'pretrained' or 'random'")
     if max_train_examples is not None and max_train_examples < 1:
         raise UserError(f"max_train_examples={max_train_examples} must be a positive number of examples")
+
+
+def refuse_all_missing(names: list[str], data_dir: Path) -> None:
+    """Missing tasks are skipped and reported; when every requested one is missing, nothing would run."""
+    missing = {name: missing_files(TASKS[name], data_dir) for name in names}
+    if all(missing.values()):
+        first = next(iter(missing.values()))[0]
+        raise UserError(f"none of the requested GLUE tasks has its files in {data_dir} (e.g. {first} is missing); "
+                        "pass the glue_data folder holding CoLA/, SST-2/, ... as --data-dir")
 
 
 def resolve_task_names(tasks) -> list[str]:
@@ -313,9 +327,14 @@ def collate(split: EncodedSplit, rows: list[int], device: torch.device) -> dict[
 def load_model_tokenizer(model_dir: Path):
     """The tokenizer saved with a model (any AutoTokenizer folder), or a UserError; no size checks."""
     try:
-        return AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
     except (OSError, ValueError) as error:
         raise UserError(f"{model_dir}: no usable tokenizer ({error}); save the tokenizer into the checkpoint folder") from None
+    recorded = AutoConfig.from_pretrained(model_dir).to_dict().get(VOCAB_HASH_KEY)  # set by mlmlab's export
+    if recorded is not None and recorded != vocab_hash(tokenizer.get_vocab()):
+        raise UserError(f"{model_dir}: its tokenizer is not the vocabulary the model was trained with (vocabulary hash "
+                        f"{vocab_hash(tokenizer.get_vocab())}, trained with {recorded}); restore the folder's tokenizer files")
+    return tokenizer
 
 
 def load_model(model_dir: Path, task: GlueTask, init: str) -> torch.nn.Module:

@@ -103,6 +103,8 @@ def read_labeled(task: GlueTask, path: Path, max_examples: int | None = None) ->
     rows = subsample(rows, max_examples)
     text_positions = column_positions(path, header, task.text_columns)
     (label_position,) = column_positions(path, header, (task.label_column,))
+    if not rows:
+        raise UserError(f"{path}: no examples, only a header; use the task's complete GLUE file")
     labels = [parse_label(task, path, line, fields[label_position]) for line, fields in rows]
     return GlueSplit(path, texts_of(rows, text_positions), labels, indices=None)
 
@@ -136,8 +138,7 @@ def read_tsv(path: Path, column_names: tuple[str, ...] | None) -> tuple[list[str
     utf-8-sig drops MRPC's BOM; newline="\\n" keeps a stray carriage return inside a
     sentence from splitting the line. Blank lines (a trailing empty line) are skipped.
     """
-    with open(path, encoding="utf-8-sig", newline="\n") as file:
-        lines = [(number, text.rstrip("\r\n")) for number, text in enumerate(file, start=1)]
+    lines = [(number, text.rstrip("\r\n")) for number, text in enumerate(_decoded_lines(path), start=1)]
     lines = [(number, text) for number, text in lines if text]
     if column_names is None:
         if not lines:
@@ -153,6 +154,18 @@ def read_tsv(path: Path, column_names: tuple[str, ...] | None) -> tuple[list[str
                 f"found {len(fields)}; fix or remove this line"
             )
     return header, rows
+
+
+def _decoded_lines(path: Path) -> list[str]:
+    """The file's lines as text; a byte that is not UTF-8 is a UserError naming the line."""
+    with open(path, "rb") as file:
+        raw = file.read()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise UserError(f"{path}:{line}: not valid UTF-8; re-encode the file as UTF-8 (GLUE's files are)") from None
+    return text.split("\n")  # a trailing newline gives a last blank line, skipped like every blank line
 
 
 def column_positions(path: Path, header: list[str], wanted: tuple[str, ...]) -> list[int]:

@@ -16,12 +16,12 @@ from transformers import BertForPreTraining
 
 from mlmlab.config import MaskingConfig
 from mlmlab.data.loader import LoaderPosition, iterate_batches
-from mlmlab.data.resolve import held_out_store
+from mlmlab.data.resolve import held_out_store, require_vocab
 from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.errors import UserError
 from mlmlab.masking.select import token_info_for
 from mlmlab.masking.strategies import eval_masks, frequency_buckets
-from mlmlab.model import SparsePretraining, eval_mode
+from mlmlab.model import SparsePretraining, eval_mode, saved_vocab_hash
 
 DEFAULT_BUCKETS = MaskingConfig().freq_cuts  # the same as training's
 
@@ -117,9 +117,7 @@ def evaluate_model(model_dir, data, *, batch_size: int = 32, max_batches: int | 
     """
     bert, tokenizer = load_pretrained(model_dir)
     store = held_out_store([data] if isinstance(data, (str, Path)) else list(data), Path(model_dir), max_seq_length)
-    if store.meta.get("vocab_size") != len(tokenizer):
-        raise UserError(f"{data} was prepared with a {store.meta.get('vocab_size')}-token vocabulary, the model uses "
-                        f"{len(tokenizer)}; prepare the data with the model's tokenizer")
+    require_vocab(store, saved_vocab_hash(Path(model_dir)), f"the model's ({model_dir})")
     if store.max_seq_length > bert.config.max_position_embeddings:
         raise UserError(f"{data} holds sequences of up to {store.max_seq_length} tokens, more than the model's "
                         f"{bert.config.max_position_embeddings} positions; prepare it with a smaller --max-seq-length")

@@ -1,7 +1,9 @@
 """Run folders, atomic and verifiable checkpoints, exact resume, and the exported model.
 
-A run folder holds ``config.yaml`` (the resolved config), ``metrics.jsonl``, checkpoints
-``ckpt-<step>`` and, at the end, ``model/``. A checkpoint folder holds:
+A run folder holds ``config.yaml`` (the resolved config it trains with now),
+``config_history.jsonl`` (one line per resume that changed the config: the step, the
+checkpoint and every changed key), ``metrics.jsonl``, checkpoints ``ckpt-<step>`` and, at
+the end, ``model/``. A checkpoint folder holds:
 
 - ``model/``: a HuggingFace folder (safetensors weights, config, tokenizer, the
   pretraining corpus's ``token_counts.npy``) that the Auto classes load;
@@ -12,26 +14,32 @@ A run folder holds ``config.yaml`` (the resolved config), ``metrics.jsonl``, che
 - ``manifest.json``, written last: the sha256 of every file, so a truncated or edited
   checkpoint is detected and skipped rather than resumed from.
 
-It is written under a staging name and renamed when complete.
+It is written under a staging name and renamed when complete. A resume refuses, in one
+line, a checkpoint of another architecture or vocabulary: loading part of one is never silent.
 """
 
+import copy
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_model
+import yaml
 from transformers import BertConfig, BertForPreTraining
 
 from mlmlab.config import Config, config_text
+from mlmlab.data.tokenizer import vocab_hash
 from mlmlab.errors import UserError
 from mlmlab.files import STAGING_PREFIX, building, file_sha256
+from mlmlab.model import VOCAB_HASH_KEY, WEIGHTS_FILE, load_weights, saved_vocab_hash
 
 MANIFEST = "manifest.json"
 PREFIX = "ckpt-"
 CONFIG_FILE = "config.yaml"
+CONFIG_HISTORY = "config_history.jsonl"
 MODEL_DIR = "model"
 TRAINING_STATE = "training_state.pt"
 TRAINER_STATE = "trainer_state.json"
@@ -48,24 +56,74 @@ def run_dir_for(cfg: Config) -> Path:
 
 
 def open_run(run_dir: Path, cfg: Config, resume: str | None, is_main: bool) -> Path | None:
-    """Prepare the run folder; the checkpoint to resume from, if any.
+    """Make sure the run folder can be written; the checkpoint to resume from, if any.
 
     A folder that already holds checkpoints of this very config is resumed without being
-    asked; one of another config is refused unless ``resume`` says to continue it.
+    asked; one of another config (or of an unknown one: config.yaml deleted) is refused
+    unless ``resume`` says to continue it. The config is recorded later, by ``record_config``,
+    once the checkpoint has loaded: a refused resume leaves the folder as it was.
     """
-    config_path = run_dir / CONFIG_FILE
+    if is_main:
+        make_writable_folder(run_dir)
     if resume is None and complete_checkpoints(run_dir, check=False):
-        if config_path.read_text() != config_text(cfg):
+        recorded = read_text_or_none(run_dir / CONFIG_FILE)
+        if recorded is None:
+            raise UserError(f"{run_dir} holds checkpoints but no {CONFIG_FILE}, so what made them is unknown; "
+                            "pass --resume auto to continue it with this config, or choose another train.out_dir")
+        if recorded != config_text(cfg):
             raise UserError(f"{run_dir} holds a run with a different config; choose another train.out_dir "
                             "or pass --resume auto to continue it with this config")
         resume = RESUME_LATEST
     folder = resolve_resume(resume, run_dir)
     if is_main:
         remove_partial(run_dir)
-        if folder is None:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            config_path.write_text(config_text(cfg))
     return folder
+
+
+def make_writable_folder(run_dir: Path) -> None:
+    """Create ``run_dir``, or a one-line UserError when it is a file or cannot be written."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"train.out_dir={str(run_dir)!r} is a file, not a folder; choose another train.out_dir")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"cannot create the run folder {run_dir} ({err.strerror}); choose another train.out_dir") from None
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise UserError(f"the run folder {run_dir} is not writable; choose another train.out_dir or fix its permissions")
+
+
+def read_text_or_none(path: Path) -> str | None:
+    return path.read_text() if path.is_file() else None
+
+
+def record_config(run_dir: Path, cfg: Config, resumed_from: Path | None, step: int) -> None:
+    """config.yaml: the config the run trains with from now on; a resume that changes it adds a history line.
+
+    The previous config is this folder's config.yaml, or, for a resume from another run's
+    checkpoint, that run's. The same command rerun later then finds its own config recorded.
+    """
+    text, path = config_text(cfg), run_dir / CONFIG_FILE
+    previous = read_text_or_none(path)
+    if resumed_from is not None:
+        previous = previous or read_text_or_none(resumed_from.parent / CONFIG_FILE)
+        if previous != text:
+            line = {"step": step, "resumed_from": str(resumed_from), "changes": config_diff(previous, text)}
+            with open(run_dir / CONFIG_HISTORY, "a") as handle:
+                handle.write(json.dumps(line) + "\n")
+    if previous != text or not path.is_file():
+        path.write_text(text)
+
+
+def config_diff(before: str | None, after: str) -> dict | None:
+    """{"section.key": [old, new]} of two config.yaml texts; None when the old one is unknown."""
+    if before is None:
+        return None
+    old, new = (_flat(yaml.safe_load(text) or {}) for text in (before, after))
+    return {key: [old.get(key), new.get(key)] for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)}
+
+
+def _flat(tree: dict) -> dict:
+    return {f"{section}.{key}": value for section, values in tree.items() for key, value in (values or {}).items()}
 
 
 # ----- writing -----------------------------------------------------------------------------
@@ -75,8 +133,9 @@ def save(run_dir: Path, step: int, write_contents, keep_last: int) -> Path:
     with building(final, replace=True) as staging:
         write_contents(staging)
         _write_manifest(staging)
-    for old in complete_checkpoints(run_dir, check=False)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    if keep_last > 0:  # 0 keeps every checkpoint (config validation refuses negative values)
+        for old in complete_checkpoints(run_dir, check=False)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 
@@ -104,6 +163,8 @@ def export_model(folder: Path, config: BertConfig, state_dict: dict, tokenizer, 
     gathered weights: ``save_pretrained`` inspects the model's own parameters, which under
     FSDP are shards whose gathering would wait for the other processes forever.
     """
+    config = copy.deepcopy(config)  # the running model's stays as it is
+    setattr(config, VOCAB_HASH_KEY, vocab_hash(tokenizer.get_vocab()))  # what evaluate, GLUE and resume compare
     with torch.device("meta"):
         plain = BertForPreTraining(config)
     plain.load_state_dict(state_dict, assign=True)
@@ -180,9 +241,29 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
     return folder
 
 
-def load_weights(model: BertForPreTraining, folder: Path) -> None:
-    """The checkpoint's weights into ``model`` (every process, before FSDP shards it)."""
-    load_model(model, folder / MODEL_DIR / "model.safetensors", strict=False)
+# config.json entries that fix the weights' shapes or meaning, and the settings that set them.
+ARCHITECTURE = {"num_hidden_layers": "model.num_layers", "hidden_size": "model.hidden_size",
+                "num_attention_heads": "model.num_heads", "intermediate_size": "model.intermediate_size",
+                "max_position_embeddings": "model.max_position_embeddings",
+                "vocab_size": "the vocabulary size (data.tokenizer, model.pad_vocab_multiple)"}
+
+
+def load_resumed_weights(model: BertForPreTraining, folder: Path, tokenizer) -> None:
+    """The checkpoint's weights into ``model`` (every process, before FSDP shards it), refusing any difference.
+
+    The same architecture and vocabulary, and every weight: a resume allows no missing key.
+    """
+    saved = json.loads((folder / MODEL_DIR / "config.json").read_text())
+    built = model.config.to_dict()
+    for key, setting in ARCHITECTURE.items():
+        if saved.get(key) != built.get(key):
+            raise UserError(f"cannot resume from {folder}: its model has {key}={saved.get(key)}, this config gives "
+                            f"{built.get(key)} (set by {setting}); resume with the config it was trained with "
+                            "(the run's config.yaml) or start a new train.out_dir")
+    if saved_vocab_hash(folder / MODEL_DIR) != vocab_hash(tokenizer.get_vocab()):
+        raise UserError(f"cannot resume from {folder}: it was trained with another vocabulary than data.tokenizer's "
+                        "(same size or not); resume with its tokenizer (its model/ folder) or start a new train.out_dir")
+    load_weights(model, folder / MODEL_DIR / WEIGHTS_FILE)
 
 
 def read_training_state(folder: Path) -> dict:

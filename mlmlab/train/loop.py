@@ -145,6 +145,8 @@ class Trainer:
         self.cfg, self.validate, self.show_progress = cfg, validate, show_progress
         self.accelerator = make_accelerator(cfg)
         self.run_dir = checkpoint.run_dir_for(cfg)
+        # Before the slow set-up: an unwritable run folder or a refused resume stops here.
+        folder = checkpoint.open_run(self.run_dir, cfg, resume, self.accelerator.is_main_process)
         self.metrics = MetricsWriter(self.run_dir, enabled=self.accelerator.is_main_process)
         with self.accelerator.main_process_first():
             self.train_store, self.valid_store, self.tokenizer = prepare_datasets(cfg.data)
@@ -163,13 +165,15 @@ class Trainer:
         self.peak_flops = self.accelerator.num_processes * peak_matmul_flops(
             self.accelerator.device, matmul_dtype(self.accelerator.mixed_precision), size=1024, repeats=3, rounds=4)
         self.state = TrainerState()
-        folder = checkpoint.open_run(self.run_dir, cfg, resume, self.accelerator.is_main_process)
         if folder is not None:
             self._log_line(f"resuming from {folder}")
-            checkpoint.load_weights(self.model, folder)  # every process, before FSDP (if any) shards the model
+            # Every process, before FSDP (if any) shards the model; another architecture or vocabulary is refused.
+            checkpoint.load_resumed_weights(self.model, folder, self.tokenizer)
         self.module, self.optimizer = self.accelerator.prepare(self.module, self.optimizer)
         if folder is not None:  # after prepare: FSDP shards the optimizer state as it loads
             self.load_state_dict(checkpoint.read_training_state(folder))
+        if self.accelerator.is_main_process:  # only now: a refused resume leaves the run folder as it was
+            checkpoint.record_config(self.run_dir, cfg, folder, self.state.step)
         self.metrics.drop_after(self.state.step)  # steps after the checkpoint are redone
 
     def state_dict(self) -> dict:
@@ -275,9 +279,20 @@ class Trainer:
         return {**losses, "grad_norm": float(grad_norm), "tokens": tokens, "flops": flops}
 
     def train(self) -> dict:
+        # SIGTERM is caught until the very end (the final evaluation too): it must never lose the run.
+        with _StopRequest() as stop:
+            self._train_steps(stop)
+            if stop.requested:
+                self._log_line(f"SIGTERM: saving a checkpoint at step {self.state.step} before exiting")
+                self._save()
+                raise SystemExit(143)
+            return self._finish(stop)
+
+    def _train_steps(self, stop: _StopRequest) -> None:
+        """Steps until the budget is spent or SIGTERM asks to stop."""
         batches, window = self.batches(), _Window()
         shown = self.show_progress and self.accelerator.is_main_process
-        with _StopRequest() as stop, _progress_bar(self.cfg.train, self.state.step, shown) as bar:
+        with _progress_bar(self.cfg.train, self.state.step, shown) as bar:
             while self.progress() < 1.0 and not stop.requested:
                 started = time.perf_counter()
                 out = self.train_step(batches)
@@ -285,11 +300,6 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{out['loss']:.3f}", **window.postfix(self.peak_flops))
                 window = self._after_step(out, window)
-            if stop.requested:
-                self._log_line(f"SIGTERM: saving a checkpoint at step {self.state.step} before exiting")
-                self._save()
-                raise SystemExit(143)
-        return self._finish()
 
     def _count_step(self, seconds: float) -> float:
         self.state.seconds += seconds
@@ -321,14 +331,18 @@ class Trainer:
                              max_batches=max_batches, device=self.accelerator.device,
                              token_counts=self.train_store.token_counts, freq_cuts=self.cfg.masking.freq_cuts)
 
-    def _finish(self) -> dict:
+    def _finish(self, stop: _StopRequest) -> dict:
+        saved = self._save()  # before the final evaluation, so a SIGTERM during it leaves the run resumable
+        if stop.requested:
+            self._log_line(f"SIGTERM: the final checkpoint (step {self.state.step}) is saved; exiting before "
+                           "the final evaluation (rerun the command to finish the run)")
+            raise SystemExit(143)
         final_eval, state = self.evaluate(self.cfg.train.eval_batches), self.state
         summary = {"steps": state.step, "tokens_seen": state.tokens, "train_seconds": state.seconds,
                    **rates(state.tokens, state.flops, state.seconds, self.peak_flops), "eval": final_eval,
                    "distributed": self.accelerator.distributed_type.value, "processes": self.accelerator.num_processes,
                    "run_dir": str(self.run_dir)}
         self.metrics.write({"step": state.step, "eval": final_eval})
-        saved = self._save()
         if self.accelerator.is_main_process:  # the final model is the last checkpoint's: copy, not re-export
             shutil.copytree(saved / checkpoint.MODEL_DIR, self.run_dir / checkpoint.MODEL_DIR, dirs_exist_ok=True)
             (self.run_dir / "summary.json").write_text(jsonio.dumps(summary, indent=1))

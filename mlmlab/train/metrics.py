@@ -22,10 +22,10 @@ class MetricsWriter:
         self._tensorboard = None  # opened on the first record
 
     def drop_after(self, step: int) -> None:
-        """Forget records of steps after ``step``: a resumed run redoes them."""
+        """Forget records of steps after ``step``: a resumed run redoes them; so is a line cut short by a kill."""
         if self.enabled and self.path.exists():
-            lines = self.path.read_text().splitlines()
-            kept = [line for line in lines if line and json.loads(line)["step"] <= step]
+            records = [(line, _record(line)) for line in self.path.read_text().splitlines()]
+            kept = [line for line, record in records if record is not None and record.get("step", step + 1) <= step]
             self.path.write_text("".join(line + "\n" for line in kept))
 
     def write(self, record: dict) -> None:
@@ -38,6 +38,15 @@ class MetricsWriter:
         for name, value in _flat_scalars(record):
             self._tensorboard.add_scalar(name, value, record["step"])
         self._tensorboard.flush()
+
+
+def _record(line: str) -> dict | None:
+    """A metrics line as a dict; None for a partial line (the process was killed while writing it)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _flat_scalars(record: dict, prefix: str = ""):

@@ -1,0 +1,402 @@
+"""Hostile inputs, as a new user would try them: one table, each case run in-process through the CLI.
+
+Every case must end in exactly one line on stderr that starts "mlmlab: error:" and names the
+problem, exit with its code (2: a mistake the user can fix), print no traceback, and leave the
+earlier run's checkpoints and the prepared datasets as they were. One small trained run (a few
+steps of a tiny model on the bundled validation sample) serves every case.
+
+Below the table: inputs that used to break a run and must now work (a cut metrics line, a
+resume into a new folder, a changed config, overrides after options, SIGTERM at the end, text
+that prepare cannot use, concurrent cache writers, staging folders of killed writers).
+"""
+
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import SAMPLE
+from mlmlab.cli import main
+from mlmlab.config import load_config
+from mlmlab.data.resolve import _cached_folder
+from mlmlab.files import staging_folder
+from mlmlab.train import checkpoint
+from mlmlab.train.loop import Trainer
+
+CORPUS = SAMPLE / "valid.txt.gz"  # 0.4 MB of text: prepares in about a second
+TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
+        "train.batch_size=8", "train.eval_batches=2", "train.eval_every=0", "train.warmup_steps=1",
+        "train.log_every=1", "data.loader_workers=0", f"data.corpus={CORPUS}", f"data.valid_corpus={CORPUS}"]
+
+
+def pretrain_argv(out_dir: Path, *overrides: str) -> list[str]:
+    return ["pretrain", "--no-progress", *TINY, "train.max_steps=4", "train.save_every=2",
+            f"train.out_dir={out_dir}", *overrides]
+
+
+@dataclass(frozen=True)
+class World:
+    """What the cases attack and must leave intact."""
+
+    root: Path
+    run: Path  # a finished 4-step run: ckpt-2, ckpt-4, model/
+    tokenizer: Path
+    data: Path  # the validation sample prepared with the bundled vocabulary
+    renumbered_vocab: Path  # the bundled vocabulary with two tokens swapped: same size, another vocabulary
+    renumbered_data: Path  # the same text prepared with it
+    glue: Path  # a GLUE folder with a small SST-2
+
+    @property
+    def model(self) -> Path:
+        return self.run / "model"
+
+    def fingerprint(self) -> dict:
+        folders = (self.run, self.data, self.renumbered_data, self.tokenizer)
+        return {str(p): hashlib.sha256(p.read_bytes()).hexdigest()
+                for folder in folders for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def write_glue_task(folder: Path, rows: int = 24) -> None:
+    folder.mkdir(parents=True)
+    lines = "".join(f"a {'good' if i % 2 else 'bad'} film number {i}\t{i % 2}\n" for i in range(rows))
+    for name in ("train.tsv", "dev.tsv"):
+        (folder / name).write_text("sentence\tlabel\n" + lines)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_progress_bars():
+    """As on a command line: there mlmlab.cli sets HF_HUB_DISABLE_PROGRESS_BARS before transformers is
+    imported, which reads it once; in this process it was imported earlier."""
+    from transformers.utils import logging
+
+    enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    yield
+    if enabled:
+        logging.enable_progress_bar()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> World:
+    root = tmp_path_factory.mktemp("hostile")
+    vocab = (SAMPLE / "vocab.txt").read_text().splitlines()
+    vocab[2000], vocab[2001] = vocab[2001], vocab[2000]  # what a retrained WordPiece does to hundreds of ids
+    (root / "renumbered.txt").write_text("\n".join(vocab) + "\n")
+    for argv in (pretrain_argv(root / "run"),
+                 ["tokenizer", "--vocab", str(SAMPLE / "vocab.txt"), "--out", str(root / "tok")],
+                 ["tokenizer", "--vocab", str(root / "renumbered.txt"), "--out", str(root / "tok-renumbered")],
+                 ["prepare", "--corpus", str(CORPUS), "--tokenizer", str(root / "tok"), "--out", str(root / "data"),
+                  "--workers", "1"],
+                 ["prepare", "--corpus", str(CORPUS), "--tokenizer", str(root / "tok-renumbered"),
+                  "--out", str(root / "data-renumbered"), "--workers", "1"]):
+        assert main(argv) == 0, argv
+    write_glue_task(root / "glue" / "SST-2")
+    return World(root, root / "run", root / "tok", root / "data", root / "renumbered.txt",
+                 root / "data-renumbered", root / "glue")
+
+
+# ----- building hostile inputs: each returns the command line, writing what it needs under tmp -----
+def copy_of(folder: Path, tmp: Path) -> Path:
+    return Path(shutil.copytree(folder, tmp / folder.name))
+
+
+def moved_run(w: World, tmp: Path) -> Path:
+    """A copy of the world's run whose config.yaml names its new folder: the same run, moved."""
+    run = copy_of(w.run, tmp)
+    (run / "config.yaml").write_text((run / "config.yaml").read_text().replace(str(w.run), str(run)))
+    return run
+
+
+def truncated(path: Path, keep: float = 0.5) -> Path:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    return path
+
+
+def gz_cut_short(tmp: Path) -> Path:
+    path = tmp / "cut.txt.gz"
+    path.write_bytes(gzip.compress(gzip.decompress(CORPUS.read_bytes()))[:50_000])
+    return path
+
+
+def latin1_vocab(tmp: Path) -> Path:
+    path = tmp / "vocab.txt"
+    path.write_bytes((SAMPLE / "vocab.txt").read_bytes() + "caf\xe9\n".encode("latin-1"))
+    return path
+
+
+def vocab_with_blank_line(tmp: Path) -> Path:
+    lines = (SAMPLE / "vocab.txt").read_text().splitlines()
+    path = tmp / "vocab.txt"
+    path.write_text("\n".join(lines[:100] + [""] + lines[100:]) + "\n")
+    return path
+
+
+def run_without_config(w: World, tmp: Path) -> list[str]:
+    run = copy_of(w.run, tmp)
+    (run / "config.yaml").unlink()
+    return pretrain_argv(run)
+
+
+def checkpoint_lacking_a_weight(w: World, tmp: Path) -> list[str]:
+    """A complete checkpoint (valid manifest) whose weights lack the NSP head: a resume allows nothing missing."""
+    from safetensors.torch import load_file, save_file
+
+    run = copy_of(w.run, tmp)
+    saved = checkpoint.latest(run)
+    weights = load_file(saved / "model" / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if not k.startswith("cls.seq_relationship.")},
+              saved / "model" / "model.safetensors", metadata={"format": "pt"})
+    (saved / checkpoint.MANIFEST).unlink()
+    checkpoint._write_manifest(saved)
+    return pretrain_argv(run, "--resume", "auto")
+
+
+def glue_argv(model: Path, data_dir: Path, *tasks: str) -> list[str]:
+    return ["glue", "--model", str(model), "--task", *(tasks or ("SST-2",)), "--data-dir", str(data_dir),
+            "--seeds", "0", "--epochs", "1", "--out", str(data_dir.parent / "glue-out")]
+
+
+def glue_with_bad_file(w: World, tmp: Path, content: bytes) -> list[str]:
+    glue = copy_of(w.glue, tmp)
+    (glue / "SST-2" / "train.tsv").write_bytes(content)
+    return glue_argv(w.model, glue)
+
+
+def model_with(w: World, tmp: Path, change: Callable[[Path], object]) -> Path:
+    model = copy_of(w.model, tmp)
+    change(model)
+    return model
+
+
+def swap_tokenizer(w: World) -> Callable[[Path], None]:
+    def change(model: Path) -> None:
+        for name in ("vocab.txt", "tokenizer.json"):
+            shutil.copy(w.tokenizer.parent / "tok-renumbered" / name, model / name)
+    return change
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    argv: Callable[[World, Path], list[str]]
+    words: tuple[str, ...]
+    code: int = 2
+
+
+CASES = [
+    # Config values that crashed deep inside training, or deleted what they should keep.
+    Case("keep_last negative", lambda w, t: pretrain_argv(t / "r", "train.keep_last=-1"), ("train.keep_last", "at least 0")),
+    Case("log_every zero", lambda w, t: pretrain_argv(t / "r", "train.log_every=0"), ("train.log_every",)),
+    Case("num_heads zero", lambda w, t: pretrain_argv(t / "r", "model.num_heads=0"), ("model.num_heads",)),
+    Case("negative lr", lambda w, t: pretrain_argv(t / "r", "train.lr=-1e-3"), ("train.lr", "positive")),
+    Case("negative loader_workers", lambda w, t: pretrain_argv(t / "r", "data.loader_workers=-1"), ("data.loader_workers",)),
+    Case("options after overrides still parse", lambda w, t: ["pretrain", "train.max_steps=3", "--no-progress",
+                                                              "train.log_every=0"], ("train.log_every",)),
+    # The run folder.
+    Case("out_dir is a file", lambda w, t: pretrain_argv((t / "f").touch() or t / "f"), ("is a file",)),
+    Case("out_dir under a file", lambda w, t: pretrain_argv((t / "f").touch() or t / "f" / "run"), ("cannot create",)),
+    Case("config.yaml deleted", run_without_config, ("no config.yaml", "--resume auto")),
+    # Resumes that would load part of a checkpoint, or one of another vocabulary.
+    Case("resume after a layer change", lambda w, t: pretrain_argv(w.run, "--resume", "auto", "model.num_layers=2"),
+         ("num_hidden_layers=1", "model.num_layers")),
+    Case("resume after a head-count change (same shapes)",
+         lambda w, t: pretrain_argv(w.run, "--resume", "auto", "model.num_heads=4"), ("num_attention_heads", "model.num_heads")),
+    Case("resume with a renumbered vocabulary",
+         lambda w, t: pretrain_argv(w.run, "--resume", "auto", f"data.tokenizer={w.renumbered_vocab}"),
+         ("another vocabulary",)),
+    Case("resume from a checkpoint lacking a weight", checkpoint_lacking_a_weight, ("lacks cls.seq_relationship",)),
+    # Corpora, vocabularies, prepared data.
+    Case("truncated gz corpus", lambda w, t: ["prepare", "--corpus", str(gz_cut_short(t)), "--tokenizer", str(w.tokenizer),
+                                              "--out", str(t / "p")], ("truncated or corrupt gzip",)),
+    Case("directory as corpus", lambda w, t: ["prepare", "--corpus", str(t), "--tokenizer", str(w.tokenizer)],
+         ("is a directory",)),
+    Case("non-UTF-8 vocab", lambda w, t: ["tokenizer", "--vocab", str(latin1_vocab(t)), "--out", str(t / "tok")],
+         ("UTF-8", "line 30523")),
+    Case("blank line in vocab", lambda w, t: ["tokenizer", "--vocab", str(vocab_with_blank_line(t)), "--out", str(t / "tok")],
+         ("line 101 is blank",)),
+    Case("truncated shard", lambda w, t: ["dump", "--data", str(
+        truncated(copy_of(w.data, t) / "shard_00000" / "input_ids.npy").parent.parent)], ("truncated",)),
+    Case("dump past the end", lambda w, t: ["dump", "--data", str(w.data), "--start", "1000000"], ("past the end",)),
+    # Evaluation and GLUE.
+    Case("evaluate data of a same-size other vocabulary",
+         lambda w, t: ["evaluate", "--model", str(w.model), "--data", str(w.renumbered_data), "--max-batches", "1"],
+         ("another vocabulary",)),
+    Case("GLUE: non-UTF-8 TSV", lambda w, t: glue_with_bad_file(w, t, "sentence\tlabel\ncaf\xe9\t1\n".encode("latin-1")),
+         ("train.tsv:2", "UTF-8")),
+    Case("GLUE: header-only train.tsv", lambda w, t: glue_with_bad_file(w, t, b"sentence\tlabel\n"), ("no examples",)),
+    Case("GLUE: truncated model file", lambda w, t: glue_argv(
+        model_with(w, t, lambda m: truncated(m / "model.safetensors")), w.glue), ("truncated",)),
+    Case("GLUE: every requested task missing", lambda w, t: glue_argv(w.model, w.glue, "RTE", "MRPC"),
+         ("none of the requested GLUE tasks",)),
+    Case("GLUE: model folder with another tokenizer", lambda w, t: glue_argv(model_with(w, t, swap_tokenizer(w)), w.glue),
+         ("not the vocabulary the model was trained with",)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_hostile_input_ends_in_one_line(case, world, tmp_path, capsys):
+    before = world.fingerprint()
+    argv = case.argv(world, tmp_path)
+    capsys.readouterr()
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == case.code, err
+    assert err.startswith("mlmlab: error: ") and "\n" not in err and "Traceback" not in err, err
+    for word in case.words:
+        assert word in err, err
+    assert world.fingerprint() == before, "an earlier checkpoint or dataset changed"
+
+
+# ----- inputs that must work -----------------------------------------------------------------
+def test_a_cut_last_metrics_line_does_not_block_resuming(world, tmp_path, capsys):
+    run = moved_run(world, tmp_path)
+    with open(run / "metrics.jsonl", "a") as handle:
+        handle.write('{"step": 5, "lo')  # killed while writing
+    assert main(pretrain_argv(run, "train.max_steps=5", "--resume", "auto")) == 0
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == 5 and 5 in steps[:-1]
+
+
+def test_resume_into_a_new_folder_records_where_it_came_from(world, tmp_path, capsys):
+    source = checkpoint.latest(world.run)
+    new = tmp_path / "b"
+    assert main(pretrain_argv(new, "train.max_steps=5", "--resume", str(source))) == 0
+    assert checkpoint.latest(new).name == "ckpt-00000005" and (new / "model").is_dir()
+    (line,) = (new / "config_history.jsonl").read_text().splitlines()
+    record = json.loads(line)
+    assert record["step"] == 4 and record["resumed_from"] == str(source)
+    assert record["changes"]["train.max_steps"] == [4, 5] and "train.out_dir" in record["changes"]
+
+
+def test_a_resume_with_a_changed_config_is_recorded_and_the_rerun_accepted(world, tmp_path, capsys):
+    run = moved_run(world, tmp_path)
+    assert main(pretrain_argv(run, "train.max_steps=6", "--resume", "auto")) == 0
+    assert "max_steps: 6" in (run / "config.yaml").read_text()
+    (line,) = (run / "config_history.jsonl").read_text().splitlines()
+    assert json.loads(line)["changes"] == {"train.max_steps": [4, 6]}
+    capsys.readouterr()
+    assert main(pretrain_argv(run, "train.max_steps=6")) == 0  # the same command, without --resume
+    assert "resuming from" in capsys.readouterr().out
+
+
+class Terminated(Exception):
+    """What SIGTERM raises in this test when mlmlab has no handler installed (its default would end pytest)."""
+
+
+def _terminated(signum, frame):
+    raise Terminated
+
+
+@pytest.mark.parametrize("during", ["a held-out evaluation", "the final evaluation"])
+def test_sigterm_leaves_a_resumable_checkpoint(tmp_path, during):
+    """save_every=0: before, SIGTERM during the final evaluation lost the whole run."""
+    final = during == "the final evaluation"
+    cfg = load_config("tiny", [*TINY, "train.max_steps=2", "train.save_every=0", f"train.out_dir={tmp_path}",
+                               f"train.eval_every={0 if final else 1}"])
+    trainer = None
+
+    def validate(*args, **kwargs):
+        if not final or trainer.state.step == cfg.train.max_steps:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return {}
+
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        trainer = Trainer(cfg, validate=validate, show_progress=False)
+        try:
+            trainer.train()
+        except SystemExit as stop:
+            assert stop.code == 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    saved = checkpoint.latest(tmp_path)
+    assert saved is not None and checkpoint.verify(saved) is None
+    resumed = Trainer(cfg, validate=lambda *a, **k: {}, show_progress=False)
+    assert resumed.state.step == json.loads((saved / "trainer_state.json").read_text())["step"] >= 1
+    assert resumed.train()["steps"] == cfg.train.max_steps
+
+
+def test_prepare_reports_tokens_used_and_warns_when_text_is_lost(world, tmp_path, capsys, caplog):
+    """Lowercased documents split into no sentences, so NSP takes no pair from them; the instances do not change."""
+    sentences = [f"The river number {i} runs through the old town. It floods in spring." for i in range(40)]
+    normal = "\n\n".join(" ".join(sentences[i:i + 4]) for i in range(0, 40, 4))
+    lowered = "\n\n".join(" ".join(sentences[i:i + 4]).lower() for i in range(0, 40, 4))
+    corpus = tmp_path / "mixed.txt"
+    corpus.write_text(normal + "\n\n" + lowered + "\n")
+    assert main(["prepare", "--corpus", str(corpus), "--tokenizer", str(world.tokenizer), "--out",
+                 str(tmp_path / "p"), "--workers", "1"]) == 0
+    assert "corpus tokens" in capsys.readouterr().out
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "10 document(s) of one sentence" in warning and "lowercased" in warning
+
+
+def test_prepare_reports_the_bundled_sample_as_mostly_used(world, capsys):
+    meta = json.loads((world.data / "meta.json").read_text())
+    assert meta["num_used_tokens"] > 0.9 * meta["num_corpus_tokens"]
+
+
+def test_a_concurrent_cache_writer_wins_and_ours_is_discarded(tmp_path):
+    target = tmp_path / "tokenizers" / "abc"
+
+    def fill(staging: Path) -> None:
+        (staging / "vocab.txt").write_text("ours\n")
+        theirs = staging_folder(target)  # another process publishes the same folder meanwhile
+        (theirs / "vocab.txt").write_text("theirs\n")
+        theirs.rename(target)
+
+    assert _cached_folder(target, fill) == target
+    assert (target / "vocab.txt").read_text() == "theirs\n"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["abc"]  # no staging folder left
+
+
+def test_staging_folders_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
+    target = tmp_path / "dataset"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    own_prefix = staging_folder(target).name.rsplit("-", 2)[0]  # ".tmp-dataset-<host>"
+    stale = tmp_path / f"{own_prefix}-{int(dead.stdout)}-x"
+    live = tmp_path / f"{own_prefix}-{os.getpid()}-y"
+    for folder in (stale, live):
+        folder.mkdir()
+    staging_folder(target)
+    assert not stale.exists() and live.exists()
+
+
+def test_one_weight_loader_allows_only_the_listed_missing_keys(tmp_path):
+    """Starting from a BertForMaskedLM leaves the pooler and NSP head fresh; nothing else may be missing."""
+    from transformers import BertConfig, BertForMaskedLM, BertForPreTraining
+
+    from mlmlab.errors import UserError
+    from mlmlab.model import MASKED_LM_MISSING, load_weights
+
+    config = BertConfig(vocab_size=64, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16)
+    BertForMaskedLM(config).save_pretrained(tmp_path)
+    load_weights(BertForPreTraining(config), tmp_path / "model.safetensors", allowed_missing=MASKED_LM_MISSING)
+    with pytest.raises(UserError, match="lacks bert.pooler.dense.bias"):
+        load_weights(BertForPreTraining(config), tmp_path / "model.safetensors")
+    wider = BertConfig(**{**config.to_dict(), "intermediate_size": 32})
+    with pytest.raises(UserError, match="intermediate.dense.bias of shape \\[16\\], this model's is \\[32\\]"):
+        load_weights(BertForPreTraining(wider), tmp_path / "model.safetensors", allowed_missing=MASKED_LM_MISSING)
+
+
+def test_pretrain_refuses_data_of_another_vocabulary_than_its_tokenizer(world):
+    """What prepare_datasets checks for pretrain: the data's vocabulary against data.tokenizer's, not the sizes."""
+    from mlmlab.data.resolve import require_vocab
+    from mlmlab.data.store import TokenStore
+    from mlmlab.data.tokenizer import folder_vocab_hash
+    from mlmlab.errors import UserError
+
+    store = TokenStore(world.renumbered_data)
+    assert store.meta["vocab_size"] == TokenStore(world.data).meta["vocab_size"]
+    require_vocab(store, folder_vocab_hash(world.tokenizer.parent / "tok-renumbered"), "data.tokenizer")
+    with pytest.raises(UserError, match="another vocabulary than data.tokenizer"):
+        require_vocab(store, folder_vocab_hash(world.tokenizer), "data.tokenizer")
