@@ -1,18 +1,29 @@
-"""Pretraining throughput: mlmlab vs transformers' own pretraining loop, measured in one run.
+"""Pretraining throughput: mlmlab against honest anchors, every arm measured in one interleaved run.
 
-Baseline: ``BertForPreTraining`` (full MLM head over every position) fed by
-``DataCollatorForLanguageModeling`` in a plain PyTorch loop with AdamW -- what a
-researcher writes from the transformers docs. mlmlab: ``Trainer.train_step`` (masking
-in the step, MLM head on selected positions only). Same model size, vocabulary, data,
-batch and precision. Arms are interleaved, because these shared machines swing +-30%
-between runs; each arm's tokens/s and MFU are its own real (non-padding) tokens and
-model FLOPs summed over its timed steps, over its summed time. MFU is against the matmul
-FLOP/s measured here; bf16 tokens/s of the base preset are added when a GPU is present.
+Arms, each with the same model size, vocabulary, data and batch size:
 
-    python benchmarks/throughput.py                 # tiny and mini, both arms with mlmlab's malloc settings
-    python benchmarks/throughput.py --no-malloc-tuning   # both arms with glibc's defaults
+- ``hf-naive``: transformers' ``BertForPreTraining`` (full MLM head over every position) fed by
+  ``DataCollatorForLanguageModeling`` in a plain loop with AdamW, plainly shuffled batches --
+  what a researcher writes from the transformers docs.
+- ``hf-sparse``: the anchor. The same transformers modules, but the MLM head applied only to
+  the labelled positions (a researcher who knows the trick writes it in 30 lines), fused
+  AdamW, the same collator, batches grouped by length as the HF Trainer's
+  ``group_by_length`` does. Most of mlmlab's ratio against ``hf-naive`` is this trick alone.
+- ``mlmlab-unbucketed``: ``Trainer.train_step`` without length bucketing (data.bucket_batches=0).
+- ``mlmlab``: ``Trainer.train_step`` as configured.
+
+Arms are interleaved, because these shared machines swing +-30% between runs. Each arm's
+tokens/s and MFU are its own real (non-padding) tokens and model FLOPs summed over its timed
+steps, over its summed time; its padding share is printed beside. MFU is "of measured matmul
+peak" (mlmlab.train.mfu, the same matmul size as training's log). The last lines compare
+mlmlab with hf-sparse at equal settings (same precision and dropout) and as shipped
+(mlmlab's defaults against the anchor with transformers' defaults: fp32 on CPU, dropout 0.1).
+
+    python benchmarks/throughput.py                      # tiny and mini
     python benchmarks/throughput.py --presets mini --steps 30 --rounds 5
-    python benchmarks/throughput.py --presets mini --set model.dropout=0.0   # config overrides, both arms
+    python benchmarks/throughput.py --set model.dropout=0.0   # overrides for every arm (equal settings)
+    python benchmarks/throughput.py --set train.precision=bf16  # bf16 autocast (on a CPU with AMX, or a GPU)
+    python benchmarks/throughput.py --no-malloc-tuning   # every arm with glibc's allocator defaults
 """
 
 import argparse
@@ -21,94 +32,158 @@ import sys
 import tempfile
 
 import torch
+import torch.nn.functional as F
 from transformers import BertForPreTraining, DataCollatorForLanguageModeling
+from transformers.trainer_pt_utils import get_length_grouped_indices
 
-from mlmlab import choices
 from mlmlab.cli import reexec_with_malloc_tuning
 from mlmlab.config import load_config
 from mlmlab.data.loader import epoch_batches
-from mlmlab.devices import clock
+from mlmlab.devices import clock, describe_cpu
+from mlmlab.model import IGNORE_INDEX
 from mlmlab.train.loop import Trainer
-from mlmlab.train.mfu import matmul_dtype, peak_matmul_flops, training_flops
+from mlmlab.train.mfu import matmul_dtype, peak_matmul_flops, peak_matmul_size, training_flops
+
+ANCHOR_SETTINGS = ["train.precision=fp32", "model.dropout=0.1", "model.attention_dropout=0.1"]  # transformers' defaults
 
 
-def make_trainer(preset: str, batch_size: int, seq: int, run_dir: str, precision: str, overrides=()) -> Trainer:
-    cfg = load_config(preset, [f"train.batch_size={batch_size}", f"data.max_seq_length={seq}",
+def make_trainer(preset: str, args, run_dir: str, overrides=()) -> Trainer:
+    cfg = load_config(preset, [f"train.batch_size={args.batch_size}", f"data.max_seq_length={args.seq}",
                                "train.max_steps=100000", "train.eval_every=0", "train.save_every=0",
-                               f"train.out_dir={run_dir}", f"train.precision={precision}", "data.loader_workers=0",
-                               *overrides])
+                               f"train.out_dir={run_dir}", "data.loader_workers=0", *overrides])
     return Trainer(cfg, validate=None, show_progress=False)
 
 
-class Baseline:
-    """transformers' BertForPreTraining + DataCollatorForLanguageModeling + AdamW."""
+class HFArm:
+    """transformers' BertForPreTraining + DataCollatorForLanguageModeling, full or sparse MLM head."""
 
-    def __init__(self, trainer: Trainer):
-        self.device = trainer.accelerator.device
+    def __init__(self, trainer: Trainer, sparse: bool):
+        self.device, self.sparse = trainer.accelerator.device, sparse
         self.model = BertForPreTraining(trainer.model.config).to(self.device).train()
         self.model_config = trainer.cfg.model
         self.collator = DataCollatorForLanguageModeling(trainer.tokenizer, mlm_probability=0.15)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=sparse)
         self.autocast = trainer.accelerator.autocast
 
-    def step(self, examples: list[dict]) -> tuple[int, float]:
-        """One step; its real tokens and model FLOPs (the full head projects every padded position)."""
+    def step(self, examples: list[dict]) -> tuple[int, int, float]:
+        """One step; its real tokens, padded slots and model FLOPs."""
         batch = self.collator([{"input_ids": e["input_ids"].tolist(), "token_type_ids": e["token_type_ids"].tolist()}
                                for e in examples])
         batch["next_sentence_label"] = torch.tensor([e["next_sentence_label"] for e in examples])
         batch = {k: v.to(self.device) for k, v in batch.items()}
         with self.autocast():
-            loss = self.model(**batch).loss
+            loss, head_positions = self._sparse_loss(batch) if self.sparse else self._full_loss(batch)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         mask = batch["attention_mask"]
-        flops = training_flops(self.model_config, self.model.config.vocab_size, mask, mask.numel())
-        return int(mask.sum()), float(flops)
+        flops = training_flops(self.model_config, self.model.config.vocab_size, mask, head_positions)
+        return int(mask.sum()), mask.numel(), float(flops)
+
+    def _full_loss(self, batch: dict) -> tuple[torch.Tensor, int]:
+        return self.model(**batch).loss, batch["input_ids"].numel()  # the head projects every position
+
+    def _sparse_loss(self, batch: dict) -> tuple[torch.Tensor, int]:
+        """The researcher's sparse head: transformers' own modules, the MLM head on labelled positions only."""
+        labels = batch["labels"]  # (B, T)
+        hidden, pooled = self.model.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                         token_type_ids=batch["token_type_ids"])[:2]  # (B, T, H), (B, H)
+        selected = labels != IGNORE_INDEX  # (B, T)
+        logits = self.model.cls.predictions(hidden[selected])  # (M, V)
+        nsp_logits = self.model.cls.seq_relationship(pooled)  # (B, 2)
+        loss = F.cross_entropy(logits.float(), labels[selected]) + \
+            F.cross_entropy(nsp_logits.float(), batch["next_sentence_label"])
+        return loss, int(selected.sum())
 
 
-def time_arm(step, steps: int, device) -> list[float]:
-    """[tokens, FLOPs, seconds] summed over ``steps`` calls of ``step`` (which returns its tokens and FLOPs)."""
-    totals = [0, 0.0, 0.0]
+def length_grouped_batches(store, batch_size: int):
+    """Batches as the HF Trainer's group_by_length forms them (megabatches of 50 sorted by length)."""
+    order = get_length_grouped_indices(store.lengths.tolist(), batch_size, generator=torch.Generator().manual_seed(0))
+    for start in range(0, len(order) - batch_size + 1, batch_size):
+        yield order[start:start + batch_size]
+
+
+def hf_step(arm: HFArm, store, batches):
+    return lambda: arm.step([store[int(i)] for i in next(batches)])
+
+
+def mlmlab_step(trainer: Trainer):
+    batches = trainer.batches()
+
+    def step():
+        out = trainer.train_step(batches)
+        return out["tokens"], out["slots"], out["flops"]
+
+    return step
+
+
+def time_arm(step, steps: int, device) -> list:
+    """[tokens, padded slots, FLOPs, seconds] summed over ``steps`` calls of ``step``."""
+    totals = [0, 0, 0.0, 0.0]
     for _ in range(steps):
         start = clock(device)
-        tokens, flops = step()
-        totals = [totals[0] + tokens, totals[1] + flops, totals[2] + clock(device) - start]
+        tokens, slots, flops = step()
+        totals = [totals[0] + tokens, totals[1] + slots, totals[2] + flops, totals[3] + clock(device) - start]
     return totals
 
 
+def build_arms(preset: str, args, folder: str) -> tuple[dict, Trainer]:
+    """{arm name: step function}; equal settings: every arm with the anchor's settings plus --set."""
+    equal = [*ANCHOR_SETTINGS, *args.set]
+    shipped = make_trainer(preset, args, f"{folder}/shipped", args.set)
+    trainer = make_trainer(preset, args, f"{folder}/equal", equal)
+    unbucketed = make_trainer(preset, args, f"{folder}/unbucketed", [*equal, "data.bucket_batches=0"])
+    store, batch = trainer.train_store, args.batch_size
+    arms = {
+        "hf-naive": hf_step(HFArm(trainer, sparse=False), store, iter(epoch_batches(len(store), batch, 0, 0))),
+        "hf-sparse": hf_step(HFArm(trainer, sparse=True), store, length_grouped_batches(store, batch)),
+        "mlmlab-unbucketed": mlmlab_step(unbucketed),
+        "mlmlab": mlmlab_step(trainer),
+    }
+    if _differs(shipped, trainer):  # else the mlmlab arm is also the as-shipped one
+        arms["mlmlab-as-shipped"] = mlmlab_step(shipped)
+    return arms, trainer
+
+
+def _differs(a: Trainer, b: Trainer) -> bool:
+    """Whether two trainers would train differently: model (dropout included), masking, data or precision."""
+    def resolved(trainer: Trainer) -> tuple:
+        cfg = trainer.cfg
+        return trainer.model.config.to_dict(), cfg.masking, cfg.data, trainer.accelerator.mixed_precision
+    return resolved(a) != resolved(b)
+
+
 def benchmark_preset(preset: str, args) -> dict:
-    with tempfile.TemporaryDirectory() as run_dir:
-        trainer = make_trainer(preset, args.batch_size, args.seq, run_dir, args.precision, args.set)
+    with tempfile.TemporaryDirectory() as folder:
+        arms, trainer = build_arms(preset, args, folder)
         device = trainer.accelerator.device
-        store = trainer.train_store
-        baseline = Baseline(trainer)
-        batches = trainer.batches()
-        # The baseline gets plainly shuffled batches (no length bucketing: that is one of mlmlab's savings).
-        plain = iter(epoch_batches(len(store), args.batch_size, seed=0, epoch=0))
-
-        def baseline_step():
-            return baseline.step([store[int(i)] for i in next(plain)])
-
-        def mlmlab_step():
-            out = trainer.train_step(batches)
-            return out["tokens"], out["flops"]
-
-        time_arm(baseline_step, args.warmup, device)
-        time_arm(mlmlab_step, args.warmup, device)
-        base, ours = [0, 0.0, 0.0], [0, 0.0, 0.0]
-        for _ in range(args.rounds):  # interleaved: both arms see the same machine load
-            base = [a + b for a, b in zip(base, time_arm(baseline_step, args.steps, device))]
-            ours = [a + b for a, b in zip(ours, time_arm(mlmlab_step, args.steps, device))]
+        for step in arms.values():
+            time_arm(step, args.warmup, device)
+        totals = {name: [0, 0, 0.0, 0.0] for name in arms}
+        for _ in range(args.rounds):  # interleaved: every arm sees the same machine load
+            for name, step in arms.items():
+                totals[name] = [a + b for a, b in zip(totals[name], time_arm(step, args.steps, device))]
         peak = peak_matmul_flops(device, matmul_dtype(trainer.accelerator.mixed_precision))
-        return {
-            "preset": preset, "device": str(device), "precision": trainer.accelerator.mixed_precision,
-            "baseline_tokens_per_s": base[0] / base[2], "mlmlab_tokens_per_s": ours[0] / ours[2],
-            "ratio": (ours[0] / ours[2]) / (base[0] / base[2]),
-            "mlmlab_mfu": ours[1] / ours[2] / peak, "baseline_mfu": base[1] / base[2] / peak,
-            "peak_matmul_tflops": peak / 1e12,
-        }
+    return {"preset": preset, "device": str(device), "peak": peak,
+            "arms": {name: {"tokens_per_s": t[0] / t[3], "padding": 1 - t[0] / t[1], "mfu": t[2] / t[3] / peak}
+                     for name, t in totals.items()}}
+
+
+def print_preset(result: dict) -> None:
+    print(f"\n{result['preset']} on {result['device']}: measured matmul peak {result['peak'] / 1e12:.2f} TFLOP/s "
+          f"({peak_matmul_size(result['device'])}^2 matmuls)")
+    print(f"  {'arm':<20} {'tokens/s':>10} {'padding':>8} {'MFU (of measured matmul peak)':>30}")
+    for name, arm in result["arms"].items():
+        print(f"  {name:<20} {arm['tokens_per_s']:>10.0f} {arm['padding']:>8.1%} {arm['mfu']:>30.1%}", flush=True)
+
+
+def print_verdicts(results: list[dict]) -> None:
+    for result in results:
+        arms, anchor = result["arms"], result["arms"]["hf-sparse"]["tokens_per_s"]
+        shipped = arms.get("mlmlab-as-shipped", arms["mlmlab"])["tokens_per_s"]
+        print(f"{result['preset']} vs hf-sparse, equal settings: {arms['mlmlab']['tokens_per_s'] / anchor:.2f}x")
+        print(f"{result['preset']} vs hf-sparse, as shipped: {shipped / anchor:.2f}x")
 
 
 def main(argv=None) -> None:
@@ -119,26 +194,23 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per arm per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--precision", default=choices.AUTO, choices=choices.PRECISIONS)
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="config overrides for both arms (the baseline copies mlmlab's model config)")
+                        help="config overrides for every arm (the HF arms copy mlmlab's model config)")
     parser.add_argument("--no-malloc-tuning", action="store_true",
-                        help="measure without the glibc settings the mlmlab command applies (both arms alike)")
+                        help="measure without the glibc settings the mlmlab command applies (every arm alike)")
     args = parser.parse_args(argv)
     if not args.no_malloc_tuning:
         reexec_with_malloc_tuning([sys.executable, os.path.abspath(__file__), *sys.argv[1:]])
     presets = list(args.presets)
     if torch.cuda.is_available() and "base" not in presets:
         presets.append("base")
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"MALLOC_TRIM_THRESHOLD_={os.environ.get('MALLOC_TRIM_THRESHOLD_', 'unset')}", file=sys.stderr)
-    header = f"{'preset':<6} {'device':<6} {'prec':<5} {'baseline tok/s':>15} {'mlmlab tok/s':>13} {'ratio':>6} {'MFU':>6} {'base MFU':>8}"
-    print(header)
-    for preset in presets:
-        r = benchmark_preset(preset, args)
-        print(f"{r['preset']:<6} {r['device']:<6} {r['precision']:<5} {r['baseline_tokens_per_s']:>15.0f} "
-              f"{r['mlmlab_tokens_per_s']:>13.0f} {r['ratio']:>5.2f}x {r['mlmlab_mfu']:>6.1%} {r['baseline_mfu']:>8.1%}",
-              flush=True)
+    print(f"{describe_cpu()}; torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"MALLOC_TRIM_THRESHOLD_={os.environ.get('MALLOC_TRIM_THRESHOLD_', 'unset')}")
+    results = [benchmark_preset(preset, args) for preset in presets]
+    for result in results:
+        print_preset(result)
+    print()
+    print_verdicts(results)
 
 
 if __name__ == "__main__":

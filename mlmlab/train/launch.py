@@ -11,6 +11,7 @@ from accelerate.utils import DistributedDataParallelKwargs, DistributedType, par
 
 from mlmlab import choices
 from mlmlab.config import Config
+from mlmlab.devices import describe_cpu
 from mlmlab.errors import UserError
 
 
@@ -31,6 +32,9 @@ def make_accelerator(cfg: Config) -> Accelerator:
     if accelerator.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    else:  # hosts of one machine type differ in bf16 units: say which one this run had
+        accelerator.print(f"precision {accelerator.mixed_precision} (train.precision={cfg.train.precision}) "
+                          f"on {describe_cpu()}")
     check_fsdp(accelerator, cfg)
     return accelerator
 

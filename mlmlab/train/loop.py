@@ -161,9 +161,9 @@ class Trainer:
         self.strategy = build_strategy(cfg.masking, info=self.info, vocab_size=len(self.tokenizer),
                                        token_counts=self.train_store.token_counts)
         self.continuation = continuation_table(self.tokenizer) if cfg.masking.whole_word else None
-        # MFU denominator of every process together; smaller matmuls than the benchmark's, so every run can afford it.
+        # MFU denominator of every process together; fewer rounds than the benchmark's (~0.5 s on 2 CPU cores).
         self.peak_flops = self.accelerator.num_processes * peak_matmul_flops(
-            self.accelerator.device, matmul_dtype(self.accelerator.mixed_precision), size=1024, repeats=3, rounds=4)
+            self.accelerator.device, matmul_dtype(self.accelerator.mixed_precision), repeats=2, rounds=3)
         self.state = TrainerState()
         if folder is not None:
             self._log_line(f"resuming from {folder}")
@@ -239,7 +239,7 @@ class Trainer:
         micro = self._masked_micro_batches(batches)
         mlm_denominator, nsp_denominator = global_denominators(self.accelerator, micro)
         keys = ("loss", "mlm_loss", "nsp_loss") if self.cfg.data.objective == choices.NSP else ("loss", "mlm_loss")
-        sums = torch.zeros(len(keys) + 2, dtype=torch.float64, device=self.accelerator.device)  # losses, tokens, FLOPs
+        sums = torch.zeros(len(keys) + 3, dtype=torch.float64, device=self.accelerator.device)  # losses, tokens, slots, FLOPs
         for i, batch in enumerate(micro):
             sync = nullcontext() if i == len(micro) - 1 else self.accelerator.no_sync(self.module)
             with sync, self.accelerator.autocast():
@@ -248,14 +248,15 @@ class Trainer:
             # The forward already counted the positions its head projected (mlm_count, on the CPU).
             flops = training_flops(self.cfg.model, self.model.config.vocab_size, batch["attention_mask"],
                                    int(result["mlm_count"]))
-            sums += torch.stack([*(result[key].detach().double() for key in keys),
-                                 batch["attention_mask"].sum().double(), flops.double()])
+            mask = batch["attention_mask"]  # (B, T): real tokens, of B * T slots padding included
+            sums += torch.stack([*(result[key].detach().double() for key in keys), mask.sum().double(),
+                                 torch.tensor(float(mask.numel()), dtype=torch.float64, device=mask.device), flops.double()])
             self.strategy.observe(batch, result)
         self.strategy.learn(partial(concat_over_processes, self.accelerator))
         totals = self.accelerator.reduce(sums, reduction="sum").tolist()  # one collective per step
         losses = {key: value / self.accelerator.num_processes for key, value in zip(keys, totals)}
-        tokens, flops = totals[-2:]
-        return self._apply_update(losses, int(tokens), flops)
+        tokens, slots, flops = totals[-3:]
+        return {**self._apply_update(losses, int(tokens), flops), "slots": int(slots)}
 
     def _apply_update(self, losses: dict, tokens: int, flops: float) -> dict:
         """Optimizer step, or skip it when the loss is not finite (and abort after too many)."""

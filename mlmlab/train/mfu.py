@@ -3,7 +3,9 @@
 The numerator counts only the model's own work (mlmlab/flops.py's FLOP model on the
 real, unpadded tokens and the positions the MLM head projects); padding, the ADM scorer's
 extra passes and recomputation are not model FLOPs. The denominator is measured, not taken
-from a spec sheet: the best dense-matmul rate of this device at the training precision.
+from a spec sheet: the best dense-matmul rate of this device at the training precision,
+reported as "of measured matmul peak". Training and the throughput benchmark measure it
+with matmuls of one size per device type (peak_matmul_size).
 """
 
 import torch
@@ -18,8 +20,17 @@ def matmul_dtype(mixed_precision: str) -> torch.dtype:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision, torch.float32)
 
 
-def peak_matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.float32, size: int = 2048,
-                      repeats: int = 5, rounds: int = 4) -> float:
+def peak_matmul_size(device: torch.device | str) -> int:
+    """Square matmuls big enough to reach the device's dense peak.
+
+    2048^2 saturates a few CPU cores. A GPU needs at least 8192^2: smaller ones leave it
+    partly idle, under-measure the peak and so inflate MFU several times.
+    """
+    return 8192 if torch.device(device).type == "cuda" else 2048
+
+
+def peak_matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.float32, repeats: int = 5,
+                      rounds: int = 4) -> float:
     """Best-case dense matmul FLOP/s of ``device``: the MFU denominator.
 
     The best of ``rounds`` timings of ``repeats`` matmuls: a shared machine only ever makes
@@ -27,6 +38,7 @@ def peak_matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.flo
     are constants, not random: drawing them would advance torch's global RNG and shift
     dropout, breaking bitwise resume. GEMM speed does not depend on the values.
     """
+    size = peak_matmul_size(device)
     a = torch.ones(size, size, device=device, dtype=dtype)
     for _ in range(3):  # warm-up: thread pools, kernel selection
         a @ a
