@@ -95,7 +95,8 @@ class TrainConfig:
     adam_beta2: float = 0.98  # RoBERTa's value, more stable than 0.999 with large LR
     adam_eps: float = 1e-6
     warmup_steps: int = 100
-    decay_fraction: float = 0.2  # LR decays linearly to 0 over this last share of the budget; 1.0: BERT's decay after warmup
+    decay_fraction: float = 0.2  # LR decays to 0 over this last share of the budget; 1.0: BERT's decay after warmup
+    lr_schedule: str = choices.LINEAR  # the decay's shape: "linear" (BERT's; warmup-stable-decay) or "cosine" (the seed's RoBERTa)
     max_steps: int = 1000
     max_minutes: float = 0.0  # > 0: a wall-clock budget instead of max_steps; LR and masking schedules follow it
     max_grad_norm: float = 1.0
@@ -166,6 +167,7 @@ def validate(cfg: Config) -> None:
     if cfg.model.hidden_size % cfg.model.num_heads:
         raise UserError(f"model.hidden_size={cfg.model.hidden_size} is not divisible by model.num_heads={cfg.model.num_heads}")
     _check_choice("train.precision", cfg.train.precision, choices.PRECISIONS)
+    _check_choice("train.lr_schedule", cfg.train.lr_schedule, choices.LR_SCHEDULES)
     if cfg.train.max_minutes < 0:
         raise UserError(f"train.max_minutes={cfg.train.max_minutes} must be >= 0 (0: use train.max_steps)")
     if not 0.0 < cfg.train.decay_fraction <= 1.0:
