@@ -15,6 +15,13 @@ from mlmlab.config import MaskingConfig, frequency_cuts, load_config
 from mlmlab.errors import UserError
 
 
+def columns_of(args):
+    """--text-column / --id-column as the readers take them."""
+    from mlmlab.data.records import Columns
+
+    return Columns(args.text_column, args.id_column)
+
+
 def cmd_tokenizer(args) -> None:
     from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer, train_tokenizer
 
@@ -23,7 +30,7 @@ def cmd_tokenizer(args) -> None:
     else:
         if not args.corpus:
             raise UserError("give --corpus PATH... to train a tokenizer, or --vocab FILE to adopt a vocab.txt")
-        out = train_tokenizer(args.corpus, args.vocab_size, args.out, lowercase=not args.cased)
+        out = train_tokenizer(args.corpus, args.vocab_size, args.out, lowercase=not args.cased, columns=columns_of(args))
     print(f"tokenizer with {len(load_tokenizer(out))} tokens saved to {out}")
 
 
@@ -32,7 +39,7 @@ def cmd_prepare(args) -> None:
 
     out = prepare(args.corpus, tokenizer_dir=args.tokenizer, max_seq_length=args.max_seq_length,
                   objective=args.objective, short_seq_prob=args.short_seq_prob, seed=args.seed,
-                  out_dir=args.out, num_workers=args.workers)
+                  out_dir=args.out, num_workers=args.workers, columns=columns_of(args))
     store = TokenStore(out)
     print(f"{len(store)} instances in {out}" + (f" ({use})" if (use := token_use(store.meta)) else ""))
 
@@ -69,7 +76,7 @@ def cmd_evaluate(args) -> None:
     from mlmlab.evaluate.perplexity import evaluate_model, format_eval_table
 
     report = evaluate_model(args.model, args.data, batch_size=args.batch_size, max_batches=args.max_batches,
-                            max_seq_length=args.max_seq_length,
+                            max_seq_length=args.max_seq_length, columns=columns_of(args),
                             freq_cuts=frequency_cuts(args.freq_buckets, "--freq-buckets"))
     print(format_eval_table(report))
     if args.json:
@@ -105,12 +112,23 @@ def cmd_report(args) -> None:
     print(f"report written to {write_report(results, Path(args.out) if args.out else results.parent / 'report')}")
 
 
+CORPUS_HELP = ("text files (plain, WikiExtractor <doc>, JSONL; .gz ok), .parquet / .arrow files, folders of any of "
+               "these (every file under them, sorted) or folders written by datasets' save_to_disk")
+
+
+def add_column_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--text-column", default="text", help="JSONL and tables: the field holding the text (default: text)")
+    p.add_argument("--id-column", default="", help="JSONL and tables: consecutive records with the same value in this "
+                                                   "field form one document (default: each record is a document)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlmlab", description="Pretrain BERT-style encoders and compare masking strategies.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("tokenizer", help="train a WordPiece tokenizer or adopt a BERT vocab.txt")
-    p.add_argument("--corpus", nargs="+", help="text files (plain, WikiExtractor <doc>, JSONL; .gz ok)")
+    p.add_argument("--corpus", nargs="+", help=CORPUS_HELP)
+    add_column_options(p)
     p.add_argument("--vocab", help="adopt this vocab.txt instead of training")
     p.add_argument("--vocab-size", type=int, default=30522)
     p.add_argument("--cased", action="store_true", help="keep case (default: lowercase, like bert-base-uncased)")
@@ -118,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tokenizer)
 
     p = sub.add_parser("prepare", help="turn raw text into NSP instances / packed blocks (memory-mapped shards)")
-    p.add_argument("--corpus", nargs="+", required=True)
+    p.add_argument("--corpus", nargs="+", required=True, help=CORPUS_HELP)
+    add_column_options(p)
     p.add_argument("--tokenizer", required=True, help="a tokenizer folder (see `mlmlab tokenizer`)")
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--objective", choices=choices.OBJECTIVES, default=choices.NSP)
@@ -161,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="held-out MLM perplexity (fixed uniform masks) and NSP accuracy")
     p.add_argument("--model", required=True, help="a model folder written by mlmlab")
     p.add_argument("--data", required=True, nargs="+",
-                   help="a prepared dataset folder, or text files (WikiText wiki.*.tokens too) to prepare")
+                   help="a prepared dataset folder, or a corpus to prepare (as prepare's --corpus; WikiText wiki.*.tokens too)")
+    add_column_options(p)
     p.add_argument("--max-seq-length", type=int, default=128, help="when preparing text files")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-batches", type=int, default=None)

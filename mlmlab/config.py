@@ -38,8 +38,12 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    corpus: list[str] = field(default_factory=list)  # empty: the sample bundled with the package
-    valid_corpus: list[str] = field(default_factory=list)  # empty: the bundled validation sample
+    # Files (text, WikiExtractor, JSONL; .gz ok; .parquet/.arrow), folders of them (recursive) or folders written
+    # by datasets' save_to_disk; empty: the sample bundled with the package
+    corpus: list[str] = field(default_factory=list)
+    valid_corpus: list[str] = field(default_factory=list)  # as corpus; empty: the bundled validation sample
+    text_column: str = "text"  # JSONL and tables: the field holding the text
+    id_column: str = ""  # JSONL and tables: consecutive records with the same value here form one document; empty: one record, one document
     tokenizer: str = ""  # a tokenizer folder or a vocab.txt; empty: bundled bert-base-uncased vocab
     max_seq_length: int = 128
     objective: str = choices.NSP  # "nsp": sentence pairs + NSP loss; "mlm": packed full sentences, no NSP
@@ -159,6 +163,8 @@ def validate(cfg: Config) -> None:
         if p is not None and not 0.0 <= p < 1.0:
             raise UserError(f"model.{name}={p} is outside [0, 1); use e.g. model.{name}=0.1")
     _check_choice("data.objective", cfg.data.objective, choices.OBJECTIVES)
+    if not cfg.data.text_column:
+        raise UserError("data.text_column is empty; name the field that holds the text, e.g. data.text_column=text")
     if cfg.data.max_seq_length > cfg.model.max_position_embeddings:
         raise UserError(
             f"data.max_seq_length={cfg.data.max_seq_length} exceeds model.max_position_embeddings="

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from mlmlab.config import DataConfig
+from mlmlab.data.records import Columns
 from mlmlab.data.store import TokenStore, cache_root, prepare, prepared_hash
 from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer, vocab_hash
 from mlmlab.data.wikitext import is_wikitext, write_plain
@@ -53,23 +54,25 @@ def _copy_files(files: list[Path], folder: Path) -> None:
         shutil.copy2(path, folder / path.name)
 
 
-def held_out_store(data: list[str], model_dir: Path, max_seq_length: int) -> TokenStore:
-    """A prepared dataset folder as is; text files (WikiText detokenised first) prepared with the model's tokenizer."""
+def held_out_store(data: list[str], model_dir: Path, max_seq_length: int, columns: Columns = Columns()) -> TokenStore:
+    """A prepared dataset folder as is; a corpus (WikiText detokenised first) prepared with the model's tokenizer."""
     paths = [Path(p) for p in data]
-    if len(paths) == 1 and paths[0].is_dir():
+    if len(paths) == 1 and (paths[0] / "meta.json").is_file():
         return TokenStore(paths[0])
     corpus = []
     for path in paths:
         if is_wikitext(path) and path.is_file():
             path = write_plain(path, cache_root().parent / "wikitext" / f"{path.stem}-{file_sha256(path)[:16]}.txt")
         corpus.append(path)
-    return TokenStore(prepare(corpus, tokenizer_dir=standalone_tokenizer(model_dir), max_seq_length=max_seq_length))
+    return TokenStore(prepare(corpus, tokenizer_dir=standalone_tokenizer(model_dir), max_seq_length=max_seq_length,
+                              columns=columns))
 
 
 def _corpora_and_settings(data: DataConfig) -> tuple[dict, dict]:
     """({"train": paths, "valid": paths}, prepare's settings) of a config's data section."""
     settings = dict(tokenizer_dir=tokenizer_dir_for(data.tokenizer), max_seq_length=data.max_seq_length,
-                    objective=data.objective, short_seq_prob=data.short_seq_prob, seed=data.prepare_seed)
+                    objective=data.objective, short_seq_prob=data.short_seq_prob, seed=data.prepare_seed,
+                    columns=Columns(data.text_column, data.id_column))
     return {"train": data.corpus or [SAMPLE_TRAIN], "valid": data.valid_corpus or [SAMPLE_VALID]}, settings
 
 

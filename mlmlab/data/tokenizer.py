@@ -21,6 +21,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from mlmlab.data.corpus import read_documents
+from mlmlab.data.records import Columns
 from mlmlab.errors import UserError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -28,7 +29,8 @@ _UNUSED = re.compile(r"^\[unused\d+\]$")
 
 
 def train_tokenizer(
-    corpus_paths: str | Path | Iterable[str | Path], vocab_size: int, out_dir: str | Path, lowercase: bool = True
+    corpus_paths: str | Path | Iterable[str | Path], vocab_size: int, out_dir: str | Path, lowercase: bool = True,
+    columns: Columns = Columns(),
 ) -> Path:
     """Train a BERT WordPiece vocabulary on the corpus and save it as a tokenizer folder.
 
@@ -44,7 +46,7 @@ def train_tokenizer(
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
     )
-    tokenizer.train_from_iterator(_sentences(corpus_paths), trainer=trainer)
+    tokenizer.train_from_iterator(_sentences(corpus_paths, columns), trainer=trainer)
     vocab = tokenizer.get_vocab()
     return _save_folder(sorted(vocab, key=vocab.__getitem__), out_dir, lowercase)
 
@@ -98,8 +100,8 @@ def ordinary_token_ids(tokenizer) -> np.ndarray:
     return np.array(sorted(ids), dtype=np.int64)
 
 
-def _sentences(corpus_paths) -> Iterator[str]:
-    for document in read_documents(corpus_paths):
+def _sentences(corpus_paths, columns: Columns) -> Iterator[str]:
+    for document in read_documents(corpus_paths, columns):
         yield from document
 
 
