@@ -173,3 +173,35 @@ def test_prepare_command_reads_a_parquet_file_with_column_options(documents, voc
     meta = TokenStore(tmp_path / "p").meta
     assert meta["columns"] == {"text": "body", "doc_id": "doc"}
     assert meta["num_documents"] == NUM_DOCS
+
+
+# ---------------------------------------------------------------- tokenizers
+
+
+def byte_level_bpe_folder(folder: Path, corpus: Path, *, fast: bool) -> Path:
+    """A RoBERTa-style tokenizer folder: tokenizer.json (fast) or only vocab.json + merges.txt (slow files)."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import RobertaTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train([str(corpus)], vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+              show_progress=False)
+    folder.mkdir(parents=True)
+    if fast:
+        RobertaTokenizerFast(tokenizer_object=bpe._tokenizer).save_pretrained(str(folder))
+    else:
+        bpe.save_model(str(folder))  # vocab.json + merges.txt
+    return folder
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["tokenizer.json", "vocab.json+merges.txt"])
+def test_a_byte_level_bpe_tokenizer_is_refused_in_one_line(documents, tmp_path, capsys, fast):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(plain_text(documents[:5]), encoding="utf-8")
+    folder = byte_level_bpe_folder(tmp_path / "roberta", corpus, fast=fast)
+    for argv in (["prepare", "--corpus", str(corpus), "--tokenizer", str(folder), "--out", str(tmp_path / "p")],
+                 ["pretrain", f"data.tokenizer={folder}", f"train.out_dir={tmp_path / 'run'}"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "byte-level BPE" in err and "WordPiece" in err, err
+    assert not (tmp_path / "p").exists()

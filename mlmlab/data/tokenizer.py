@@ -62,6 +62,7 @@ def load_tokenizer(tokenizer_dir: str | Path):
     from transformers import AutoTokenizer
 
     tokenizer_dir = Path(tokenizer_dir)
+    refuse_other_kinds(tokenizer_dir)
     if not (tokenizer_dir / "tokenizer.json").is_file() and not (tokenizer_dir / "vocab.txt").is_file():
         raise UserError(
             f"{tokenizer_dir} is not a tokenizer folder (no tokenizer.json or vocab.txt); "
@@ -76,6 +77,23 @@ def load_tokenizer(tokenizer_dir: str | Path):
             "rebuild the folder with `mlmlab tokenizer`"
         )
     return tokenizer
+
+
+def refuse_other_kinds(tokenizer_dir: Path) -> None:
+    """A one-line UserError for a tokenizer folder that is not WordPiece (RoBERTa's byte-level BPE, SentencePiece).
+
+    Not supported rather than half-supported: masking, NSP pairs, whole-word selection ("##"
+    pieces), prepared data and GLUE all name BERT's special tokens ([CLS] [SEP] [MASK] [PAD]).
+    """
+    tokenizer_json = tokenizer_dir / "tokenizer.json"
+    kind = json.loads(tokenizer_json.read_text(encoding="utf-8")).get("model", {}).get("type") \
+        if tokenizer_json.is_file() else ("BPE" if (tokenizer_dir / "merges.txt").is_file() else None)
+    if kind in (None, "WordPiece"):
+        return
+    described = "a byte-level BPE (RoBERTa/GPT-2-style)" if kind == "BPE" else f"a {kind}"
+    raise UserError(f"{tokenizer_dir} holds {described} tokenizer; mlmlab trains BERT-style models with WordPiece "
+                    "tokenizers only: make one with `mlmlab tokenizer --corpus FILES --out DIR`, or adopt a BERT "
+                    "vocab.txt with `mlmlab tokenizer --vocab vocab.txt --out DIR`")
 
 
 def vocab_hash(vocab: Mapping[str, int]) -> str:
