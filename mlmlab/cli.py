@@ -63,13 +63,26 @@ def cmd_pretrain(args) -> None:
     from accelerate import PartialState
 
     from mlmlab.evaluate.perplexity import evaluate_mlm
+    from mlmlab.show import pretrain_summary
     from mlmlab.train.loop import Trainer
 
-    trainer = Trainer(load_config(args.config, args.overrides), validate=evaluate_mlm, resume=args.resume,
+    overrides = [*args.overrides, *([f"train.init={args.init}"] if args.init else [])]
+    trainer = Trainer(load_config(args.config, overrides), validate=evaluate_mlm, resume=args.resume,
                       show_progress=not args.no_progress)
     summary = trainer.train()
-    if PartialState().is_main_process:  # under torchrun every process has the summary: print it once
-        print(jsonio.dumps(summary, indent=1))
+    if not PartialState().is_main_process:  # under torchrun every process has the summary: report it once
+        return
+    if args.json and args.json != "-":
+        Path(args.json).write_text(jsonio.dumps(summary, indent=1) + "\n")
+    print(jsonio.dumps(summary, indent=1) if args.json == "-" else pretrain_summary(summary, trainer.cfg))
+
+
+def cmd_export(args) -> None:
+    from mlmlab.evaluate.perplexity import evaluate_mlm
+    from mlmlab.train.export import export_run
+
+    out = export_run(Path(args.source), Path(args.out), validate=evaluate_mlm)
+    print(f"model folder with its model card written to {out} ({out / 'README.md'})")
 
 
 def cmd_evaluate(args) -> None:
@@ -173,9 +186,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pretrain", help="pretrain a BERT with MLM (+ NSP)")
     p.add_argument("--config", default="tiny", help="preset name or YAML file (default: tiny)")
     p.add_argument("--resume", default=None, help="'auto' (newest intact checkpoint of the run) or a checkpoint folder")
+    p.add_argument("--init", default=None, metavar="MODEL_DIR",
+                   help="start from this model's weights only (train.init): a HuggingFace BERT folder or a run's model/; "
+                        "its tokenizer and architecture are taken unless the config names them")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                   help="the run's summary as JSON: to FILE, or alone on stdout with no FILE (instead of the text summary)")
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.max_steps=100")
     p.set_defaults(func=cmd_pretrain)
+
+    p = sub.add_parser("export", help="a checkpoint's model folder with its model card (what pretrain leaves in model/)")
+    p.add_argument("source", help="a run folder (its newest intact checkpoint) or a checkpoint folder (ckpt-*)")
+    p.add_argument("--out", required=True, help="a new folder for the model")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("evaluate", help="held-out MLM perplexity (fixed uniform masks) and NSP accuracy")
     p.add_argument("--model", required=True, help="a model folder written by mlmlab")

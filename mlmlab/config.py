@@ -114,6 +114,9 @@ class TrainConfig:
     compile: bool = False  # torch.compile the encoder and MLM head; no gain measured on CPU after 40-75 s of compiling
     max_bad_steps: int = 5  # consecutive non-finite losses (each skipped) before training aborts
     out_dir: str = ""  # empty: runs/<hash of the resolved config>, so a rerun resumes the same run
+    # A model folder to start from, weights only (a HuggingFace BertForPreTraining or BertForMaskedLM folder, or an
+    # mlmlab model/): continued pretraining, BERT's phase 2. Optimizer, step and schedules start fresh. Empty: fresh weights
+    init: str = ""
 
 
 @dataclass

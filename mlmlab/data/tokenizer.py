@@ -111,6 +111,11 @@ def folder_vocab_hash(tokenizer_dir: str | Path) -> str:
     return vocab_hash(_expected_vocab(Path(tokenizer_dir)))
 
 
+def folder_vocab_size(tokenizer_dir: str | Path) -> int:
+    """The number of tokens a tokenizer folder's files declare."""
+    return len(_expected_vocab(Path(tokenizer_dir)))
+
+
 def ordinary_token_ids(tokenizer) -> np.ndarray:
     """Ids a random replacement may insert: not special and not a reserved [unusedN] slot."""
     special = set(tokenizer.all_special_ids)

@@ -236,6 +236,9 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
         return latest(run_dir)
     folder = Path(resume)
     problem = verify(folder) if folder.is_dir() else "no such folder"
+    if problem and (folder / "config.json").is_file() and (folder / WEIGHTS_FILE).is_file():
+        raise UserError(f"cannot resume from {folder}: it is a model folder, not a checkpoint (ckpt-*); to start "
+                        f"a new run from its weights, pass --init {folder}")
     if problem:
         raise UserError(f"cannot resume from {folder}: {problem}; pass --resume auto or another checkpoint")
     return folder
