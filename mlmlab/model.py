@@ -80,8 +80,8 @@ def load_weights(model: nn.Module, path: Path, allowed_missing: tuple[str, ...] 
                         "architecture: load it into that one (its config.json)")
 
 
-# Checkpoints converted from google-research/bert (bert-base-uncased on the hub among them) name LayerNorm
-# parameters gamma and beta, and older transformers saved the position_ids buffer with the weights.
+# Checkpoints converted from google-research/bert's TensorFlow release name LayerNorm parameters gamma and
+# beta (transformers renames them on load too), and older transformers saved the position_ids buffer.
 _LEGACY_SUFFIXES = {".gamma": ".weight", ".beta": ".bias"}
 _NOT_WEIGHTS = ("embeddings.position_ids",)
 

@@ -63,13 +63,14 @@ def assert_same_instances(folder: Path, reference: Path) -> None:
 
 
 def folder_corpus(documents, root: Path) -> Path:
-    """The documents spread over nested files, one gzipped, one without suffix, with hidden files to skip."""
+    """The documents spread over nested files, one gzipped, one without suffix, with files to skip."""
     (root / "b" / "inner").mkdir(parents=True)
     (root / "a.txt").write_text(plain_text(documents[:15]), encoding="utf-8")
     with gzip.open(root / "b" / "inner" / "c.txt.gz", "wt", encoding="utf-8") as handle:
         handle.write(plain_text(documents[15:40]))
     (root / "b" / "wiki_00").write_text(plain_text(documents[40:]), encoding="utf-8")  # WikiExtractor-style name
-    (root / ".hidden.txt").write_text("Never read. Not part of the corpus.\n", encoding="utf-8")
+    for skipped in (".hidden.txt", "SOURCE.md", "LICENSE", "b/meta.json"):  # hidden, documentation, metadata
+        (root / skipped).write_text("Never read. Not part of the corpus.\n", encoding="utf-8")
     (root / "b" / ".git").mkdir()
     (root / "b" / ".git" / "HEAD").write_text("ref: refs/heads/main\n", encoding="utf-8")
     return root
@@ -81,7 +82,7 @@ def paragraph_rows(documents) -> dict:
     return {"doc": [doc for doc, _ in rows], "body": [text for _, text in rows]}
 
 
-def test_a_folder_reads_every_file_under_it_in_sorted_order(documents, vocab_dir, reference, tmp_path):
+def test_a_folder_reads_the_corpus_files_under_it_in_sorted_order(documents, vocab_dir, reference, tmp_path):
     root = folder_corpus(documents, tmp_path / "corpus")
     assert [p.relative_to(root).as_posix() for p in resolve_paths(root)] == ["a.txt", "b/inner/c.txt.gz", "b/wiki_00"]
     assert_same_instances(prepare(root, vocab_dir, out_dir=tmp_path / "p", **SETTINGS), reference)
@@ -160,7 +161,8 @@ def test_table_errors_are_one_line(documents, tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("mlmlab: error: ") and err.count("\n") == 1, err
-    with pytest.raises(UserError, match="holds no files"):
+    (tmp_path / "empty" / "README.md").write_text("A folder of notes.\n", encoding="utf-8")
+    with pytest.raises(UserError, match="holds no corpus files"):
         resolve_paths(tmp_path / "empty")
 
 

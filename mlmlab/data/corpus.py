@@ -1,7 +1,7 @@
 """Read pretraining corpora as a stream of documents, each a list of sentences.
 
-A corpus is a list of sources: files, or folders (every file under them, recursively, in
-sorted order, hidden ones skipped). Three text formats are understood, each optionally
+A corpus is a list of sources: files, or folders (the corpus files under them, recursively,
+in sorted order: ``_folder_files``). Three text formats are understood, each optionally
 gzip-compressed (detected by magic bytes):
 
 - plain text as google-research/bert expects it: one sentence or paragraph per line,
@@ -117,7 +117,8 @@ def resolve_paths(paths: str | Path | Iterable[str | Path]) -> list[Path]:
         if path.is_dir():
             files = [path] if is_saved_dataset(path) else _folder_files(path)
             if not files:
-                raise UserError(f"corpus folder {path} holds no files; give a folder of text files or the files themselves")
+                raise UserError(f"corpus folder {path} holds no corpus files (.txt .text .tokens .raw .jsonl, none, .gz, "
+                                ".parquet, .arrow); give a folder of text files or name the files themselves")
             resolved += files
         elif path.is_file():
             resolved.append(path)
@@ -126,17 +127,30 @@ def resolve_paths(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     return resolved
 
 
+# Inside a folder, the files read as corpus: text (.txt .text .tokens .raw, JSONL, and no suffix, as WikiExtractor's
+# wiki_00), each optionally .gz, and tables. Anything else is taken for documentation or metadata (a SOURCE.md,
+# a dataset's .json) and skipped, and so are README / LICENSE-like names. Files named one by one are always read.
+_TEXT_SUFFIXES = ("", ".txt", ".text", ".tokens", ".raw", ".jsonl")
+_NOT_CORPUS = ("readme", "license", "licence", "copying", "notice", "authors")
+
+
 def _folder_files(folder: Path) -> list[Path]:
-    """Every file under ``folder``, recursively, sorted by path; hidden names skipped; saved datasets kept whole."""
+    """The corpus files under ``folder``, recursively, sorted by path; hidden names skipped; saved datasets kept whole."""
     found = []
     for entry in sorted(folder.iterdir()):
         if entry.name.startswith("."):  # .git, .DS_Store, editors' swap files: never corpus text
             continue
         if entry.is_dir():
             found += [entry] if is_saved_dataset(entry) else _folder_files(entry)
-        elif entry.is_file():
+        elif entry.is_file() and _is_corpus_file(entry):
             found.append(entry)
     return found
+
+
+def _is_corpus_file(path: Path) -> bool:
+    name = path.name.lower()
+    suffix = Path(name.removesuffix(".gz")).suffix
+    return not name.startswith(_NOT_CORPUS) and (suffix in _TEXT_SUFFIXES or is_table(path))
 
 
 def _read_source(path: Path, columns: Columns) -> Iterator[list[str]]:
