@@ -261,3 +261,20 @@ def test_export_of_an_earlier_checkpoint_evaluates_it(source, tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert words in err and err.count("\n") == 1, err
+
+
+def test_a_run_recorded_before_the_new_settings_existed_resumes(source, tmp_path, capsys):
+    """A run interrupted under an older mlmlab, whose config.yaml lacks the keys added since (train.init,
+    train.lr_schedule, data.text_column, data.id_column), is the same config: rerunning resumes it."""
+    run, _ = source
+    copy = Path(shutil.copytree(run, tmp_path / "run"))
+    added = ("  init: ", "  lr_schedule: ", "  text_column: ", "  id_column: ")
+    text = (copy / "config.yaml").read_text().replace(str(run), str(copy))
+    (copy / "config.yaml").write_text("".join(line for line in text.splitlines(keepends=True) if not line.startswith(added)))
+    assert main(["pretrain", "--no-progress", *PHASE_1, f"train.out_dir={copy}", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "resuming from" in out and json.loads(out[out.index("{"):])["steps"] == 30
+    edited = (copy / "config.yaml").read_text()
+    (copy / "config.yaml").write_text(edited.replace("max_steps: 30", "max_steps: 31"))
+    assert main(["pretrain", "--no-progress", *PHASE_1, f"train.out_dir={copy}"]) == 2  # a real difference still is one
+    assert "different config" in capsys.readouterr().err
