@@ -6,8 +6,9 @@ whole global batch (all micro-batches, all ranks): the gradient then equals that
 one big batch, whatever the split.
 
 The Trainer only trains. What it calls owns its own part, torchtitan-style: the launch
-(``launch.py``), the run folder, checkpoints and export (``checkpoint.py``), the
-metrics files (``metrics.py``), the LR schedule (``optim.py``), and held-out evaluation,
+(``launch.py``), the run folder, checkpoints and export (``checkpoint.py``), the start from
+another model's weights (``init.py``), the final model folder and its card (``model_card.py``),
+the metrics files (``metrics.py``), the LR schedule (``optim.py``), and held-out evaluation,
 which the caller hands over as ``validate`` (a function with the signature of
 ``evaluate.perplexity.evaluate_mlm``; evaluation sits in a higher layer than training).
 """
