@@ -38,6 +38,9 @@ ADAPT_SCHEDULES = (QUADRATIC, LINEAR, COSINE, EXPONENTIAL, SIGMOID, CONSTANT)
 LINEAR_DECAY = "linear_decay"  # Ankner et al. 2024: from rate_start down to rate
 RATE_SCHEDULES = (CONSTANT, LINEAR_DECAY)
 
+# train.lr_schedule: the shape of the LR's decay after warmup (over the last train.decay_fraction)
+LR_SCHEDULES = (LINEAR, COSINE)  # linear: BERT's, and warmup-stable-decay; cosine: the seed's RoBERTa setting
+
 # masking.normalize
 MEAN = "mean"
 RAW = "raw"

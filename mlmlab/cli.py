@@ -15,6 +15,13 @@ from mlmlab.config import MaskingConfig, frequency_cuts, load_config
 from mlmlab.errors import UserError
 
 
+def columns_of(args):
+    """--text-column / --id-column as the readers take them."""
+    from mlmlab.data.records import Columns
+
+    return Columns(args.text_column, args.id_column)
+
+
 def cmd_tokenizer(args) -> None:
     from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer, train_tokenizer
 
@@ -23,7 +30,7 @@ def cmd_tokenizer(args) -> None:
     else:
         if not args.corpus:
             raise UserError("give --corpus PATH... to train a tokenizer, or --vocab FILE to adopt a vocab.txt")
-        out = train_tokenizer(args.corpus, args.vocab_size, args.out, lowercase=not args.cased)
+        out = train_tokenizer(args.corpus, args.vocab_size, args.out, lowercase=not args.cased, columns=columns_of(args))
     print(f"tokenizer with {len(load_tokenizer(out))} tokens saved to {out}")
 
 
@@ -32,7 +39,7 @@ def cmd_prepare(args) -> None:
 
     out = prepare(args.corpus, tokenizer_dir=args.tokenizer, max_seq_length=args.max_seq_length,
                   objective=args.objective, short_seq_prob=args.short_seq_prob, seed=args.seed,
-                  out_dir=args.out, num_workers=args.workers)
+                  out_dir=args.out, num_workers=args.workers, columns=columns_of(args))
     store = TokenStore(out)
     print(f"{len(store)} instances in {out}" + (f" ({use})" if (use := token_use(store.meta)) else ""))
 
@@ -56,20 +63,33 @@ def cmd_pretrain(args) -> None:
     from accelerate import PartialState
 
     from mlmlab.evaluate.perplexity import evaluate_mlm
+    from mlmlab.show import pretrain_summary
     from mlmlab.train.loop import Trainer
 
-    trainer = Trainer(load_config(args.config, args.overrides), validate=evaluate_mlm, resume=args.resume,
+    overrides = [*args.overrides, *([f"train.init={args.init}"] if args.init else [])]
+    trainer = Trainer(load_config(args.config, overrides), validate=evaluate_mlm, resume=args.resume,
                       show_progress=not args.no_progress)
     summary = trainer.train()
-    if PartialState().is_main_process:  # under torchrun every process has the summary: print it once
-        print(jsonio.dumps(summary, indent=1))
+    if not PartialState().is_main_process:  # under torchrun every process has the summary: report it once
+        return
+    if args.json and args.json != "-":
+        Path(args.json).write_text(jsonio.dumps(summary, indent=1) + "\n")
+    print(jsonio.dumps(summary, indent=1) if args.json == "-" else pretrain_summary(summary, trainer.cfg))
+
+
+def cmd_export(args) -> None:
+    from mlmlab.evaluate.perplexity import evaluate_mlm
+    from mlmlab.train.export import export_run
+
+    out = export_run(Path(args.source), Path(args.out), validate=evaluate_mlm)
+    print(f"model folder with its model card written to {out} ({out / 'README.md'})")
 
 
 def cmd_evaluate(args) -> None:
     from mlmlab.evaluate.perplexity import evaluate_model, format_eval_table
 
     report = evaluate_model(args.model, args.data, batch_size=args.batch_size, max_batches=args.max_batches,
-                            max_seq_length=args.max_seq_length,
+                            max_seq_length=args.max_seq_length, columns=columns_of(args),
                             freq_cuts=frequency_cuts(args.freq_buckets, "--freq-buckets"))
     print(format_eval_table(report))
     if args.json:
@@ -105,12 +125,23 @@ def cmd_report(args) -> None:
     print(f"report written to {write_report(results, Path(args.out) if args.out else results.parent / 'report')}")
 
 
+CORPUS_HELP = ("text files (plain, WikiExtractor <doc>, JSONL; .gz ok), .parquet / .arrow files, folders of any of "
+               "these (every file under them, sorted) or folders written by datasets' save_to_disk")
+
+
+def add_column_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--text-column", default="text", help="JSONL and tables: the field holding the text (default: text)")
+    p.add_argument("--id-column", default="", help="JSONL and tables: consecutive records with the same value in this "
+                                                   "field form one document (default: each record is a document)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlmlab", description="Pretrain BERT-style encoders and compare masking strategies.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("tokenizer", help="train a WordPiece tokenizer or adopt a BERT vocab.txt")
-    p.add_argument("--corpus", nargs="+", help="text files (plain, WikiExtractor <doc>, JSONL; .gz ok)")
+    p.add_argument("--corpus", nargs="+", help=CORPUS_HELP)
+    add_column_options(p)
     p.add_argument("--vocab", help="adopt this vocab.txt instead of training")
     p.add_argument("--vocab-size", type=int, default=30522)
     p.add_argument("--cased", action="store_true", help="keep case (default: lowercase, like bert-base-uncased)")
@@ -118,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tokenizer)
 
     p = sub.add_parser("prepare", help="turn raw text into NSP instances / packed blocks (memory-mapped shards)")
-    p.add_argument("--corpus", nargs="+", required=True)
+    p.add_argument("--corpus", nargs="+", required=True, help=CORPUS_HELP)
+    add_column_options(p)
     p.add_argument("--tokenizer", required=True, help="a tokenizer folder (see `mlmlab tokenizer`)")
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--objective", choices=choices.OBJECTIVES, default=choices.NSP)
@@ -154,14 +186,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pretrain", help="pretrain a BERT with MLM (+ NSP)")
     p.add_argument("--config", default="tiny", help="preset name or YAML file (default: tiny)")
     p.add_argument("--resume", default=None, help="'auto' (newest intact checkpoint of the run) or a checkpoint folder")
+    p.add_argument("--init", default=None, metavar="MODEL_DIR",
+                   help="start from this model's weights only (train.init): a HuggingFace BERT folder or a run's model/; "
+                        "its tokenizer and architecture are taken unless the config names them")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                   help="the run's summary as JSON: to FILE, or alone on stdout with no FILE (instead of the text summary)")
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.max_steps=100")
     p.set_defaults(func=cmd_pretrain)
+
+    p = sub.add_parser("export", help="a checkpoint's model folder with its model card (what pretrain leaves in model/)")
+    p.add_argument("source", help="a run folder (its newest intact checkpoint) or a checkpoint folder (ckpt-*)")
+    p.add_argument("--out", required=True, help="a new folder for the model")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("evaluate", help="held-out MLM perplexity (fixed uniform masks) and NSP accuracy")
     p.add_argument("--model", required=True, help="a model folder written by mlmlab")
     p.add_argument("--data", required=True, nargs="+",
-                   help="a prepared dataset folder, or text files (WikiText wiki.*.tokens too) to prepare")
+                   help="a prepared dataset folder, or a corpus to prepare (as prepare's --corpus; WikiText wiki.*.tokens too)")
+    add_column_options(p)
     p.add_argument("--max-seq-length", type=int, default=128, help="when preparing text files")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-batches", type=int, default=None)

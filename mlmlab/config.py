@@ -38,8 +38,12 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    corpus: list[str] = field(default_factory=list)  # empty: the sample bundled with the package
-    valid_corpus: list[str] = field(default_factory=list)  # empty: the bundled validation sample
+    # Files (text, WikiExtractor, JSONL; .gz ok; .parquet/.arrow), folders of them (recursive) or folders written
+    # by datasets' save_to_disk; empty: the sample bundled with the package
+    corpus: list[str] = field(default_factory=list)
+    valid_corpus: list[str] = field(default_factory=list)  # as corpus; empty: the bundled validation sample
+    text_column: str = "text"  # JSONL and tables: the field holding the text
+    id_column: str = ""  # JSONL and tables: consecutive records with the same value here form one document; empty: one record, one document
     tokenizer: str = ""  # a tokenizer folder or a vocab.txt; empty: bundled bert-base-uncased vocab
     max_seq_length: int = 128
     objective: str = choices.NSP  # "nsp": sentence pairs + NSP loss; "mlm": packed full sentences, no NSP
@@ -95,7 +99,8 @@ class TrainConfig:
     adam_beta2: float = 0.98  # RoBERTa's value, more stable than 0.999 with large LR
     adam_eps: float = 1e-6
     warmup_steps: int = 100
-    decay_fraction: float = 0.2  # LR decays linearly to 0 over this last share of the budget; 1.0: BERT's decay after warmup
+    decay_fraction: float = 0.2  # LR decays to 0 over this last share of the budget; 1.0: BERT's decay after warmup
+    lr_schedule: str = choices.LINEAR  # the decay's shape: "linear" (BERT's; warmup-stable-decay) or "cosine" (the seed's RoBERTa)
     max_steps: int = 1000
     max_minutes: float = 0.0  # > 0: a wall-clock budget instead of max_steps; LR and masking schedules follow it
     max_grad_norm: float = 1.0
@@ -109,6 +114,9 @@ class TrainConfig:
     compile: bool = False  # torch.compile the encoder and MLM head; no gain measured on CPU after 40-75 s of compiling
     max_bad_steps: int = 5  # consecutive non-finite losses (each skipped) before training aborts
     out_dir: str = ""  # empty: runs/<hash of the resolved config>, so a rerun resumes the same run
+    # A model folder to start from, weights only (a HuggingFace BertForPreTraining or BertForMaskedLM folder, or an
+    # mlmlab model/): continued pretraining, BERT's phase 2. Optimizer, step and schedules start fresh. Empty: fresh weights
+    init: str = ""
 
 
 @dataclass
@@ -158,6 +166,8 @@ def validate(cfg: Config) -> None:
         if p is not None and not 0.0 <= p < 1.0:
             raise UserError(f"model.{name}={p} is outside [0, 1); use e.g. model.{name}=0.1")
     _check_choice("data.objective", cfg.data.objective, choices.OBJECTIVES)
+    if not cfg.data.text_column:
+        raise UserError("data.text_column is empty; name the field that holds the text, e.g. data.text_column=text")
     if cfg.data.max_seq_length > cfg.model.max_position_embeddings:
         raise UserError(
             f"data.max_seq_length={cfg.data.max_seq_length} exceeds model.max_position_embeddings="
@@ -166,6 +176,7 @@ def validate(cfg: Config) -> None:
     if cfg.model.hidden_size % cfg.model.num_heads:
         raise UserError(f"model.hidden_size={cfg.model.hidden_size} is not divisible by model.num_heads={cfg.model.num_heads}")
     _check_choice("train.precision", cfg.train.precision, choices.PRECISIONS)
+    _check_choice("train.lr_schedule", cfg.train.lr_schedule, choices.LR_SCHEDULES)
     if cfg.train.max_minutes < 0:
         raise UserError(f"train.max_minutes={cfg.train.max_minutes} must be >= 0 (0: use train.max_steps)")
     if not 0.0 < cfg.train.decay_fraction <= 1.0:

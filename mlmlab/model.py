@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_model
+from safetensors.torch import load_file
 from torch import nn
 from transformers import BertConfig, BertForPreTraining
 
@@ -60,21 +60,48 @@ def load_weights(model: nn.Module, path: Path, allowed_missing: tuple[str, ...] 
     """``path``'s safetensors weights into ``model``; any key or shape difference is a UserError naming the key.
 
     The one weight loader: ``allowed_missing`` lists the key prefixes the file may lack
-    (MASKED_LM_MISSING when starting from a BertForMaskedLM; none for a resume).
+    (MASKED_LM_MISSING when starting from a BertForMaskedLM; none for a resume). Names of
+    older checkpoints are read as today's (``current_name``).
     """
     expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
-    for name, shape in weight_shapes(path).items():
-        if name not in expected:
+    shapes = weight_shapes(path)
+    names = {name: current_name(name) for name in shapes}
+    for name, shape in shapes.items():
+        if names[name] is not None and names[name] not in expected:
             raise UserError(f"{path} holds {name}, which this model does not have; load it into the architecture "
                             "it was saved from (its config.json)")
-        if shape != expected[name]:
-            raise UserError(f"{path} holds {name} of shape {list(shape)}, this model's is {list(expected[name])}; "
+        if names[name] is not None and shape != expected[names[name]]:
+            raise UserError(f"{path} holds {name} of shape {list(shape)}, this model's is {list(expected[names[name]])}; "
                             "load it into the architecture it was saved from (its config.json)")
-    missing, _ = load_model(model, path, strict=False)  # tied weights (decoder = embeddings) are not missing
-    absent = sorted(name for name in missing if not name.startswith(allowed_missing))
+    state = {names[name]: tensor for name, tensor in load_file(str(path)).items() if names[name] is not None}
+    absent = sorted(name for name in _load_state(model, state) if not name.startswith(allowed_missing))
     if absent:
         raise UserError(f"{path} lacks {absent[0]} ({len(absent)} weights missing); it was saved from another "
                         "architecture: load it into that one (its config.json)")
+
+
+# Checkpoints converted from google-research/bert's TensorFlow release name LayerNorm parameters gamma and
+# beta (transformers renames them on load too), and older transformers saved the position_ids buffer.
+_LEGACY_SUFFIXES = {".gamma": ".weight", ".beta": ".bias"}
+_NOT_WEIGHTS = ("embeddings.position_ids",)
+
+
+def current_name(name: str) -> str | None:
+    """A checkpoint's weight name as this transformers names it; None for a saved buffer that is no weight."""
+    if name.endswith(_NOT_WEIGHTS):
+        return None
+    for old, new in _LEGACY_SUFFIXES.items():
+        if "LayerNorm" in name and name.endswith(old):
+            return name[: -len(old)] + new
+    return name
+
+
+def _load_state(model: nn.Module, state: dict) -> list[str]:
+    """Copy ``state`` into ``model``; the names left unloaded, tied ones (decoder = embeddings) not counted."""
+    missing = model.load_state_dict(state, strict=False).missing_keys
+    parameters = model.state_dict(keep_vars=True)
+    loaded = {id(parameters[name]) for name in state}
+    return [name for name in missing if id(parameters[name]) not in loaded]
 
 
 def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:

@@ -1,4 +1,6 @@
-"""What the model sees: prepared instances and masked sentences, for people to read."""
+"""What people read: prepared instances and masked sentences as the model sees them, and the end of a run."""
+
+import shlex
 
 import torch
 
@@ -86,3 +88,33 @@ def _mask_table(tok, ids, masked, weights, title: str) -> str:
     eligible = int((~torch.isin(ids, torch.tensor(token_info_for(tok).special_ids))).sum())
     rows.append(f"{sum(label != IGNORE_INDEX for label in labels)} of {eligible} eligible positions selected")
     return "\n".join(rows)
+
+
+def pretrain_summary(summary: dict, cfg: Config) -> str:
+    """What ``pretrain`` prints at the end: where the model is, what it cost, how good it is, what to try next."""
+    from mlmlab.data.resolve import SAMPLE_VALID
+
+    model = f"{summary['run_dir']}/model"
+    held_out = summary.get("eval") or {}
+    lines = [f"pretrained {summary['steps']:,} steps, {summary['tokens_seen']:,} tokens, "
+             f"{_duration(summary['train_seconds'])} of training ({summary.get('tokens_per_s', 0):,.0f} tokens/s)",
+             f"model: {model} (model card: {model}/README.md; run folder: {summary['run_dir']})"]
+    if held_out:
+        nsp = held_out.get("nsp_accuracy")
+        lines.append(f"held-out: perplexity {held_out['perplexity']:,.2f}, MLM accuracy {held_out['mlm_accuracy']:.4f}"
+                     + (f", NSP accuracy {nsp:.4f}" if nsp is not None else "")
+                     + f" ({held_out['masked_tokens']:,} masked tokens, fixed masks)")
+    valid = " ".join(shlex.quote(p) for p in cfg.data.valid_corpus) or shlex.quote(str(SAMPLE_VALID))
+    fill = (f"\"from transformers import pipeline; print(pipeline('fill-mask', model={model!r})"
+            "('The capital of France is [MASK].'))\"")  # double quotes outside: pastes into any shell
+    lines += ["next:",
+              f"  mlmlab evaluate --model {shlex.quote(model)} --data {valid}",
+              f"  mlmlab glue --model {shlex.quote(model)} --task RTE MRPC --data-dir GLUE_DIR",
+              f"  python -c {fill}",
+              "(--json: this summary as JSON)"]
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{seconds:.1f} s"

@@ -218,8 +218,8 @@ CASES = [
     # Corpora, vocabularies, prepared data.
     Case("truncated gz corpus", lambda w, t: ["prepare", "--corpus", str(gz_cut_short(t)), "--tokenizer", str(w.tokenizer),
                                               "--out", str(t / "p")], ("truncated or corrupt gzip",)),
-    Case("directory as corpus", lambda w, t: ["prepare", "--corpus", str(t), "--tokenizer", str(w.tokenizer)],
-         ("is a directory",)),
+    Case("empty directory as corpus", lambda w, t: ["prepare", "--corpus", str(t), "--tokenizer", str(w.tokenizer)],
+         ("holds no corpus files",)),
     Case("non-UTF-8 vocab", lambda w, t: ["tokenizer", "--vocab", str(latin1_vocab(t)), "--out", str(t / "tok")],
          ("UTF-8", "line 30523")),
     Case("blank line in vocab", lambda w, t: ["tokenizer", "--vocab", str(vocab_with_blank_line(t)), "--out", str(t / "tok")],

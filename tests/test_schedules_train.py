@@ -1,7 +1,10 @@
 """The learning-rate schedule is a pure function of step and budget progress."""
 
+import math
+
 import pytest
 
+from mlmlab import choices
 from mlmlab.train.optim import lr_factor, parameter_groups
 
 
@@ -76,3 +79,29 @@ def test_compiled_training_follows_the_eager_one(tmp_path):
 
     eager, compiled = run(False), run(True)
     assert eager == pytest.approx(compiled, rel=1e-4)
+
+
+def test_cosine_decay_follows_the_half_cosine_over_the_decay_window():
+    total, warmup = 100, 10
+    factors = [lr_factor(step, warmup, step / total, warmup / total, decay_fraction=1.0, shape=choices.COSINE)
+               for step in range(total + 1)]
+    assert factors[9] == pytest.approx(1.0) and factors[10] == pytest.approx(1.0)
+    assert factors[55] == pytest.approx(0.5)  # half way through the window: half the peak, as linear
+    assert factors[32] == pytest.approx(0.5 * (1 + math.cos(math.pi * 22 / 90)))
+    assert factors[100] == pytest.approx(0.0, abs=1e-12)
+    assert all(a >= b for a, b in zip(factors[10:], factors[11:]))
+    linear = [lr_factor(step, warmup, step / total, warmup / total, decay_fraction=1.0) for step in range(total + 1)]
+    assert all(c >= l for c, l in zip(factors[10:55], linear[10:55]))  # cosine keeps more LR early on
+    # With a shorter decay window, the peak holds until it starts, as for warmup-stable-decay.
+    held = lr_factor(70, warmup, 0.7, warmup / total, decay_fraction=0.2, shape=choices.COSINE)
+    assert held == 1.0 and lr_factor(90, warmup, 0.9, 0.1, 0.2, choices.COSINE) == pytest.approx(0.5)
+
+
+def test_the_linear_schedule_is_the_default_and_unchanged():
+    from mlmlab.config import TrainConfig
+    from mlmlab.train.optim import learning_rate
+
+    cfg = TrainConfig(max_steps=100, warmup_steps=10, decay_fraction=0.2, lr=1e-3)
+    assert cfg.lr_schedule == choices.LINEAR
+    # the expression every run so far used, to the last bit
+    assert learning_rate(cfg, 87, 0.87, 0.1) == 1e-3 * ((1.0 - 0.87) / max(1e-12, 1.0 - 0.8))

@@ -1,12 +1,20 @@
 """Read pretraining corpora as a stream of documents, each a list of sentences.
 
-Three formats are understood, each optionally gzip-compressed (detected by magic bytes):
+A corpus is a list of sources: files, or folders (the corpus files under them, recursively,
+in sorted order: ``_folder_files``). Three text formats are understood, each optionally
+gzip-compressed (detected by magic bytes):
 
 - plain text as google-research/bert expects it: one sentence or paragraph per line,
   a blank line between documents;
 - WikiExtractor output: ``<doc ...>`` ... ``</doc>`` blocks whose first body line is the
   article title (dropped); title-only blocks (about 62% of enwiki) are skipped;
-- JSONL: one JSON object per line with a ``text`` field, paragraphs separated by newlines.
+- JSONL: one JSON object per line with a ``text`` field (``Columns.text``), paragraphs
+  separated by newlines.
+
+Tables go through HuggingFace ``datasets`` (``records.py``): ``.parquet`` and ``.arrow``
+files, and folders written by ``Dataset.save_to_disk``. In JSONL and tables, one record is
+one document, unless ``Columns.doc_id`` names a column: consecutive records with the same
+value there are then the paragraphs of one document.
 
 Documents stream one at a time so memory does not grow with corpus size.
 """
@@ -14,7 +22,6 @@ Documents stream one at a time so memory does not grow with corpus size.
 from __future__ import annotations
 
 import gzip
-import html
 import json
 import re
 import zlib
@@ -22,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from mlmlab.data.records import Columns, is_saved_dataset, is_table, clean_paragraph, record_documents, table_records
 from mlmlab.errors import UserError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -65,9 +73,9 @@ def _ends_with_abbreviation(text: str) -> bool:
     return len(word) == 1 or "." in word or word.lower() in _ABBREVIATIONS
 
 
-def read_documents(paths: str | Path | Iterable[str | Path]) -> Iterator[list[str]]:
+def read_documents(paths: str | Path | Iterable[str | Path], columns: Columns = Columns()) -> Iterator[list[str]]:
     """Yield every document with text, in corpus order, as a list of sentences."""
-    for paragraphs in read_paragraph_documents(paths):
+    for paragraphs in read_paragraph_documents(paths, columns):
         yield document_sentences(paragraphs)
 
 
@@ -76,7 +84,8 @@ def document_sentences(paragraphs: list[str]) -> list[str]:
     return [sentence for paragraph in paragraphs for sentence in split_sentences(paragraph)]
 
 
-def read_paragraph_documents(paths: str | Path | Iterable[str | Path]) -> Iterator[list[str]]:
+def read_paragraph_documents(paths: str | Path | Iterable[str | Path],
+                             columns: Columns = Columns()) -> Iterator[list[str]]:
     """Yield every document with text as a list of paragraphs (HTML entities unescaped).
 
     Sentence splitting is left to the caller so that `prepare` can do it in worker
@@ -85,41 +94,77 @@ def read_paragraph_documents(paths: str | Path | Iterable[str | Path]) -> Iterat
     paths = resolve_paths(paths)
     found = False
     for path in paths:
-        for document in _read_file(path):
+        for document in _read_source(path, columns):
             found = True
             yield document
     if not found:
-        names = ", ".join(str(p) for p in paths)
+        names = ", ".join(str(p) for p in paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
         raise UserError(
-            f"corpus {names} holds no document with text; "
-            "give files with a blank line between documents, <doc> blocks or JSONL with a 'text' field"
+            f"corpus {names} holds no document with text; give files with a blank line between documents, "
+            f"<doc> blocks, or JSONL / tables with a {columns.text!r} field (--text-column, data.text_column)"
         )
 
 
 def resolve_paths(paths: str | Path | Iterable[str | Path]) -> list[Path]:
-    """Normalise one path or many into a list of existing files."""
+    """One path or many as the list of sources they name: folders expanded, saved datasets kept whole."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    resolved = [Path(p) for p in paths]
-    if not resolved:
-        raise UserError("no corpus files given; pass at least one text, <doc> or JSONL file")
-    for path in resolved:
+    given = [Path(p) for p in paths]
+    if not given:
+        raise UserError("no corpus files given; pass at least one text, <doc> or JSONL file, a folder or a dataset")
+    resolved = []
+    for path in given:
         if path.is_dir():
-            raise UserError(f"corpus path {path} is a directory; give the files in it (e.g. {path}/*.txt)")
-        if not path.is_file():
+            files = [path] if is_saved_dataset(path) else _folder_files(path)
+            if not files:
+                raise UserError(f"corpus folder {path} holds no corpus files (.txt .text .tokens .raw .jsonl, none, .gz, "
+                                ".parquet, .arrow); give a folder of text files or name the files themselves")
+            resolved += files
+        elif path.is_file():
+            resolved.append(path)
+        else:
             raise UserError(f"corpus file {path} does not exist; check the path")
     return resolved
 
 
-def _read_file(path: Path) -> Iterator[list[str]]:
+# Inside a folder, the files read as corpus: text (.txt .text .tokens .raw, JSONL, and no suffix, as WikiExtractor's
+# wiki_00), each optionally .gz, and tables. Anything else is taken for documentation or metadata (a SOURCE.md,
+# a dataset's .json) and skipped, and so are README / LICENSE-like names. Files named one by one are always read.
+_TEXT_SUFFIXES = ("", ".txt", ".text", ".tokens", ".raw", ".jsonl")
+_NOT_CORPUS = ("readme", "license", "licence", "copying", "notice", "authors")
+
+
+def _folder_files(folder: Path) -> list[Path]:
+    """The corpus files under ``folder``, recursively, sorted by path; hidden names skipped; saved datasets kept whole."""
+    found = []
+    for entry in sorted(folder.iterdir()):
+        if entry.name.startswith("."):  # .git, .DS_Store, editors' swap files: never corpus text
+            continue
+        if entry.is_dir():
+            found += [entry] if is_saved_dataset(entry) else _folder_files(entry)
+        elif entry.is_file() and _is_corpus_file(entry):
+            found.append(entry)
+    return found
+
+
+def _is_corpus_file(path: Path) -> bool:
+    name = path.name.lower()
+    suffix = Path(name.removesuffix(".gz")).suffix
+    return not name.startswith(_NOT_CORPUS) and (suffix in _TEXT_SUFFIXES or is_table(path))
+
+
+def _read_source(path: Path, columns: Columns) -> Iterator[list[str]]:
+    if is_table(path):
+        yield from record_documents(table_records(path, columns), columns, path)
+        return
     try:
-        yield from _read_documents(path)
+        yield from _read_documents(path, columns)
     except (EOFError, zlib.error, gzip.BadGzipFile) as err:  # raised while decompressing, mid-stream
         raise UserError(f"{path} is a truncated or corrupt gzip file ({err}); copy or compress it again "
                         "(`gzip -t` checks a file)") from None
 
 
-def _read_documents(path: Path) -> Iterator[list[str]]:
+def _read_documents(path: Path, columns: Columns) -> Iterator[list[str]]:
     with _open_binary(path) as raw:
         lines = _decoded_lines(raw, path)
         first = _first_nonblank(lines)
@@ -129,7 +174,7 @@ def _read_documents(path: Path) -> Iterator[list[str]]:
         if first[1].lstrip().startswith("<doc"):
             yield from _wikiextractor_documents(lines)
         elif first[1].lstrip().startswith("{"):
-            yield from _jsonl_documents(lines, path)
+            yield from record_documents(_jsonl_records(lines, path), columns, path)
         else:
             yield from _plain_documents(lines)
 
@@ -168,14 +213,10 @@ def _chain_first(first: tuple[int, str], rest: Iterator[tuple[int, str]]) -> Ite
     yield from rest
 
 
-def _paragraph(text: str) -> str:
-    return html.unescape(text).strip()
-
-
 def _plain_documents(lines: Iterator[tuple[int, str]]) -> Iterator[list[str]]:
     document: list[str] = []
     for _, text in lines:
-        paragraph = _paragraph(text)
+        paragraph = clean_paragraph(text)
         if paragraph:
             document.append(paragraph)
         elif document:
@@ -193,7 +234,7 @@ def _wikiextractor_documents(lines: Iterator[tuple[int, str]]) -> Iterator[list[
             body = []
         elif stripped == "</doc>":
             # body[0] is the article title; title-only stubs yield nothing.
-            paragraphs = [p for p in (_paragraph(line) for line in (body or [])[1:]) if p]
+            paragraphs = [p for p in (clean_paragraph(line) for line in (body or [])[1:]) if p]
             if paragraphs:
                 yield paragraphs
             body = None
@@ -201,7 +242,8 @@ def _wikiextractor_documents(lines: Iterator[tuple[int, str]]) -> Iterator[list[
             body.append(text)
 
 
-def _jsonl_documents(lines: Iterator[tuple[int, str]], path: Path) -> Iterator[list[str]]:
+def _jsonl_records(lines: Iterator[tuple[int, str]], path: Path) -> Iterator[tuple[str, dict]]:
+    """("line N", record) of every non-blank line."""
     for number, text in lines:
         if not text.strip():
             continue
@@ -209,8 +251,6 @@ def _jsonl_documents(lines: Iterator[tuple[int, str]], path: Path) -> Iterator[l
             record = json.loads(text)
         except json.JSONDecodeError as err:
             raise UserError(f"{path} line {number} is not valid JSON ({err.msg}); fix or remove that line") from None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise UserError(f"{path} line {number} has no string 'text' field; every JSONL line needs one")
-        paragraphs = [p for p in (_paragraph(line) for line in record["text"].split("\n")) if p]
-        if paragraphs:
-            yield paragraphs
+        if not isinstance(record, dict):
+            raise UserError(f"{path} line {number} is not a JSON object; every JSONL line needs one")
+        yield f"line {number}", record

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from mlmlab.config import DataConfig
+from mlmlab.data.records import Columns
 from mlmlab.data.store import TokenStore, cache_root, prepare, prepared_hash
 from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer, vocab_hash
 from mlmlab.data.wikitext import is_wikitext, write_plain
@@ -44,6 +45,9 @@ def _cached_folder(target: Path, fill) -> Path:
 def standalone_tokenizer(model_dir: Path) -> Path:
     """The tokenizer files of a model folder, copied to the cache so data hashes ignore the weights."""
     files = sorted(p for p in Path(model_dir).iterdir() if p.name.startswith(("tokenizer", "vocab", "special_tokens")))
+    if not files:
+        raise UserError(f"{model_dir} holds no tokenizer files (vocab.txt, tokenizer.json); copy the model's "
+                        "tokenizer into it, or name it with data.tokenizer")
     digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in files)).hexdigest()[:16]
     return _cached_folder(cache_root().parent / "tokenizers" / digest, lambda staging: _copy_files(files, staging))
 
@@ -53,29 +57,37 @@ def _copy_files(files: list[Path], folder: Path) -> None:
         shutil.copy2(path, folder / path.name)
 
 
-def held_out_store(data: list[str], model_dir: Path, max_seq_length: int) -> TokenStore:
-    """A prepared dataset folder as is; text files (WikiText detokenised first) prepared with the model's tokenizer."""
+def held_out_store(data: list[str], model_dir: Path, max_seq_length: int, columns: Columns = Columns()) -> TokenStore:
+    """A prepared dataset folder as is; a corpus (WikiText detokenised first) prepared with the model's tokenizer."""
     paths = [Path(p) for p in data]
-    if len(paths) == 1 and paths[0].is_dir():
+    if len(paths) == 1 and (paths[0] / "meta.json").is_file():
         return TokenStore(paths[0])
     corpus = []
     for path in paths:
         if is_wikitext(path) and path.is_file():
             path = write_plain(path, cache_root().parent / "wikitext" / f"{path.stem}-{file_sha256(path)[:16]}.txt")
         corpus.append(path)
-    return TokenStore(prepare(corpus, tokenizer_dir=standalone_tokenizer(model_dir), max_seq_length=max_seq_length))
+    return TokenStore(prepare(corpus, tokenizer_dir=standalone_tokenizer(model_dir), max_seq_length=max_seq_length,
+                              columns=columns))
 
 
-def _corpora_and_settings(data: DataConfig) -> tuple[dict, dict]:
-    """({"train": paths, "valid": paths}, prepare's settings) of a config's data section."""
-    settings = dict(tokenizer_dir=tokenizer_dir_for(data.tokenizer), max_seq_length=data.max_seq_length,
-                    objective=data.objective, short_seq_prob=data.short_seq_prob, seed=data.prepare_seed)
+def _corpora_and_settings(data: DataConfig, model_dir: str) -> tuple[dict, dict]:
+    """({"train": paths, "valid": paths}, prepare's settings) of a config's data section.
+
+    ``model_dir``: the model a run starts from (train.init); its tokenizer is the run's
+    unless data.tokenizer names one (which must then be the same vocabulary: train/init.py).
+    """
+    tokenizer_dir = standalone_tokenizer(Path(model_dir)) if model_dir and not data.tokenizer \
+        else tokenizer_dir_for(data.tokenizer)
+    settings = dict(tokenizer_dir=tokenizer_dir, max_seq_length=data.max_seq_length,
+                    objective=data.objective, short_seq_prob=data.short_seq_prob, seed=data.prepare_seed,
+                    columns=Columns(data.text_column, data.id_column))
     return {"train": data.corpus or [SAMPLE_TRAIN], "valid": data.valid_corpus or [SAMPLE_VALID]}, settings
 
 
-def prepare_datasets(data: DataConfig):
+def prepare_datasets(data: DataConfig, model_dir: str = ""):
     """(train TokenStore, valid TokenStore, tokenizer) for a config's data section, preparing what is missing."""
-    corpora, settings = _corpora_and_settings(data)
+    corpora, settings = _corpora_and_settings(data, model_dir)
     train, valid = (TokenStore(prepare(corpora[split], **settings)) for split in ("train", "valid"))
     tokenizer = load_tokenizer(settings["tokenizer_dir"])
     for store in (train, valid):
@@ -90,7 +102,7 @@ def require_vocab(store: TokenStore, expected: str, whose: str) -> None:
                         f"{store.vocab_hash}, expected {expected}); prepare the data again with that tokenizer")
 
 
-def dataset_hashes(data: DataConfig) -> dict:
+def dataset_hashes(data: DataConfig, model_dir: str = "") -> dict:
     """{"train": hash, "valid": hash} of the datasets ``prepare_datasets`` would give, without preparing them."""
-    corpora, settings = _corpora_and_settings(data)
+    corpora, settings = _corpora_and_settings(data, model_dir)
     return {split: prepared_hash(paths, **settings)[:16] for split, paths in corpora.items()}

@@ -38,6 +38,7 @@ from tokenizers import Tokenizer
 from mlmlab import choices
 from mlmlab.data.corpus import document_sentences, read_paragraph_documents, resolve_paths
 from mlmlab.data.instances import IS_NEXT, NO_NSP_LABEL, RANDOM_NEXT, create_mlm_blocks, create_nsp_instances
+from mlmlab.data.records import Columns
 from mlmlab.data.tokenizer import SPECIAL_TOKENS, folder_vocab_hash, load_tokenizer, vocab_hash
 from mlmlab.errors import UserError
 from mlmlab.files import building, file_sha256
@@ -101,37 +102,59 @@ def prepare(
     out_dir: str | Path | None = None,
     num_workers: int | None = None,
     docs_per_shard: int = 2000,
+    columns: Columns = Columns(),
 ) -> Path:
-    """Build (or reuse) the prepared dataset for these inputs and settings; return its folder."""
+    """Build (or reuse) the prepared dataset for these inputs and settings; return its folder.
+
+    ``columns``: the text and document-id fields of JSONL and table inputs.
+    """
     config = _validated_config(objective, max_seq_length, short_seq_prob, seed, docs_per_shard)
     num_workers = _validated_workers(num_workers)
     paths = resolve_paths(corpus_paths)
     tokenizer_dir = Path(tokenizer_dir)
     tokenizer = load_tokenizer(tokenizer_dir)
-    digest = dataset_hash(paths, tokenizer_dir, config)
+    digest = dataset_hash(paths, tokenizer_dir, config, columns)
     target = Path(out_dir) if out_dir is not None else cache_root() / digest[:16]
     if _holds_dataset(target, digest):
         log.info("reusing prepared dataset %s", target)
         return target
     with building(target) as staging:
-        _build(paths, tokenizer, tokenizer_dir, config, digest, staging, num_workers)
+        _build(paths, columns, tokenizer, tokenizer_dir, config, digest, staging, num_workers)
     _holds_dataset(target, digest)  # refuses a different dataset that a concurrent writer published there
     return target
 
 
 def prepared_hash(corpus_paths, tokenizer_dir: str | Path, max_seq_length: int, objective: str = choices.NSP,
-                  short_seq_prob: float = 0.1, seed: int = 12345, docs_per_shard: int = 2000) -> str:
+                  short_seq_prob: float = 0.1, seed: int = 12345, docs_per_shard: int = 2000,
+                  columns: Columns = Columns()) -> str:
     """The hash ``prepare`` would give these inputs and settings, without preparing anything."""
     config = _validated_config(objective, max_seq_length, short_seq_prob, seed, docs_per_shard)
-    return dataset_hash(resolve_paths(corpus_paths), Path(tokenizer_dir), config)
+    return dataset_hash(resolve_paths(corpus_paths), Path(tokenizer_dir), config, columns)
 
 
-def dataset_hash(paths: list[Path], tokenizer_dir: Path, config: _BuildConfig) -> str:
-    """sha256 over format version, config, corpus file contents and tokenizer files."""
+def dataset_hash(paths: list[Path], tokenizer_dir: Path, config: _BuildConfig, columns: Columns = Columns()) -> str:
+    """sha256 over format version, config, corpus contents, the columns read (if not the default) and tokenizer files.
+
+    A folder given as the corpus hashes as the files in it, in the order they are read: the
+    same as naming those files. Default columns add nothing, so the hashes of every
+    corpus prepared before columns could be chosen are unchanged.
+    """
     digest = hashlib.sha256(json.dumps({"format": FORMAT_VERSION, **asdict(config)}, sort_keys=True).encode())
     for path in paths:
-        digest.update(file_sha256(path).encode())
+        digest.update(_source_sha256(path).encode())
+    if not columns.is_default:
+        digest.update(json.dumps({"columns": asdict(columns)}, sort_keys=True).encode())
     digest.update(_tokenizer_sha256(tokenizer_dir).encode())
+    return digest.hexdigest()
+
+
+def _source_sha256(path: Path) -> str:
+    """A file's sha256; for a saved dataset folder, one over its files' names and contents."""
+    if not path.is_dir():
+        return file_sha256(path)
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(str(file.relative_to(path)).encode() + b"\0" + file_sha256(file).encode())
     return digest.hexdigest()
 
 
@@ -187,10 +210,10 @@ def _holds_dataset(target: Path, digest: str) -> bool:
     return False
 
 
-def _build(paths, tokenizer, tokenizer_dir, config, digest, staging: Path, num_workers: int) -> None:
+def _build(paths, columns, tokenizer, tokenizer_dir, config, digest, staging: Path, num_workers: int) -> None:
     shutil.copytree(tokenizer_dir, staging / "tokenizer")
     vocab_size = len(tokenizer)
-    tasks = _shard_tasks(paths, config, staging, tokenizer, vocab_size)
+    tasks = _shard_tasks(paths, columns, config, staging, tokenizer, vocab_size)
     context = multiprocessing.get_context()
     initargs = (tokenizer.backend_tokenizer.to_str(),)
     with context.Pool(num_workers, initializer=_init_worker, initargs=initargs) as pool:
@@ -208,6 +231,7 @@ def _build(paths, tokenizer, tokenizer_dir, config, digest, staging: Path, num_w
         "hash": digest,
         "config": asdict(config),
         "corpus": [str(p.resolve()) for p in paths],
+        **({} if columns.is_default else {"columns": asdict(columns)}),
         "vocab_size": vocab_size,
         "vocab_hash": vocab_hash(tokenizer.get_vocab()),
         "token_dtype": _token_dtype(vocab_size).__name__,
@@ -247,8 +271,8 @@ def lost_text_warning(meta: dict) -> str | None:
     return f"mlmlab: warning: only {token_use(meta)}; {'; '.join(causes) or 'instances were truncated'}"
 
 
-def _shard_tasks(paths, config, staging, tokenizer, vocab_size) -> Iterator[_ShardTask]:
-    documents = read_paragraph_documents(paths)
+def _shard_tasks(paths, columns, config, staging, tokenizer, vocab_size) -> Iterator[_ShardTask]:
+    documents = read_paragraph_documents(paths, columns)
     first_doc = 0
     for index in count():
         chunk = list(islice(documents, config.docs_per_shard))

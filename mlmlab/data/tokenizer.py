@@ -21,6 +21,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from mlmlab.data.corpus import read_documents
+from mlmlab.data.records import Columns
 from mlmlab.errors import UserError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -28,7 +29,8 @@ _UNUSED = re.compile(r"^\[unused\d+\]$")
 
 
 def train_tokenizer(
-    corpus_paths: str | Path | Iterable[str | Path], vocab_size: int, out_dir: str | Path, lowercase: bool = True
+    corpus_paths: str | Path | Iterable[str | Path], vocab_size: int, out_dir: str | Path, lowercase: bool = True,
+    columns: Columns = Columns(),
 ) -> Path:
     """Train a BERT WordPiece vocabulary on the corpus and save it as a tokenizer folder.
 
@@ -44,7 +46,7 @@ def train_tokenizer(
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
     )
-    tokenizer.train_from_iterator(_sentences(corpus_paths), trainer=trainer)
+    tokenizer.train_from_iterator(_sentences(corpus_paths, columns), trainer=trainer)
     vocab = tokenizer.get_vocab()
     return _save_folder(sorted(vocab, key=vocab.__getitem__), out_dir, lowercase)
 
@@ -60,6 +62,7 @@ def load_tokenizer(tokenizer_dir: str | Path):
     from transformers import AutoTokenizer
 
     tokenizer_dir = Path(tokenizer_dir)
+    refuse_other_kinds(tokenizer_dir)
     if not (tokenizer_dir / "tokenizer.json").is_file() and not (tokenizer_dir / "vocab.txt").is_file():
         raise UserError(
             f"{tokenizer_dir} is not a tokenizer folder (no tokenizer.json or vocab.txt); "
@@ -74,6 +77,23 @@ def load_tokenizer(tokenizer_dir: str | Path):
             "rebuild the folder with `mlmlab tokenizer`"
         )
     return tokenizer
+
+
+def refuse_other_kinds(tokenizer_dir: Path) -> None:
+    """A one-line UserError for a tokenizer folder that is not WordPiece (RoBERTa's byte-level BPE, SentencePiece).
+
+    Not supported rather than half-supported: masking, NSP pairs, whole-word selection ("##"
+    pieces), prepared data and GLUE all name BERT's special tokens ([CLS] [SEP] [MASK] [PAD]).
+    """
+    tokenizer_json = tokenizer_dir / "tokenizer.json"
+    kind = json.loads(tokenizer_json.read_text(encoding="utf-8")).get("model", {}).get("type") \
+        if tokenizer_json.is_file() else ("BPE" if (tokenizer_dir / "merges.txt").is_file() else None)
+    if kind in (None, "WordPiece"):
+        return
+    described = "a byte-level BPE (RoBERTa/GPT-2-style)" if kind == "BPE" else f"a {kind}"
+    raise UserError(f"{tokenizer_dir} holds {described} tokenizer; mlmlab trains BERT-style models with WordPiece "
+                    "tokenizers only: make one with `mlmlab tokenizer --corpus FILES --out DIR`, or adopt a BERT "
+                    "vocab.txt with `mlmlab tokenizer --vocab vocab.txt --out DIR`")
 
 
 def vocab_hash(vocab: Mapping[str, int]) -> str:
@@ -91,6 +111,11 @@ def folder_vocab_hash(tokenizer_dir: str | Path) -> str:
     return vocab_hash(_expected_vocab(Path(tokenizer_dir)))
 
 
+def folder_vocab_size(tokenizer_dir: str | Path) -> int:
+    """The number of tokens a tokenizer folder's files declare."""
+    return len(_expected_vocab(Path(tokenizer_dir)))
+
+
 def ordinary_token_ids(tokenizer) -> np.ndarray:
     """Ids a random replacement may insert: not special and not a reserved [unusedN] slot."""
     special = set(tokenizer.all_special_ids)
@@ -98,8 +123,8 @@ def ordinary_token_ids(tokenizer) -> np.ndarray:
     return np.array(sorted(ids), dtype=np.int64)
 
 
-def _sentences(corpus_paths) -> Iterator[str]:
-    for document in read_documents(corpus_paths):
+def _sentences(corpus_paths, columns: Columns) -> Iterator[str]:
+    for document in read_documents(corpus_paths, columns):
         yield from document
 
 

@@ -16,6 +16,7 @@ from transformers import BertForPreTraining
 
 from mlmlab.config import MaskingConfig
 from mlmlab.data.loader import LoaderPosition, iterate_batches
+from mlmlab.data.records import Columns
 from mlmlab.data.resolve import held_out_store, require_vocab
 from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.errors import UserError
@@ -109,14 +110,16 @@ def load_pretrained(model_dir):
 
 
 def evaluate_model(model_dir, data, *, batch_size: int = 32, max_batches: int | None = None,
-                   max_seq_length: int = 128, freq_cuts: tuple[int, ...] = DEFAULT_BUCKETS) -> dict:
+                   max_seq_length: int = 128, freq_cuts: tuple[int, ...] = DEFAULT_BUCKETS,
+                   columns: Columns = Columns()) -> dict:
     """``mlmlab evaluate``: perplexity per frequency bucket + NSP accuracy on held-out data.
 
-    ``data``: a prepared dataset folder, or text files (WikiText ``*.tokens`` included)
-    that are prepared here with the model's own tokenizer.
+    ``data``: a prepared dataset folder, or a corpus (files, folders, tables; WikiText
+    ``*.tokens`` included) that is prepared here with the model's own tokenizer.
     """
     bert, tokenizer = load_pretrained(model_dir)
-    store = held_out_store([data] if isinstance(data, (str, Path)) else list(data), Path(model_dir), max_seq_length)
+    store = held_out_store([data] if isinstance(data, (str, Path)) else list(data), Path(model_dir), max_seq_length,
+                           columns)
     require_vocab(store, saved_vocab_hash(Path(model_dir)), f"the model's ({model_dir})")
     if store.max_seq_length > bert.config.max_position_embeddings:
         raise UserError(f"{data} holds sequences of up to {store.max_seq_length} tokens, more than the model's "

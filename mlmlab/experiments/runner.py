@@ -70,9 +70,9 @@ def plan_runs(study: Study) -> list[Run]:
 
 
 @lru_cache(maxsize=None)
-def _dataset_hashes(data_json: str) -> dict:
+def _dataset_hashes(data_json: str, init: str) -> dict:
     """Arms mostly share one data section: hash its corpus files once per process."""
-    return dataset_hashes(DataConfig(**json.loads(data_json)))
+    return dataset_hashes(DataConfig(**json.loads(data_json)), model_dir=init)
 
 
 def _refuse_duplicate_arms(configs: dict[str, Config]) -> None:
@@ -88,7 +88,7 @@ def _refuse_duplicate_arms(configs: dict[str, Config]) -> None:
 def _run(study: Study, index: int, arm: Arm, seed: int, cfg: Config) -> Run:
     cfg = dataclasses.replace(cfg, masking=dataclasses.replace(cfg.masking, seed=seed),
                               train=dataclasses.replace(cfg.train, seed=seed, out_dir=""))
-    datasets = _dataset_hashes(json.dumps(dataclasses.asdict(cfg.data), sort_keys=True))
+    datasets = _dataset_hashes(json.dumps(dataclasses.asdict(cfg.data), sort_keys=True), cfg.train.init)
     identity = identity_hash(cfg, study.explicit | set(arm.overrides), datasets, settings_of(study))
     run_dir = Path(study.out_dir) / "runs" / arm.name / f"seed{seed}"
     placed = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out_dir=str(run_dir)))

@@ -30,7 +30,7 @@ import torch
 import yaml
 from transformers import BertConfig, BertForPreTraining
 
-from mlmlab.config import Config, config_text
+from mlmlab.config import Config, config_text, from_dict
 from mlmlab.data.tokenizer import vocab_hash
 from mlmlab.errors import UserError
 from mlmlab.files import STAGING_PREFIX, building, file_sha256
@@ -70,7 +70,7 @@ def open_run(run_dir: Path, cfg: Config, resume: str | None, is_main: bool) -> P
         if recorded is None:
             raise UserError(f"{run_dir} holds checkpoints but no {CONFIG_FILE}, so what made them is unknown; "
                             "pass --resume auto to continue it with this config, or choose another train.out_dir")
-        if recorded != config_text(cfg):
+        if not same_config(recorded, cfg):
             raise UserError(f"{run_dir} holds a run with a different config; choose another train.out_dir "
                             "or pass --resume auto to continue it with this config")
         resume = RESUME_LATEST
@@ -78,6 +78,20 @@ def open_run(run_dir: Path, cfg: Config, resume: str | None, is_main: bool) -> P
     if is_main:
         remove_partial(run_dir)
     return folder
+
+
+def same_config(recorded: str, cfg: Config) -> bool:
+    """Whether a recorded config.yaml is ``cfg``; keys mlmlab added since it was written count at their defaults.
+
+    So a run interrupted under an older mlmlab (a study's, say) resumes under a newer one
+    that only added settings whose defaults keep the old behaviour.
+    """
+    if recorded == config_text(cfg):
+        return True
+    try:
+        return config_text(from_dict(yaml.safe_load(recorded) or {})) == config_text(cfg)
+    except (UserError, yaml.YAMLError):  # a removed key, a wrong type, a damaged file: not this config
+        return False
 
 
 def make_writable_folder(run_dir: Path) -> None:
@@ -236,6 +250,9 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
         return latest(run_dir)
     folder = Path(resume)
     problem = verify(folder) if folder.is_dir() else "no such folder"
+    if problem and (folder / "config.json").is_file() and (folder / WEIGHTS_FILE).is_file():
+        raise UserError(f"cannot resume from {folder}: it is a model folder, not a checkpoint (ckpt-*); to start "
+                        f"a new run from its weights, pass --init {folder}")
     if problem:
         raise UserError(f"cannot resume from {folder}: {problem}; pass --resume auto or another checkpoint")
     return folder

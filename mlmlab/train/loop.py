@@ -6,15 +6,15 @@ whole global batch (all micro-batches, all ranks): the gradient then equals that
 one big batch, whatever the split.
 
 The Trainer only trains. What it calls owns its own part, torchtitan-style: the launch
-(``launch.py``), the run folder, checkpoints and export (``checkpoint.py``), the
-metrics files (``metrics.py``), the LR schedule (``optim.py``), and held-out evaluation,
+(``launch.py``), the run folder, checkpoints and export (``checkpoint.py``), the start from
+another model's weights (``init.py``), the final model folder and its card (``model_card.py``),
+the metrics files (``metrics.py``), the LR schedule (``optim.py``), and held-out evaluation,
 which the caller hands over as ``validate`` (a function with the signature of
 ``evaluate.perplexity.evaluate_mlm``; evaluation sits in a higher layer than training).
 """
 
 import dataclasses
 import math
-import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +24,6 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from accelerate.utils import set_seed
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
 from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
@@ -37,10 +36,12 @@ from mlmlab.errors import UserError
 from mlmlab.masking.schedules import rate_at
 from mlmlab.masking.select import Corruption, continuation_table, token_info_for
 from mlmlab.masking.strategies import build_strategy, mask_batch
-from mlmlab.model import IGNORE_INDEX, SparsePretraining, build_model, compile_model
+from mlmlab.model import IGNORE_INDEX, SparsePretraining
 from mlmlab.train import checkpoint
+from mlmlab.train.init import initial_model, resolve_init
 from mlmlab.train.launch import concat_over_processes, make_accelerator
 from mlmlab.train.metrics import MetricsWriter
+from mlmlab.train.model_card import export_model_folder
 from mlmlab.train.mfu import matmul_dtype, peak_matmul_flops, rates, training_flops
 from mlmlab.train.optim import build_optimizer, learning_rate, set_lr, training_progress
 
@@ -142,6 +143,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, *, validate: Callable[..., dict] | None, resume: str | None = None,
                  show_progress: bool = True):
+        cfg = resolve_init(cfg)  # train.init: checked, and the model section taken from it, before anything else
         self.cfg, self.validate, self.show_progress = cfg, validate, show_progress
         self.accelerator = make_accelerator(cfg)
         self.run_dir = checkpoint.run_dir_for(cfg)
@@ -149,13 +151,10 @@ class Trainer:
         folder = checkpoint.open_run(self.run_dir, cfg, resume, self.accelerator.is_main_process)
         self.metrics = MetricsWriter(self.run_dir, enabled=self.accelerator.is_main_process)
         with self.accelerator.main_process_first():
-            self.train_store, self.valid_store, self.tokenizer = prepare_datasets(cfg.data)
+            self.train_store, self.valid_store, self.tokenizer = prepare_datasets(cfg.data, cfg.train.init)
         self.info = token_info_for(self.tokenizer, cfg.masking.mask_unk)
         self.corruption = Corruption(cfg.masking.mask_prob, cfg.masking.random_prob)
-        set_seed(cfg.train.seed)  # weight init and dropout draw from torch's default generator (rng_states)
-        self.model = build_model(cfg.model, len(self.tokenizer), self.tokenizer.pad_token_id)
-        if cfg.train.compile:
-            compile_model(self.model)
+        self.model = initial_model(cfg, self.tokenizer, resuming=folder is not None, log=self._log_line)
         self.module = SparsePretraining(self.model, use_nsp=cfg.data.objective == choices.NSP)
         self.optimizer = build_optimizer(self.module, cfg.train, self.accelerator.device)
         self.strategy = build_strategy(cfg.masking, info=self.info, vocab_size=len(self.tokenizer),
@@ -344,8 +343,9 @@ class Trainer:
                    "distributed": self.accelerator.distributed_type.value, "processes": self.accelerator.num_processes,
                    "run_dir": str(self.run_dir)}
         self.metrics.write({"step": state.step, "eval": final_eval})
-        if self.accelerator.is_main_process:  # the final model is the last checkpoint's: copy, not re-export
-            shutil.copytree(saved / checkpoint.MODEL_DIR, self.run_dir / checkpoint.MODEL_DIR, dirs_exist_ok=True)
+        if self.accelerator.is_main_process:  # the final model is the last checkpoint's: copied, with its model card
+            export_model_folder(saved, self.run_dir / checkpoint.MODEL_DIR, self.cfg, final_eval,
+                                {"train": self.train_store.meta, "valid": self.valid_store.meta})
             (self.run_dir / "summary.json").write_text(jsonio.dumps(summary, indent=1))
         return summary
 

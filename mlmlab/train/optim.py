@@ -1,14 +1,25 @@
 """AdamW with decoupled weight decay, and the learning-rate schedule as a pure function."""
 
+import math
+
 import torch
 from torch import nn
 
+from mlmlab import choices
 from mlmlab.config import TrainConfig
+
+# The decay's shape: (progress, where the decay starts) -> share of the peak LR. Linear keeps the
+# exact expression it always had, so the LRs of existing runs are unchanged to the last bit.
+_DECAY_SHAPES = {
+    choices.LINEAR: lambda progress, start: (1.0 - progress) / max(1e-12, 1.0 - start),
+    choices.COSINE: lambda progress, start: 0.5 * (1.0 + math.cos(math.pi * min(1.0, (progress - start)
+                                                                             / max(1e-12, 1.0 - start)))),
+}
 
 
 def lr_factor(step: int, warmup_steps: int, progress: float, warmup_end_progress: float,
-              decay_fraction: float = 1.0) -> float:
-    """Linear warmup to 1 over ``warmup_steps``, hold, then linear decay to 0 at progress 1.
+              decay_fraction: float = 1.0, shape: str = choices.LINEAR) -> float:
+    """Linear warmup to 1 over ``warmup_steps``, hold, then decay to 0 at progress 1.
 
     ``progress`` is the share of the budget spent: steps for a step budget, seconds for
     ``train.max_minutes`` (cramming's budget-defined schedule). The decay takes the last
@@ -17,13 +28,15 @@ def lr_factor(step: int, warmup_steps: int, progress: float, warmup_end_progress
     BERT's schedule, (total - step) / (total - warmup); a smaller one is the
     warmup-stable-decay schedule, which keeps the peak LR longer: a tiny model on a short
     budget needs that to learn NSP at all (the LR had decayed before NSP left chance).
+    ``shape`` is the decay's: linear, or cosine (the seed's RoBERTa setting; with
+    ``decay_fraction=1`` the usual cosine schedule from the end of warmup).
     """
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     decay_start = max(warmup_end_progress, 1.0 - decay_fraction)
     if progress <= decay_start:
         return 1.0
-    return max(0.0, (1.0 - progress) / max(1e-12, 1.0 - decay_start))
+    return max(0.0, _DECAY_SHAPES[shape](progress, decay_start))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -67,4 +80,4 @@ def learning_rate(cfg: TrainConfig, step: int, progress: float, warmup_end_progr
     knows once it has happened; a step budget knows it in advance.
     """
     warmup_end = warmup_end_progress if cfg.max_minutes > 0 else cfg.warmup_steps / cfg.max_steps
-    return cfg.lr * lr_factor(step, cfg.warmup_steps, progress, warmup_end, cfg.decay_fraction)
+    return cfg.lr * lr_factor(step, cfg.warmup_steps, progress, warmup_end, cfg.decay_fraction, cfg.lr_schedule)

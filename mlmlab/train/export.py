@@ -1,0 +1,86 @@
+"""``mlmlab export``: the model folder of any checkpoint, with the model card the end of ``pretrain`` writes.
+
+The held-out figures are the ones the run recorded at that step (metrics.jsonl); a step
+without them is evaluated here as the Trainer would (same data, fixed masks, batches), by
+the ``validate`` the caller hands over (evaluation sits in a higher layer than training).
+Where the run's data cannot be read any more (moved, another machine), the card says so
+instead of failing the export.
+"""
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from mlmlab.config import Config, load_config
+from mlmlab.data.resolve import prepare_datasets
+from mlmlab.errors import UserError
+from mlmlab.masking.select import token_info_for
+from mlmlab.model import WEIGHTS_FILE, build_model, load_weights
+from mlmlab.train.checkpoint import CONFIG_FILE, MANIFEST, MODEL_DIR, TRAINER_STATE, latest, verify
+from mlmlab.train.metrics import METRICS_FILE
+from mlmlab.train.model_card import export_model_folder
+
+
+def export_run(source: Path, out: Path, validate: Callable[..., dict], log=print) -> Path:
+    """``out``: the model folder and card of ``source`` (a run folder: its newest intact checkpoint; or a checkpoint)."""
+    folder = checkpoint_of(Path(source))
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"{out} exists and is not empty; give --out a new folder")
+    cfg = run_config(folder)
+    step = json.loads((folder / TRAINER_STATE).read_text())["step"]
+    try:
+        train, valid, tokenizer = prepare_datasets(cfg.data, cfg.train.init)
+    except UserError as err:  # a copied run folder: its data is elsewhere; the card then says what it lacks
+        log(f"mlmlab: warning: the run's data cannot be read ({err}); the model card leaves its figures out")
+        train = valid = tokenizer = None
+    evaluation = recorded_evaluation(folder.parent, step)
+    if evaluation is None and valid is not None:
+        evaluation = evaluate_checkpoint(folder, cfg, train, valid, tokenizer, validate)
+    data = {"train": train.meta if train else None, "valid": valid.meta if valid else None}
+    return export_model_folder(folder, out, cfg, evaluation, data)
+
+
+def checkpoint_of(source: Path) -> Path:
+    """A checkpoint folder as is (verified); a run folder's newest intact checkpoint; else a one-line UserError."""
+    if (source / MANIFEST).is_file():
+        problem = verify(source)
+        if problem:
+            raise UserError(f"cannot export {source}: {problem}; export another checkpoint of the run")
+        return source
+    found = latest(source) if source.is_dir() else None
+    if found is None:
+        raise UserError(f"{source} is neither a run folder with an intact checkpoint nor a checkpoint (ckpt-*); "
+                        "give a run's folder (train.out_dir) or one of its ckpt-* folders")
+    return found
+
+
+def run_config(folder: Path) -> Config:
+    """The config of the run a checkpoint belongs to (its run folder's config.yaml)."""
+    path = folder.parent / CONFIG_FILE
+    if not path.is_file():
+        raise UserError(f"{folder.parent} has no {CONFIG_FILE}, so what made {folder.name} is unknown; export a "
+                        "checkpoint inside its run folder")
+    return load_config(str(path))
+
+
+def recorded_evaluation(run_dir: Path, step: int) -> dict | None:
+    """The last held-out evaluation metrics.jsonl holds for ``step``, or None."""
+    found = None
+    path = run_dir / METRICS_FILE
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a last line cut short by a kill
+            continue
+        if record.get("step") == step and record.get("eval"):
+            found = record["eval"]
+    return found
+
+
+def evaluate_checkpoint(folder: Path, cfg: Config, train, valid, tokenizer, validate) -> dict:
+    """Held-out figures of a checkpoint, as the Trainer measures them."""
+    model = build_model(cfg.model, len(tokenizer), tokenizer.pad_token_id)
+    load_weights(model, folder / MODEL_DIR / WEIGHTS_FILE)  # the one weight loader; nothing may be missing
+    return validate(model, valid, token_info_for(tokenizer, cfg.masking.mask_unk), batch_size=cfg.train.batch_size,
+                    max_batches=cfg.train.eval_batches, device="cpu", token_counts=train.token_counts,
+                    freq_cuts=cfg.masking.freq_cuts)

@@ -1,0 +1,143 @@
+"""Starting a run from another model's weights (train.init): continued pretraining, BERT's phase 2.
+
+Weights only: the optimizer, the step and every schedule start fresh, as with
+``run_mlm.py --model_name_or_path``. Checked before any slow set-up, each refused in one
+line naming the key:
+
+- the folder: config.json and model.safetensors (a pytorch_model.bin is never unpickled);
+- the model: a BERT as mlmlab builds it (model type, activation, tied embeddings, ...);
+- the architecture: the model section is taken from the checkpoint's config.json, so
+  ``--init DIR`` needs no model.* keys; a value the config sets to something other than
+  its default and the checkpoint's is refused (the run's config.yaml records what was taken);
+- the positions: data.max_seq_length beyond the checkpoint's max_position_embeddings;
+- the vocabulary: data.tokenizer, when given, must be the checkpoint's (vocab_hash); when
+  empty, the checkpoint's own tokenizer is the run's (data/resolve.py).
+
+A BertForMaskedLM folder has no pooler and no NSP head: they start fresh, and the log says so.
+"""
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from accelerate.utils import set_seed
+from transformers import BertForPreTraining
+
+from mlmlab.config import Config, ModelConfig
+from mlmlab.data.resolve import tokenizer_dir_for
+from mlmlab.data.tokenizer import load_tokenizer, vocab_hash
+from mlmlab.errors import UserError
+from mlmlab.model import (MASKED_LM_MISSING, VOCAB_HASH_KEY, WEIGHTS_FILE, build_model, compile_model, current_name,
+                          load_weights, saved_vocab_hash, weight_shapes)
+from mlmlab.train.checkpoint import ARCHITECTURE
+
+# config.json entries build_model leaves at transformers' defaults. A checkpoint with other values would
+# load and compute something else; an absent entry means the default.
+_AS_BUILT = {"model_type": "bert", "hidden_act": "gelu", "type_vocab_size": 2, "layer_norm_eps": 1e-12,
+             "tie_word_embeddings": True, "position_embedding_type": "absolute"}
+_FRESH_PARTS = dict(zip(MASKED_LM_MISSING, ("pooler", "NSP head")))  # what a BertForMaskedLM folder lacks
+
+
+def resolve_init(cfg: Config) -> Config:
+    """``cfg`` with its model section taken from train.init's config.json; every check above, before any set-up."""
+    if not cfg.train.init:
+        return cfg
+    folder = Path(cfg.train.init)
+    saved = read_model_config(folder)
+    _refuse_other_models(folder, saved)
+    _check_positions(folder, saved, cfg.data.max_seq_length)
+    _check_vocabulary(folder, saved, cfg.data.tokenizer)
+    return _with_architecture(cfg, folder, saved)
+
+
+def read_model_config(folder: Path) -> dict:
+    """The config.json of a model folder that also holds safetensors weights, or a UserError saying what is missing."""
+    if not folder.is_dir():
+        raise UserError(f"train.init={folder}: no such folder; give a model folder (config.json + model.safetensors), "
+                        "e.g. a run's model/")
+    if not (folder / WEIGHTS_FILE).is_file():
+        pickled = "a pytorch_model.bin, which mlmlab never unpickles: save it once as safetensors with transformers" \
+            if (folder / "pytorch_model.bin").is_file() else "no weights mlmlab reads"
+        raise UserError(f"train.init={folder} has no {WEIGHTS_FILE} ({pickled}: "
+                        "from_pretrained(DIR).save_pretrained(DIR)); give a model folder with safetensors weights")
+    try:
+        return json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"train.init={folder}: cannot read its config.json ({type(err).__name__}); "
+                        "give a HuggingFace model folder") from None
+
+
+def _refuse_other_models(folder: Path, saved: dict) -> None:
+    for key, built in _AS_BUILT.items():
+        if saved.get(key, built) != built:
+            raise UserError(f"train.init={folder} has {key}={saved[key]!r}, mlmlab builds {key}={built!r}; "
+                            "start from a BERT (BertForPreTraining or BertForMaskedLM) or without train.init")
+
+
+def _check_positions(folder: Path, saved: dict, max_seq_length: int) -> None:
+    positions = saved.get("max_position_embeddings", 0)
+    if max_seq_length > positions:
+        raise UserError(f"data.max_seq_length={max_seq_length} needs {max_seq_length} positions, but train.init={folder} "
+                        f"has max_position_embeddings={positions}; lower data.max_seq_length to {positions}, or train "
+                        f"the first phase with model.max_position_embeddings={max_seq_length} (BERT keeps 512 positions "
+                        "while it trains at 128)")
+
+
+def _check_vocabulary(folder: Path, saved: dict, tokenizer_setting: str) -> None:
+    """data.tokenizer, when given, must be the vocabulary the checkpoint was trained with, id for id."""
+    if not tokenizer_setting:
+        return  # the checkpoint's own tokenizer is used
+    has_files = (folder / "tokenizer.json").is_file() or (folder / "vocab.txt").is_file()
+    if not has_files and VOCAB_HASH_KEY not in saved:
+        raise UserError(f"cannot check that data.tokenizer is the vocabulary train.init={folder} was trained with: the "
+                        "folder holds no tokenizer files; copy the model's vocab.txt / tokenizer.json into it")
+    expected, given = saved_vocab_hash(folder), vocab_hash(load_tokenizer(tokenizer_dir_for(tokenizer_setting)).get_vocab())
+    if given != expected:
+        raise UserError(f"data.tokenizer={tokenizer_setting} is another vocabulary than train.init={folder}'s "
+                        f"(vocabulary hash {given}, the model's {expected}); leave data.tokenizer empty to use the "
+                        "model's own tokenizer")
+
+
+def _with_architecture(cfg: Config, folder: Path, saved: dict) -> Config:
+    """The model section from the checkpoint; a non-default config value that differs is refused, naming the key."""
+    defaults, changes = ModelConfig(), {}
+    for key, setting in ARCHITECTURE.items():
+        if not setting.startswith("model."):  # the vocabulary size follows the tokenizer (checked at load)
+            continue
+        name = setting.removeprefix("model.")
+        ours, theirs = getattr(cfg.model, name), saved.get(key)
+        if ours != theirs and ours != getattr(defaults, name):
+            raise UserError(f"train.init={folder} has {key}={theirs}, the config sets {setting}={ours}; drop "
+                            f"{setting} (the model's own is taken) or set it to {theirs}")
+        if ours != theirs:
+            changes[name] = theirs
+    multiple = cfg.model.pad_vocab_multiple
+    if saved.get("vocab_size", 0) % multiple and multiple == defaults.pad_vocab_multiple:
+        changes["pad_vocab_multiple"] = 1  # an unpadded embedding (bert-base-uncased: 30,522 rows)
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **changes)) if changes else cfg
+
+
+def initial_model(cfg: Config, tokenizer, resuming: bool, log: Callable[[str], None]) -> BertForPreTraining:
+    """The run's BERT before any resume: fresh (seeded by train.seed), then train.init's weights unless resuming."""
+    set_seed(cfg.train.seed)  # weight init and dropout draw from torch's default generator (loop.rng_states)
+    model = build_model(cfg.model, len(tokenizer), tokenizer.pad_token_id)
+    if cfg.train.init and not resuming:  # a resume loads its checkpoint's weights instead
+        load_init_weights(model, Path(cfg.train.init), log)
+    if cfg.train.compile:
+        compile_model(model)
+    return model
+
+
+def load_init_weights(model: BertForPreTraining, folder: Path, log: Callable[[str], None]) -> None:
+    """train.init's weights into a freshly built model; a pooler or NSP head the folder lacks stays fresh."""
+    rows = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("vocab_size")
+    if rows != model.config.vocab_size:
+        raise UserError(f"train.init={folder} has vocab_size={rows} embedding rows, this config builds "
+                        f"{model.config.vocab_size} (the tokenizer's tokens padded to a multiple of "
+                        "model.pad_vocab_multiple); set model.pad_vocab_multiple so that they match (1: no padding)")
+    names = [current_name(name) or "" for name in weight_shapes(folder / WEIGHTS_FILE)]
+    fresh = [part for prefix, part in _FRESH_PARTS.items() if not any(name.startswith(prefix) for name in names)]
+    load_weights(model, folder / WEIGHTS_FILE, allowed_missing=MASKED_LM_MISSING)
+    note = f"; it has no {' and no '.join(fresh)}: {'they start' if len(fresh) > 1 else 'it starts'} fresh" if fresh else ""
+    log(f"starting from the weights of {folder} (weights only: optimizer, step and schedules start fresh){note}")

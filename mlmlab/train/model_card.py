@@ -1,0 +1,169 @@
+"""The exported model folder with its model card (README.md): what a colleague needs to pick the model up.
+
+The card is made from what the checkpoint and the run record: the model's config.json, the
+checkpoint's trainer_state.json (steps, tokens, seconds), the run's config, the prepared
+data's meta.json (files, documents, token counts) and the held-out evaluation. The end of
+``pretrain`` and ``mlmlab export`` both write the folder through ``export_model_folder``, so
+the two give the same folder for the same checkpoint.
+"""
+
+import json
+import math
+import shlex
+import shutil
+from pathlib import Path
+
+from mlmlab import choices, jsonio
+from mlmlab.config import Config, to_dict
+from mlmlab.data.tokenizer import folder_vocab_size
+from mlmlab.masking.strategies import EVAL_RATE
+from mlmlab.model import VOCAB_HASH_KEY, WEIGHTS_FILE, weight_shapes
+from mlmlab.train.checkpoint import MODEL_DIR, TRAINER_STATE
+
+CARD = "README.md"
+
+
+def export_model_folder(checkpoint_dir: Path, out: Path, cfg: Config, evaluation: dict | None,
+                        data: dict[str, dict | None]) -> Path:
+    """The checkpoint's model/ copied to ``out``, with the model card.
+
+    ``data``: {"train": meta, "valid": meta} of the prepared datasets (None where unknown).
+    """
+    shutil.copytree(checkpoint_dir / MODEL_DIR, out, dirs_exist_ok=True)
+    state = json.loads((checkpoint_dir / TRAINER_STATE).read_text())
+    (out / CARD).write_text(card_text(out, cfg, state, jsonio.finite_or_none(evaluation or {}), data), encoding="utf-8")
+    return out
+
+
+def card_text(folder: Path, cfg: Config, state: dict, evaluation: dict, data: dict) -> str:
+    model = json.loads((folder / "config.json").read_text())
+    parameters = sum(math.prod(shape) for shape in weight_shapes(folder / WEIGHTS_FILE).values())
+    sections = [_header(model, cfg, parameters), _usage(), _architecture(model, parameters),
+                _tokenizer(folder, model), _data(cfg, data), _masking(cfg), _training(cfg, state),
+                _evaluation(cfg, evaluation), _provenance(cfg)]
+    return "\n\n".join(sections) + "\n"
+
+
+def _header(model: dict, cfg: Config, parameters: int) -> str:
+    objective = "masked language modelling and next sentence prediction" if cfg.data.objective == choices.NSP \
+        else "masked language modelling"
+    return ("---\nlibrary_name: transformers\npipeline_tag: fill-mask\ntags: [bert, fill-mask, mlmlab]\n---\n\n"
+            f"# BERT L{model['num_hidden_layers']}/H{model['hidden_size']}, pretrained with mlmlab\n\n"
+            f"A BERT encoder of {parameters / 1e6:.1f}M parameters, pretrained by {objective} "
+            f"({'from the weights of ' + cfg.train.init if cfg.train.init else 'from random initialisation'}).")
+
+
+def _usage() -> str:
+    # No path in the card: the folder may be copied anywhere, and export and pretrain write the same card.
+    return ("## Use it\n\n```python\nfrom transformers import pipeline\n\n"
+            "fill = pipeline(\"fill-mask\", model=\"path/to/this/folder\")\n"
+            "print(fill(\"The capital of France is [MASK].\"))\n```\n\n"
+            "`AutoModelForMaskedLM`, `BertForPreTraining` (with the NSP head) and "
+            "`AutoModelForSequenceClassification` (to fine-tune; `mlmlab glue` does) load this folder.")
+
+
+def _architecture(model: dict, parameters: int) -> str:
+    return ("## Architecture\n\n| layers | hidden size | heads | feed-forward | positions | embedding rows | parameters |\n"
+            "|---|---|---|---|---|---|---|\n"
+            f"| {model['num_hidden_layers']} | {model['hidden_size']} | {model['num_attention_heads']} | "
+            f"{model['intermediate_size']} | {model['max_position_embeddings']} | {model['vocab_size']:,} | "
+            f"{parameters:,} |\n\n`BertForPreTraining`: encoder, MLM head (tied to the input embeddings) and NSP head.")
+
+
+def _tokenizer(folder: Path, model: dict) -> str:
+    settings = json.loads((folder / "tokenizer_config.json").read_text()) \
+        if (folder / "tokenizer_config.json").is_file() else {}
+    case = {True: "lowercased", False: "cased"}.get(settings.get("do_lower_case"), "case handling as its files say")
+    return (f"## Tokenizer\n\nWordPiece, {folder_vocab_size(folder):,} tokens, {case}; vocabulary hash `{model.get(VOCAB_HASH_KEY, '?')}` "
+            "(mlmlab's identity of the (id, token) pairs: data, evaluation and fine-tuning check it).")
+
+
+def _data(cfg: Config, data: dict) -> str:
+    rows = [_data_row(name, cfg.data.corpus if name == "training" else cfg.data.valid_corpus, meta)
+            for name, meta in (("training", data.get("train")), ("held-out", data.get("valid")))]
+    return ("## Data\n\n| | files | documents | corpus tokens | instances | tokens in instances |\n|---|---|---|---|---|---|\n"
+            + "\n".join(rows) + f"\n\nInstances of up to {cfg.data.max_seq_length} tokens"
+            + (f", read from the {cfg.data.text_column!r} field" if cfg.data.text_column != "text" else "")
+            + (f", documents grouped by {cfg.data.id_column!r}" if cfg.data.id_column else "") + ".")
+
+
+def _data_row(name: str, setting: list[str], meta: dict | None) -> str:
+    files = meta["corpus"] if meta else (setting or ["the sample bundled with mlmlab"])
+    shown = ", ".join(f"`{Path(f).name}`" for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    if not meta:
+        return f"| {name} | {shown} | ? | ? | ? | ? (the prepared data was not at hand at export) |"
+    return (f"| {name} | {shown} | {meta['num_documents']:,} | {meta.get('num_corpus_tokens', 0):,} | "
+            f"{meta['num_instances']:,} | {meta['num_instance_tokens']:,} |")
+
+
+def _masking(cfg: Config) -> str:
+    m, objective = cfg.masking, cfg.data.objective
+    kept = 1 - m.mask_prob - m.random_prob
+    pairs = "MLM + NSP on sentence pairs, half of them random" if objective == choices.NSP \
+        else "MLM only, packed full sentences"
+    lines = [f"- objective: `{objective}` ({pairs})",
+             f"- masking strategy: `{m.strategy}`; {m.rate:.0%} of the eligible tokens selected per sequence "
+             f"({m.mask_prob:.0%} [MASK], {m.random_prob:.0%} random token, {kept:.0%} unchanged)"
+             + (", whole words" if m.whole_word else "")
+             + (f", {m.dupe_factor} fixed masks per example" if m.strategy == choices.STATIC else ""),
+             f"- mask rate schedule: `{m.rate_schedule}`"
+             + (f" from {m.rate_start:.0%}" if m.rate_schedule == choices.LINEAR_DECAY else "")]
+    if m.strategy == choices.ADAPTIVE:
+        lines.append(f"- adaptive masking: scorer `{m.scorer}`, schedule `{m.adapt_schedule}`, a_max {m.a_max}, "
+                     f"floor {m.floor}, normalize `{m.normalize}`, scored every {m.score_every} step(s)"
+                     + (", frequency-neutral" if m.frequency_neutral else ""))
+    return "## Objective and masking\n\n" + "\n".join(lines)
+
+
+def _training(cfg: Config, state: dict) -> str:
+    t = cfg.train
+    minutes = state.get("seconds", 0.0) / 60
+    return ("## Training\n\n"
+            f"- {state['step']:,} steps, {state.get('tokens', 0):,} tokens seen (non-padding), {minutes:.1f} min of training\n"
+            f"- batch {t.batch_size} x {t.grad_accum} accumulation per process; AdamW, peak LR {t.lr:g}, "
+            f"{t.warmup_steps} warmup steps, `{t.lr_schedule}` decay over the last {t.decay_fraction:.0%} of the budget; "
+            f"weight decay {t.weight_decay}, seed {t.seed}\n"
+            f"- started from: {('`' + t.init + '` (weights only)') if t.init else 'random initialisation'}")
+
+
+def _evaluation(cfg: Config, evaluation: dict) -> str:
+    if not evaluation:
+        return ("## Held-out evaluation\n\nNot measured at this step; `mlmlab evaluate --model THIS_FOLDER --data FILES` "
+                "measures it.")
+    nsp = evaluation.get("nsp_accuracy")
+    figures = [("perplexity", f"{evaluation['perplexity']:.2f}"), ("MLM accuracy", f"{evaluation['mlm_accuracy']:.4f}"),
+               ("NSP accuracy", f"{nsp:.4f}" if nsp is not None else "–"), ("masked tokens", f"{evaluation['masked_tokens']:,}")]
+    return ("## Held-out evaluation\n\n| " + " | ".join(name for name, _ in figures) + " |\n|" + "---|" * len(figures)
+            + "\n| " + " | ".join(value for _, value in figures) + " |\n\n"
+            f"Uniform {EVAL_RATE:.0%} masks from a fixed seed whatever the training strategy (so strategies compare), "
+            f"{cfg.train.eval_batches} batches of {cfg.train.batch_size} held-out instances.")
+
+
+def _provenance(cfg: Config) -> str:
+    return ("## How it was made\n\n```bash\n" + command_for(cfg) + "\n```\n\n"
+            "The run's `config.yaml` holds the whole resolved config; this command gives it with the defaults of "
+            "the mlmlab version that trained the model.")
+
+
+def command_for(cfg: Config) -> str:
+    """``mlmlab pretrain`` with every setting that differs from the defaults: the command that gives this config."""
+    ours, defaults = _flat(to_dict(cfg)), _flat(to_dict(Config()))
+    words = ["mlmlab", "pretrain"]
+    if cfg.train.init:
+        words += ["--init", cfg.train.init]
+    words += [f"{key}={_value(value)}" for key, value in ours.items()
+              if value != defaults[key] and key != "train.init"]
+    return shlex.join(words)
+
+
+def _flat(tree: dict) -> dict:
+    return {f"{section}.{key}": value for section, values in tree.items() for key, value in values.items()}
+
+
+def _value(value) -> str:
+    """A config value as an override spells it (YAML)."""
+    if isinstance(value, list):
+        return value[0] if len(value) == 1 else "[" + ",".join(value) + "]"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "null" if value is None else str(value)
