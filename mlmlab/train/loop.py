@@ -60,6 +60,13 @@ class TrainerState:
     bad_steps: int = 0  # consecutive non-finite losses
     warmup_end_progress: float = 0.0  # time budgets: where LR decay may start
 
+    def advance(self, seconds: float, cfg: TrainConfig) -> None:
+        """One more step, done in ``seconds``; a time budget learns here where warmup ended."""
+        self.seconds += seconds
+        self.step += 1
+        if self.step == cfg.warmup_steps:
+            self.warmup_end_progress = training_progress(cfg, self.step, self.seconds)
+
     def state_dict(self) -> dict:
         return {**dataclasses.asdict(self), "position": self.position.state_dict()}
 
@@ -138,6 +145,29 @@ def set_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state_all(states["cuda_rng"])
 
 
+def say(accelerator, text: str) -> None:
+    """A line for people, from the main process only, above the progress bar rather than through it."""
+    if accelerator.is_main_process:
+        tqdm.write(text)
+
+
+def load_optimizer_state(module, optimizer, state: dict) -> None:
+    """Optimizer state keyed by parameter name into ``optimizer`` (FSDP shards it as it loads)."""
+    try:
+        set_optimizer_state_dict(module, optimizer, state, options=StateDictOptions(full_state_dict=True))
+    except KeyError as missing:  # e.g. state keyed by index, as mlmlab wrote it before FSDP support
+        raise UserError(f"the checkpoint holds optimizer state this mlmlab cannot read (no entry {missing}); "
+                        "resume with the mlmlab version that wrote it, or start a new train.out_dir") from None
+
+
+def run_summary(state: "TrainerState", peak_flops: float, accelerator, final_eval: dict, run_dir: Path) -> dict:
+    """What a finished run returns and writes to summary.json."""
+    return {"steps": state.step, "tokens_seen": state.tokens, "train_seconds": state.seconds,
+            **rates(state.tokens, state.flops, state.seconds, peak_flops), "eval": final_eval,
+            "distributed": accelerator.distributed_type.value, "processes": accelerator.num_processes,
+            "run_dir": str(run_dir)}
+
+
 class Trainer:
     """One pretraining run; each method does one part of the loop."""
 
@@ -154,7 +184,8 @@ class Trainer:
             self.train_store, self.valid_store, self.tokenizer = prepare_datasets(cfg.data, cfg.train.init)
         self.info = token_info_for(self.tokenizer, cfg.masking.mask_unk)
         self.corruption = Corruption(cfg.masking.mask_prob, cfg.masking.random_prob)
-        self.model = initial_model(cfg, self.tokenizer, resuming=folder is not None, log=self._log_line)
+        self.model = initial_model(cfg, self.tokenizer, resuming=folder is not None,
+                                   log=partial(say, self.accelerator))
         self.module = SparsePretraining(self.model, use_nsp=cfg.data.objective == choices.NSP)
         self.optimizer = build_optimizer(self.module, cfg.train, self.accelerator.device)
         self.strategy = build_strategy(cfg.masking, info=self.info, vocab_size=len(self.tokenizer),
@@ -165,7 +196,7 @@ class Trainer:
             self.accelerator.device, matmul_dtype(self.accelerator.mixed_precision), repeats=2, rounds=3)
         self.state = TrainerState()
         if folder is not None:
-            self._log_line(f"resuming from {folder}")
+            say(self.accelerator, f"resuming from {folder}")
             # Every process, before FSDP (if any) shards the model; another architecture or vocabulary is refused.
             checkpoint.load_resumed_weights(self.model, folder, self.tokenizer)
         self.module, self.optimizer = self.accelerator.prepare(self.module, self.optimizer)
@@ -184,12 +215,7 @@ class Trainer:
         return states
 
     def load_state_dict(self, states: dict) -> None:
-        try:
-            set_optimizer_state_dict(self.module, self.optimizer.optimizer, states["optimizer"],
-                                     options=StateDictOptions(full_state_dict=True))
-        except KeyError as missing:  # e.g. state keyed by index, as mlmlab wrote it before FSDP support
-            raise UserError(f"the checkpoint holds optimizer state this mlmlab cannot read (no entry {missing}); "
-                            "resume with the mlmlab version that wrote it, or start a new train.out_dir") from None
+        load_optimizer_state(self.module, self.optimizer.optimizer, states["optimizer"])
         self.strategy.load_state_dict(states["strategy"])
         set_rng_states(states)
         if self.accelerator.scaler is not None and "grad_scaler" in states:
@@ -244,10 +270,9 @@ class Trainer:
             with sync, self.accelerator.autocast():
                 result = self.module(**batch, mlm_denominator=mlm_denominator, nsp_denominator=nsp_denominator)
                 self.accelerator.backward(result["loss"])
-            # The forward already counted the positions its head projected (mlm_count, on the CPU).
-            flops = training_flops(self.cfg.model, self.model.config.vocab_size, batch["attention_mask"],
-                                   int(result["mlm_count"]))
             mask = batch["attention_mask"]  # (B, T): real tokens, of B * T slots padding included
+            # The forward already counted the positions its head projected (mlm_count, on the CPU).
+            flops = training_flops(self.cfg.model, self.model.config.vocab_size, mask, int(result["mlm_count"]))
             sums += torch.stack([*(result[key].detach().double() for key in keys), mask.sum().double(),
                                  torch.tensor(float(mask.numel()), dtype=torch.float64, device=mask.device), flops.double()])
             self.strategy.observe(batch, result)
@@ -283,7 +308,7 @@ class Trainer:
         with _StopRequest() as stop:
             self._train_steps(stop)
             if stop.requested:
-                self._log_line(f"SIGTERM: saving a checkpoint at step {self.state.step} before exiting")
+                say(self.accelerator, f"SIGTERM: saving a checkpoint at step {self.state.step} before exiting")
                 self._save()
                 raise SystemExit(143)
             return self._finish(stop)
@@ -296,17 +321,12 @@ class Trainer:
             while self.progress() < 1.0 and not stop.requested:
                 started = time.perf_counter()
                 out = self.train_step(batches)
-                window.add(out, self._count_step(time.perf_counter() - started))
+                elapsed = time.perf_counter() - started
+                self.state.advance(elapsed, self.cfg.train)
+                window.add(out, elapsed)
                 bar.update(1)
                 bar.set_postfix(loss=f"{out['loss']:.3f}", **window.postfix(self.peak_flops))
                 window = self._after_step(out, window)
-
-    def _count_step(self, seconds: float) -> float:
-        self.state.seconds += seconds
-        self.state.step += 1
-        if self.state.step == self.cfg.train.warmup_steps:  # a time budget learns here where warmup ended
-            self.state.warmup_end_progress = self.progress()
-        return seconds
 
     def _after_step(self, out: dict, window: _Window) -> _Window:
         """Log, evaluate and checkpoint as the config asks; the window to measure the next steps over."""
@@ -334,21 +354,14 @@ class Trainer:
     def _finish(self, stop: _StopRequest) -> dict:
         saved = self._save()  # before the final evaluation, so a SIGTERM during it leaves the run resumable
         if stop.requested:
-            self._log_line(f"SIGTERM: the final checkpoint (step {self.state.step}) is saved; exiting before "
+            say(self.accelerator, f"SIGTERM: the final checkpoint (step {self.state.step}) is saved; exiting before "
                            "the final evaluation (rerun the command to finish the run)")
             raise SystemExit(143)
-        final_eval, state = self.evaluate(self.cfg.train.eval_batches), self.state
-        summary = {"steps": state.step, "tokens_seen": state.tokens, "train_seconds": state.seconds,
-                   **rates(state.tokens, state.flops, state.seconds, self.peak_flops), "eval": final_eval,
-                   "distributed": self.accelerator.distributed_type.value, "processes": self.accelerator.num_processes,
-                   "run_dir": str(self.run_dir)}
-        self.metrics.write({"step": state.step, "eval": final_eval})
+        final_eval = self.evaluate(self.cfg.train.eval_batches)
+        summary = run_summary(self.state, self.peak_flops, self.accelerator, final_eval, self.run_dir)
+        self.metrics.write({"step": self.state.step, "eval": final_eval})
         if self.accelerator.is_main_process:  # the final model is the last checkpoint's: copied, with its model card
             export_model_folder(saved, self.run_dir / checkpoint.MODEL_DIR, self.cfg, final_eval,
                                 {"train": self.train_store.meta, "valid": self.valid_store.meta})
             (self.run_dir / "summary.json").write_text(jsonio.dumps(summary, indent=1))
         return summary
-
-    def _log_line(self, text: str) -> None:
-        if self.accelerator.is_main_process:
-            tqdm.write(text)  # above the progress bar, not through it
