@@ -33,8 +33,8 @@ def make_accelerator(cfg: Config) -> Accelerator:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     else:  # hosts of one machine type differ in bf16 units: say which one this run had
-        accelerator.print(f"precision {accelerator.mixed_precision} (train.precision={cfg.train.precision}) "
-                          f"on {describe_cpu()}")
+        used = {"no": choices.FP32}.get(accelerator.mixed_precision, accelerator.mixed_precision)
+        accelerator.print(f"precision {used} (train.precision={cfg.train.precision}) on {describe_cpu()}")
     check_fsdp(accelerator, cfg)
     return accelerator
 
