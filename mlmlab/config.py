@@ -274,6 +274,11 @@ def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 
+def flat_keys(tree: dict) -> dict:
+    """{"section.key": value} of a config tree (to_dict's, or a config.yaml read back)."""
+    return {f"{section}.{key}": value for section, values in tree.items() for key, value in (values or {}).items()}
+
+
 def config_text(cfg: Config) -> str:
     """The resolved config as YAML: what a run folder records and a rerun compares against."""
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)

@@ -18,6 +18,19 @@ def isolated_cache(tmp_path_factory):
     os.environ["MLMLAB_CACHE"] = str(tmp_path_factory.mktemp("mlmlab-cache") / "prepared")
 
 
+@pytest.fixture(scope="module")
+def no_progress_bars():
+    """As on a command line: there mlmlab.cli sets HF_HUB_DISABLE_PROGRESS_BARS before transformers is
+    imported, which reads it once; in this process it was imported earlier."""
+    from transformers.utils import logging
+
+    from mlmlab.restoring import restoring
+
+    with restoring(logging.is_progress_bar_enabled,
+                   lambda on: logging.enable_progress_bar() if on else logging.disable_progress_bar(), False):
+        yield
+
+
 @pytest.fixture(scope="session")
 def bert_tokenizer(tmp_path_factory):
     from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer

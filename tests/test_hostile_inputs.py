@@ -72,17 +72,7 @@ def write_glue_task(folder: Path, rows: int = 24) -> None:
         (folder / name).write_text("sentence\tlabel\n" + lines)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def no_progress_bars():
-    """As on a command line: there mlmlab.cli sets HF_HUB_DISABLE_PROGRESS_BARS before transformers is
-    imported, which reads it once; in this process it was imported earlier."""
-    from transformers.utils import logging
-
-    enabled = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()
-    yield
-    if enabled:
-        logging.enable_progress_bar()
+pytestmark = pytest.mark.usefixtures("no_progress_bars")
 
 
 @pytest.fixture(scope="module")

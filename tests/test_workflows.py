@@ -30,16 +30,7 @@ PHASE_1 = [*TINY, *COMMON, "data.max_seq_length=64", "model.max_position_embeddi
            "train.save_every=10", "train.keep_last=0"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def no_progress_bars():
-    """As on a command line (mlmlab.cli sets HF_HUB_DISABLE_PROGRESS_BARS before transformers is imported)."""
-    from transformers.utils import logging
-
-    enabled = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()
-    yield
-    if enabled:
-        logging.enable_progress_bar()
+pytestmark = pytest.mark.usefixtures("no_progress_bars")
 
 
 @pytest.fixture(scope="module")

@@ -90,8 +90,9 @@ def prepare_datasets(data: DataConfig, model_dir: str = ""):
     corpora, settings = _corpora_and_settings(data, model_dir)
     train, valid = (TokenStore(prepare(corpora[split], **settings)) for split in ("train", "valid"))
     tokenizer = load_tokenizer(settings["tokenizer_dir"])
+    expected = vocab_hash(tokenizer.get_vocab())
     for store in (train, valid):
-        require_vocab(store, vocab_hash(tokenizer.get_vocab()), f"data.tokenizer ({settings['tokenizer_dir']})")
+        require_vocab(store, expected, f"data.tokenizer ({settings['tokenizer_dir']})")
     return train, valid, tokenizer
 
 

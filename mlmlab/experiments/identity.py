@@ -14,21 +14,16 @@ import dataclasses
 import hashlib
 import json
 
-from mlmlab.config import Config, to_dict
+from mlmlab.config import Config, flat_keys, to_dict
 
 # Set for every run by the study (budget, seeds), whatever its preset and base say.
 STUDY_SET_KEYS = ("train.max_steps", "train.warmup_steps", "train.seed", "masking.seed")
 NOT_IDENTITY = ("train.out_dir",)  # where a run lives, not what it computes
 
 
-def flat(tree: dict) -> dict:
-    """{"section.key": value} of a config tree."""
-    return {f"{section}.{key}": value for section, values in tree.items() for key, value in values.items()}
-
-
 def identity_hash(cfg: Config, explicit_keys, datasets: dict, settings: dict) -> str:
     """12 hex digits over the explicitly set config values, the datasets' hashes and the study's other settings."""
-    values = flat(to_dict(cfg))
+    values = flat_keys(to_dict(cfg))
     chosen = {key: values[key] for key in sorted(set(explicit_keys) | set(STUDY_SET_KEYS)) if key not in NOT_IDENTITY}
     text = json.dumps({"config": chosen, "datasets": datasets, **settings}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
@@ -36,7 +31,7 @@ def identity_hash(cfg: Config, explicit_keys, datasets: dict, settings: dict) ->
 
 def config_changes(recorded: dict, planned: dict) -> list[str]:
     """"key: old -> new" for every key both config trees have and that differs (folders aside)."""
-    old, new = flat(recorded), flat(planned)
+    old, new = flat_keys(recorded), flat_keys(planned)
     return [f"{key}: {old[key]!r} -> {new[key]!r}" for key in sorted(old.keys() & new.keys())
             if key not in NOT_IDENTITY and old[key] != new[key]]
 

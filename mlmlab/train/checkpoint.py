@@ -30,7 +30,7 @@ import torch
 import yaml
 from transformers import BertConfig, BertForPreTraining
 
-from mlmlab.config import Config, config_text, from_dict
+from mlmlab.config import Config, config_text, flat_keys, from_dict
 from mlmlab.data.tokenizer import vocab_hash
 from mlmlab.errors import UserError
 from mlmlab.files import STAGING_PREFIX, building, file_sha256
@@ -132,12 +132,8 @@ def config_diff(before: str | None, after: str) -> dict | None:
     """{"section.key": [old, new]} of two config.yaml texts; None when the old one is unknown."""
     if before is None:
         return None
-    old, new = (_flat(yaml.safe_load(text) or {}) for text in (before, after))
+    old, new = (flat_keys(yaml.safe_load(text) or {}) for text in (before, after))
     return {key: [old.get(key), new.get(key)] for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)}
-
-
-def _flat(tree: dict) -> dict:
-    return {f"{section}.{key}": value for section, values in tree.items() for key, value in (values or {}).items()}
 
 
 # ----- writing -----------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from mlmlab import choices, jsonio
-from mlmlab.config import Config, to_dict
+from mlmlab.config import Config, flat_keys, to_dict
 from mlmlab.data.tokenizer import folder_vocab_size
 from mlmlab.masking.strategies import EVAL_RATE
 from mlmlab.model import VOCAB_HASH_KEY, WEIGHTS_FILE, weight_shapes
@@ -147,17 +147,13 @@ def _provenance(cfg: Config) -> str:
 
 def command_for(cfg: Config) -> str:
     """``mlmlab pretrain`` with every setting that differs from the defaults: the command that gives this config."""
-    ours, defaults = _flat(to_dict(cfg)), _flat(to_dict(Config()))
+    ours, defaults = flat_keys(to_dict(cfg)), flat_keys(to_dict(Config()))
     words = ["mlmlab", "pretrain"]
     if cfg.train.init:
         words += ["--init", cfg.train.init]
     words += [f"{key}={_value(value)}" for key, value in ours.items()
               if value != defaults[key] and key != "train.init"]
     return shlex.join(words)
-
-
-def _flat(tree: dict) -> dict:
-    return {f"{section}.{key}": value for section, values in tree.items() for key, value in values.items()}
 
 
 def _value(value) -> str:
