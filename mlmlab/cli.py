@@ -156,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", choices=choices.OBJECTIVES, default=choices.NSP)
     p.add_argument("--short-seq-prob", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=12345)
-    p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker processes (default: every core this process may use); the data do not depend on it")
     p.add_argument("--out", default=None, help="dataset folder (default: the cache, named by a hash of inputs)")
     p.set_defaults(func=cmd_prepare)
 

@@ -49,6 +49,7 @@ class DataConfig:
     objective: str = choices.NSP  # "nsp": sentence pairs + NSP loss; "mlm": packed full sentences, no NSP
     short_seq_prob: float = 0.1  # google-research/bert: share of instances with a shorter target length
     prepare_seed: int = 12345  # NSP pair sampling; part of the prepared dataset's hash
+    prepare_workers: int = 0  # processes preparing a dataset not yet prepared; 0: every core this process may use
     loader_workers: int = 1  # DataLoader worker processes that prefetch batches
     bucket_batches: int = 50  # sort each run of this many batches by length (less padding); 0: plain shuffle
 
@@ -203,7 +204,7 @@ _LEAST = (
     ("model.hidden_size", 1, 128), ("model.num_layers", 1, 2), ("model.num_heads", 1, 2),
     ("model.intermediate_size", 1, 512), ("model.max_position_embeddings", 1, 512),
     ("model.pad_vocab_multiple", 1, 64), ("data.max_seq_length", 8, 128), ("data.prepare_seed", 0, 12345),
-    ("data.loader_workers", 0, 1), ("data.bucket_batches", 0, 50), ("train.warmup_steps", 0, 100),
+    ("data.prepare_workers", 0, 2), ("data.loader_workers", 0, 1), ("data.bucket_batches", 0, 50), ("train.warmup_steps", 0, 100),
     ("train.log_every", 1, 20), ("train.eval_every", 0, 200), ("train.eval_batches", 1, 20),
     ("train.save_every", 0, 200), ("train.keep_last", 0, 2), ("train.max_bad_steps", 1, 5),
 )

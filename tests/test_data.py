@@ -324,15 +324,35 @@ def test_prepare_reuses_hash_folder_and_refuses_a_different_one(vocab_dir, tmp_p
         prepare(corpus, vocab_dir, 64, out_dir=tmp_path / "junk", num_workers=1)
 
 
-def test_results_identical_with_one_and_two_workers(vocab_dir, tmp_path):
+def test_results_identical_with_any_number_of_workers(vocab_dir, tmp_path):
     folders = [
         prepare(SAMPLE / "valid.txt.gz", vocab_dir, 64, out_dir=tmp_path / f"w{n}", num_workers=n, docs_per_shard=40)
-        for n in (1, 2)
+        for n in (1, 2, 3)  # each chunk of 40 documents is tokenized in 1, 2 or 3 parts
     ]
     files = sorted(p.relative_to(folders[0]) for p in folders[0].rglob("*.npy"))
     assert len(files) > 8 * 3  # several shards
     for relative in files:
-        assert (folders[0] / relative).read_bytes() == (folders[1] / relative).read_bytes(), relative
+        for other in folders[1:]:
+            assert (folders[0] / relative).read_bytes() == (other / relative).read_bytes(), (other, relative)
+
+
+def test_pretrain_passes_its_prepare_worker_count(monkeypatch):
+    from mlmlab.config import load_config
+    from mlmlab.data import resolve
+
+    asked = []
+    real_prepare = resolve.prepare
+
+    def recording_prepare(*args, **kwargs):
+        asked.append(kwargs["num_workers"])
+        return real_prepare(*args, **kwargs)
+
+    monkeypatch.setattr(resolve, "prepare", recording_prepare)
+    data = load_config("tiny").data
+    resolve.prepare_datasets(data)  # default 0: every core (prepare's None)
+    data.prepare_workers = 1
+    resolve.prepare_datasets(data)
+    assert asked == [None, None, 1, 1]  # train and valid each time
 
 
 def test_mlm_objective_blocks_fit_and_carry_no_nsp_label(vocab_dir, tmp_path):

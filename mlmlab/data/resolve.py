@@ -88,7 +88,8 @@ def _corpora_and_settings(data: DataConfig, model_dir: str) -> tuple[dict, dict]
 def prepare_datasets(data: DataConfig, model_dir: str = ""):
     """(train TokenStore, valid TokenStore, tokenizer) for a config's data section, preparing what is missing."""
     corpora, settings = _corpora_and_settings(data, model_dir)
-    train, valid = (TokenStore(prepare(corpora[split], **settings)) for split in ("train", "valid"))
+    workers = data.prepare_workers or None  # None: every core
+    train, valid = (TokenStore(prepare(corpora[split], num_workers=workers, **settings)) for split in ("train", "valid"))
     tokenizer = load_tokenizer(settings["tokenizer_dir"])
     expected = vocab_hash(tokenizer.get_vocab())
     for store in (train, valid):

@@ -1,9 +1,10 @@
 """The prepared dataset: a folder of memory-mapped shards, named by a hash of what made it.
 
-`prepare` streams the corpus in chunks of `docs_per_shard` documents, turns each chunk into
-one shard in a worker process, and publishes the folder with one atomic rename, so a
-folder with meta.json is always complete. The main process holds at most two waves of
-chunks plus per-shard counts, so memory does not grow with the corpus.
+`prepare` streams the corpus in chunks of `docs_per_shard` documents and turns each chunk into
+one shard: the chunk's documents are tokenized in pieces on every worker process, then one
+worker builds the shard's instances from the whole chunk. The folder is published with one
+atomic rename, so a folder with meta.json is always complete. The main process holds at
+most two chunks plus per-shard counts, so memory does not grow with the corpus.
 
 Limitation: a random NSP B is drawn from another document *of the same chunk*, not of
 the whole corpus; chunks are large (2000 documents by default), so a model cannot
@@ -27,6 +28,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from itertools import chain, count, islice
@@ -63,10 +65,18 @@ class _BuildConfig:
 
 
 @dataclass(frozen=True)
-class _ShardTask:
+class _Chunk:
+    """The documents of one shard, as read: shard ``index`` holds the corpus's documents from ``first_doc`` on."""
+
     index: int
     first_doc: int
     paragraph_docs: list[list[str]]
+
+
+@dataclass(frozen=True)
+class _ShardSpec:
+    """What building any shard needs besides its documents."""
+
     config: _BuildConfig
     out_dir: str
     cls_id: int
@@ -174,10 +184,15 @@ def _validated_config(objective, max_seq_length, short_seq_prob, seed, docs_per_
 
 def _validated_workers(num_workers: int | None) -> int:
     if num_workers is None:
-        return min(4, os.cpu_count() or 1)
+        return available_cores()
     if num_workers < 1:
         raise UserError(f"num_workers {num_workers} must be at least 1")
     return num_workers
+
+
+def available_cores() -> int:
+    """The cores this process may run on (a container's or taskset's limit, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _tokenizer_sha256(tokenizer_dir: Path) -> str:
@@ -213,11 +228,11 @@ def _holds_dataset(target: Path, digest: str) -> bool:
 def _build(paths, columns, tokenizer, tokenizer_dir, config, digest, staging: Path, num_workers: int) -> None:
     shutil.copytree(tokenizer_dir, staging / "tokenizer")
     vocab_size = len(tokenizer)
-    tasks = _shard_tasks(paths, columns, config, staging, tokenizer, vocab_size)
+    spec = _ShardSpec(config, str(staging), tokenizer.cls_token_id, tokenizer.sep_token_id, vocab_size)
     context = multiprocessing.get_context()
     initargs = (tokenizer.backend_tokenizer.to_str(),)
     with context.Pool(num_workers, initializer=_init_worker, initargs=initargs) as pool:
-        summaries = _in_waves(pool, tasks, wave_size=num_workers)
+        summaries = _built_shards(pool, _chunks(paths, columns, config.docs_per_shard), spec, pieces=num_workers)
         totals = _accumulate(summaries, vocab_size)
     if totals["num_instances"] == 0:
         raise UserError(
@@ -271,38 +286,55 @@ def lost_text_warning(meta: dict) -> str | None:
     return f"mlmlab: warning: only {token_use(meta)}; {'; '.join(causes) or 'instances were truncated'}"
 
 
-def _shard_tasks(paths, columns, config, staging, tokenizer, vocab_size) -> Iterator[_ShardTask]:
+def _chunks(paths, columns, docs_per_shard: int) -> Iterator[_Chunk]:
     documents = read_paragraph_documents(paths, columns)
     first_doc = 0
     for index in count():
-        chunk = list(islice(documents, config.docs_per_shard))
-        if not chunk:
+        paragraph_docs = list(islice(documents, docs_per_shard))
+        if not paragraph_docs:
             return
-        yield _ShardTask(
-            index=index,
-            first_doc=first_doc,
-            paragraph_docs=chunk,
-            config=config,
-            out_dir=str(staging),
-            cls_id=tokenizer.cls_token_id,
-            sep_id=tokenizer.sep_token_id,
-            vocab_size=vocab_size,
-        )
-        first_doc += len(chunk)
+        yield _Chunk(index, first_doc, paragraph_docs)
+        first_doc += len(paragraph_docs)
 
 
-def _in_waves(pool, tasks: Iterable[_ShardTask], wave_size: int) -> Iterator[_ShardSummary]:
-    """Pool.imap in order, but at most two waves in flight.
+def _built_shards(pool, chunks: Iterable[_Chunk], spec: _ShardSpec, pieces: int) -> Iterator[_ShardSummary]:
+    """Every chunk tokenized in ``pieces`` parts across the pool, then built into its shard; summaries in order.
 
-    Plain `pool.imap(f, tasks)` reads the whole corpus into its task queue ahead of the
-    workers; here the next wave is read while the workers process the current one.
+    The pool's queue is first in, first out: chunk k's build is queued behind chunk k+1's
+    pieces, so every worker stays busy, and a corpus of a single chunk still uses every core.
+    A shard depends only on its chunk's documents and index, never on how they were split
+    for tokenizing, so the data is the same whatever the number of workers.
     """
-    in_flight: Iterator[_ShardSummary] = iter(())
-    while wave := list(islice(tasks, wave_size)):
-        submitted = pool.imap(_build_shard, wave)
-        yield from in_flight
-        in_flight = submitted
-    yield from in_flight
+    tokenizing: deque = deque()  # (chunk, its pieces' pending results): at most two chunks
+    building: deque = deque()  # pending shard summaries, in chunk order
+    for chunk in chunks:
+        parts = [pool.apply_async(_tokenize, part) for part in _split(chunk, pieces)]
+        tokenizing.append((chunk, parts))
+        if len(tokenizing) > 1:
+            building.append(_build_async(pool, *tokenizing.popleft(), spec))
+        if len(building) > 1:
+            yield building.popleft().get()
+    while tokenizing:
+        building.append(_build_async(pool, *tokenizing.popleft(), spec))
+    while building:
+        yield building.popleft().get()
+
+
+def _split(chunk: _Chunk, pieces: int) -> list[tuple[list[list[str]], int]]:
+    """(paragraph documents, corpus index of the first) of up to ``pieces`` consecutive parts of a chunk."""
+    size = -(-len(chunk.paragraph_docs) // pieces)  # ceiling: no part is empty
+    return [(chunk.paragraph_docs[start : start + size], chunk.first_doc + start)
+            for start in range(0, len(chunk.paragraph_docs), size)]
+
+
+def _build_async(pool, chunk: _Chunk, parts: list, spec: _ShardSpec):
+    """Wait for a chunk's tokenized parts, then queue the build of its shard; the pending summary."""
+    documents, doc_ids = [], []
+    for part in parts:
+        part_documents, part_ids = part.get()
+        documents += part_documents
+        doc_ids += part_ids
+    return pool.apply_async(_build_shard, (chunk.index, len(chunk.paragraph_docs), documents, doc_ids, spec))
 
 
 def _accumulate(summaries: Iterable[_ShardSummary], vocab_size: int) -> dict:
@@ -323,8 +355,8 @@ def _token_dtype(vocab_size: int) -> type:
     return np.uint16 if vocab_size <= 65536 else np.int32
 
 
-# Worker side. Each worker process parses the tokenizer once (initializer), then builds
-# whole shards; only a small summary travels back to the main process.
+# Worker side. Each worker process parses the tokenizer once (initializer), then tokenizes
+# parts of chunks and builds shards; a shard's summary is all that travels back from a build.
 _worker_tokenizer: Tokenizer | None = None
 
 
@@ -337,32 +369,32 @@ def _init_worker(tokenizer_json: str) -> None:
     _worker_tokenizer.encode_special_tokens = True
 
 
-def _build_shard(task: _ShardTask) -> _ShardSummary:
-    documents, doc_ids = _tokenize(task.paragraph_docs, task.first_doc)
-    config = task.config
+def _build_shard(index: int, num_documents: int, documents: list[list[list[int]]], doc_ids: list[int],
+                 spec: _ShardSpec) -> _ShardSummary:
+    config = spec.config
     if config.objective == choices.NSP:
         # Keyed by chunk index, so shards do not depend on the number of workers.
-        rng = np.random.default_rng([config.seed, task.index])
+        rng = np.random.default_rng([config.seed, index])
         instances = create_nsp_instances(
-            documents, doc_ids, config.max_seq_length, config.short_seq_prob, task.cls_id, task.sep_id, rng
+            documents, doc_ids, config.max_seq_length, config.short_seq_prob, spec.cls_id, spec.sep_id, rng
         )
     else:
-        instances = create_mlm_blocks(documents, doc_ids, config.max_seq_length, task.cls_id, task.sep_id)
-    name = f"shard_{task.index:05d}"
-    _write_shard(Path(task.out_dir) / name, instances, _token_dtype(task.vocab_size))
+        instances = create_mlm_blocks(documents, doc_ids, config.max_seq_length, spec.cls_id, spec.sep_id)
+    name = f"shard_{index:05d}"
+    _write_shard(Path(spec.out_dir) / name, instances, _token_dtype(spec.vocab_size))
     corpus_tokens = np.fromiter(chain.from_iterable(chain.from_iterable(documents)), dtype=np.int64)
     # Counted from what was built, after it was built: the instances themselves are unaffected.
     room = config.max_seq_length - (3 if config.objective == choices.NSP else 2)
     return _ShardSummary(
         name=name,
-        num_documents=len(task.paragraph_docs),
+        num_documents=num_documents,
         num_instances=len(instances),
         num_instance_tokens=sum(len(x.input_ids) for x in instances),
         num_random_next=sum(x.next_sentence_label == RANDOM_NEXT for x in instances),
-        num_used_tokens=sum(_own_tokens(x, task.sep_id) for x in instances),
+        num_used_tokens=sum(_own_tokens(x, spec.sep_id) for x in instances),
         long_sentences=sum(len(segment) > room for document in documents for segment in document),
         one_sentence_documents=sum(len(document) == 1 for document in documents) if config.objective == choices.NSP else 0,
-        token_counts=np.bincount(corpus_tokens, minlength=task.vocab_size),
+        token_counts=np.bincount(corpus_tokens, minlength=spec.vocab_size),
     )
 
 
@@ -375,10 +407,14 @@ def _own_tokens(instance, sep_id: int) -> int:
 
 
 def _tokenize(paragraph_docs: list[list[str]], first_doc: int) -> tuple[list[list[list[int]]], list[int]]:
-    """Sentence-split and tokenize; drop sentences with no tokens and documents with none left."""
+    """Sentence-split and tokenize; drop sentences with no tokens and documents with none left.
+
+    Returns (documents, each a list of sentences' token ids; their corpus indices).
+    """
     sentence_docs = [document_sentences(paragraphs) for paragraphs in paragraph_docs]
     flat = [sentence for sentences in sentence_docs for sentence in sentences]
-    encodings = iter(_worker_tokenizer.encode_batch(flat, add_special_tokens=False))
+    # _fast: the same ids without character offsets, which nothing here reads.
+    encodings = iter(_worker_tokenizer.encode_batch_fast(flat, add_special_tokens=False))
     documents, doc_ids = [], []
     for position, sentences in enumerate(sentence_docs):
         segments = [ids for ids in (next(encodings).ids for _ in sentences) if ids]
