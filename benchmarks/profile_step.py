@@ -1,0 +1,77 @@
+"""Where a training step's time goes: torch.profiler over mlmlab's step and the hf-sparse anchor's.
+
+The arms are throughput.py's, built with its equal settings (same precision and dropout),
+so a gap in its "vs hf-sparse, equal settings" line can be traced here: the operators each
+arm spends its CPU time in, and the time of mlmlab's phases outside the model (masking,
+the step's bookkeeping, gradient clipping, the optimizer).
+
+    python benchmarks/profile_step.py                  # tiny, 10 profiled steps per arm
+    python benchmarks/profile_step.py --preset mini --rows 30
+"""
+
+import argparse
+import functools
+import tempfile
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from mlmlab.devices import describe_cpu
+from throughput import build_arms, time_arm
+
+
+# mlmlab's phases, each timed as a whole (operators inside included).
+PHASES = {"masking": "_masked_micro_batches", "optimizer update": "_apply_update"}
+
+
+def label_phases(trainer) -> None:
+    """Wrap the trainer's phase methods in profiler ranges named "phase: ..."."""
+    for label, method in PHASES.items():
+        original = getattr(trainer, method)
+        setattr(trainer, method, _in_range(f"phase: {label}", original))
+    trainer.strategy.observe = _in_range("phase: strategy.observe", trainer.strategy.observe)
+
+
+def _in_range(label: str, function):
+    @functools.wraps(function)
+    def wrapped(*args, **kwargs):
+        with record_function(label):
+            return function(*args, **kwargs)
+    return wrapped
+
+
+def profiled(step, steps: int):
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    return prof
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rows", type=int, default=20)
+    args = parser.parse_args(argv)
+    args.set = []
+    print(f"{describe_cpu()}; torch {torch.__version__}, threads {torch.get_num_threads()}")
+    with tempfile.TemporaryDirectory() as folder:
+        arms, trainer = build_arms(args.preset, args, folder)
+        label_phases(trainer)
+        for name in ("hf-sparse", "mlmlab"):
+            time_arm(arms[name], args.warmup, trainer.accelerator.device)
+            prof = profiled(arms[name], args.steps)
+            averages = prof.key_averages()
+            total = sum(event.self_cpu_time_total for event in averages) / 1e3 / args.steps
+            print(f"\n{name}: {total:.1f} ms of operator self time per step")
+            for event in averages:
+                if event.key.startswith("phase: "):
+                    print(f"  {event.key:<32} {event.cpu_time_total / 1e3 / args.steps:8.2f} ms per step")
+            print(averages.table(sort_by="self_cpu_time_total", row_limit=args.rows))
+
+
+if __name__ == "__main__":
+    main()
