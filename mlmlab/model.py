@@ -67,11 +67,14 @@ def load_weights(model: nn.Module, path: Path, allowed_missing: tuple[str, ...] 
     shapes = weight_shapes(path)
     names = {name: current_name(name) for name in shapes}
     for name, shape in shapes.items():
-        if names[name] is not None and names[name] not in expected:
+        current = names[name]
+        if current is None:  # a saved buffer, not a weight
+            continue
+        if current not in expected:
             raise UserError(f"{path} holds {name}, which this model does not have; load it into the architecture "
                             "it was saved from (its config.json)")
-        if names[name] is not None and shape != expected[names[name]]:
-            raise UserError(f"{path} holds {name} of shape {list(shape)}, this model's is {list(expected[names[name]])}; "
+        if shape != expected[current]:
+            raise UserError(f"{path} holds {name} of shape {list(shape)}, this model's is {list(expected[current])}; "
                             "load it into the architecture it was saved from (its config.json)")
     state = {names[name]: tensor for name, tensor in load_file(str(path)).items() if names[name] is not None}
     absent = sorted(name for name in _load_state(model, state) if not name.startswith(allowed_missing))

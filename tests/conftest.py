@@ -22,12 +22,9 @@ def isolated_cache(tmp_path_factory):
 def no_progress_bars():
     """As on a command line: there mlmlab.cli sets HF_HUB_DISABLE_PROGRESS_BARS before transformers is
     imported, which reads it once; in this process it was imported earlier."""
-    from transformers.utils import logging
+    from mlmlab.evaluate.glue import progress_bars_off
 
-    from mlmlab.restoring import restoring
-
-    with restoring(logging.is_progress_bar_enabled,
-                   lambda on: logging.enable_progress_bar() if on else logging.disable_progress_bar(), False):
+    with progress_bars_off():
         yield
 
 

@@ -355,10 +355,15 @@ def load_model(model_dir: Path, task: GlueTask, init: str) -> torch.nn.Module:
 def quiet_transformers():
     """Hide the load report and progress bar: a new classifier head is expected, and checked by us instead."""
     logging = transformers.logging
-    bars_on = lambda on: logging.enable_progress_bar() if on else logging.disable_progress_bar()  # noqa: E731
-    with restoring(logging.get_verbosity, logging.set_verbosity, logging.ERROR), \
-            restoring(logging.is_progress_bar_enabled, bars_on, False):
+    with restoring(logging.get_verbosity, logging.set_verbosity, logging.ERROR), progress_bars_off():
         yield
+
+
+def progress_bars_off():
+    """transformers' progress bars off inside a ``with`` block, back as they were after it."""
+    logging = transformers.logging
+    return restoring(logging.is_progress_bar_enabled,
+                     lambda on: logging.enable_progress_bar() if on else logging.disable_progress_bar(), False)
 
 
 NEW_HEAD_PREFIXES = ("classifier.", "bert.pooler.")  # a checkpoint saved from BertForMaskedLM has no pooler
