@@ -229,6 +229,16 @@ def test_report_from_results_alone_has_tables_ci_and_honest_sentences(tmp_path, 
     assert (tmp_path / "report" / "perplexity_buckets.png").is_file()
 
 
+def test_cost_table_names_each_arms_torch_threads_and_warns_when_they_differ():
+    alike = {"dynamic": [dict(synthetic_row("dynamic", 0, 100, 900), torch_threads=2)]}
+    assert "runs were made with different" not in "\n".join(report.cost_section(alike)).lower()
+    mixed = {"dynamic": alike["dynamic"] + [dict(synthetic_row("dynamic", 1, 100, 900), torch_threads=1)],
+             "adm": [synthetic_row("adm", 0, 100, 900)]}  # a row from before threads were recorded
+    text = "\n".join(report.cost_section(mixed))
+    assert "| 1, 2 |" in text and "| ? |" in text
+    assert "seconds compare only between runs made alike" in text
+
+
 def seed_rows(arm, perplexities, rare=None):
     """Rows of one arm, one per seed, with the given perplexities (and rare-bucket perplexities)."""
     rare = rare or [900.0] * len(perplexities)

@@ -454,14 +454,24 @@ def metric_table(title: str, groups, baseline, metrics, delta_metrics=None) -> l
 
 def cost_section(groups) -> list[str]:
     header = ["arm", "budget", "steps", "batch", "tokens seen", "est. FLOPs", "scorer share of FLOPs",
-              "train s", "scorer s", "wall s (incl. eval, GLUE)"]
+              "train s", "scorer s", "wall s (incl. eval, GLUE)", "torch threads"]
     body = []
     for arm, rows in groups.items():
         mean = lambda key: np.mean([row.get(key, math.nan) for row in rows])  # noqa: E731
         body.append([arm, rows[0].get("budget", "?"), f"{mean('steps'):.0f}", f"{np.mean([sequences_per_step(row) for row in rows]):.0f}",
                      f"{mean('tokens_seen'):.3g}", f"{mean('flops'):.3g}", f"{100 * mean('scorer_share'):.1f}%",
-                     f"{mean('train_seconds'):.0f}", f"{mean('scorer_seconds'):.1f}", f"{mean('wall_seconds'):.0f}"])
-    return ["## Budget and cost (means over seeds)", ""] + markdown.table(header, body)
+                     f"{mean('train_seconds'):.0f}", f"{mean('scorer_seconds'):.1f}", f"{mean('wall_seconds'):.0f}",
+                     thread_counts(rows)])
+    lines = ["## Budget and cost (means over seeds)", ""] + markdown.table(header, body)
+    if len({row.get("torch_threads") for group in groups.values() for row in group}) > 1:
+        lines += ["", "Runs were made with different torch thread counts (or, \"?\", before rows recorded it): "
+                  "seconds compare only between runs made alike; FLOPs compare across all."]
+    return lines
+
+
+def thread_counts(rows: list[dict]) -> str:
+    """The torch thread counts an arm's runs used, e.g. "2" or "1, 2" ("?" for rows made before it was recorded)."""
+    return ", ".join(sorted({str(row.get("torch_threads", "?")) for row in rows}))
 
 
 def glue_notes(rows: list[dict]) -> list[str]:

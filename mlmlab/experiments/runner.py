@@ -18,6 +18,8 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 
+import torch
+
 import mlmlab
 from mlmlab import jsonio
 from mlmlab.config import Config, DataConfig, config_text, from_dict, set_dotted, to_dict
@@ -204,6 +206,7 @@ def make_row(run: Run, study: Study, summary: dict, scorer_seconds: float, evalu
         "train_seconds": summary["train_seconds"],  # scoring included (it happens inside the step)
         "scorer_seconds": scorer_seconds,
         "wall_seconds": time.time() - train_started,  # training, evaluation, checkpoints and GLUE
+        "torch_threads": torch.get_num_threads(),  # the seconds above depend on it (and on runs sharing the cores)
         "eval": summary["eval"],
         **evaluations,  # "glue" and "eval_data"
         "run_dir": str(Path(cfg.train.out_dir).relative_to(study.out_dir)),  # relative to results.jsonl
