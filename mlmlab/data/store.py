@@ -32,7 +32,7 @@ import os
 import shutil
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from itertools import chain, count, islice
 from pathlib import Path
 
@@ -97,12 +97,20 @@ class _TokenizedPart:
     document_sizes: np.ndarray  # int64[kept documents]: sentences in each
     doc_ids: np.ndarray  # int64[kept documents]: index in the corpus
 
+    @classmethod
+    def joined(cls, parts: list[_TokenizedPart]) -> _TokenizedPart:
+        """Consecutive parts as one."""
+        return cls(*(np.concatenate([getattr(part, field.name) for part in parts]) for field in fields(cls)))
+
     def documents(self) -> list[list[list[int]]]:
         """Each kept document as its list of sentences' ids."""
-        tokens, sentence_ends = self.tokens.tolist(), np.cumsum(self.sentence_lengths).tolist()
-        sentences = [tokens[start:end] for start, end in zip([0, *sentence_ends[:-1]], sentence_ends)]
-        document_ends = np.cumsum(self.document_sizes).tolist()
-        return [sentences[start:end] for start, end in zip([0, *document_ends[:-1]], document_ends)]
+        return _cut(_cut(self.tokens.tolist(), self.sentence_lengths), self.document_sizes)
+
+
+def _cut(items: list, sizes: np.ndarray) -> list[list]:
+    """``items`` cut into consecutive lists of ``sizes`` items each."""
+    ends = np.cumsum(sizes).tolist()
+    return [items[start:end] for start, end in zip([0, *ends[:-1]], ends)]
 
 
 @dataclass(frozen=True)
@@ -402,9 +410,8 @@ def _without_gc(function):
 
 @_without_gc
 def _build_shard(index: int, num_documents: int, parts: list[_TokenizedPart], spec: _ShardSpec) -> _ShardSummary:
-    config = spec.config
-    documents = [document for part in parts for document in part.documents()]
-    doc_ids = np.concatenate([part.doc_ids for part in parts]).tolist()
+    config, chunk = spec.config, _TokenizedPart.joined(parts)
+    documents, doc_ids = chunk.documents(), chunk.doc_ids.tolist()
     if config.objective == choices.NSP:
         # Keyed by chunk index, so shards do not depend on the number of workers.
         rng = np.random.default_rng([config.seed, index])
@@ -417,8 +424,6 @@ def _build_shard(index: int, num_documents: int, parts: list[_TokenizedPart], sp
     _write_shard(Path(spec.out_dir) / name, instances, _token_dtype(spec.vocab_size))
     # Counted from what was built, after it was built: the instances themselves are unaffected.
     room = config.max_seq_length - (3 if config.objective == choices.NSP else 2)
-    sentence_lengths = np.concatenate([part.sentence_lengths for part in parts])
-    document_sizes = np.concatenate([part.document_sizes for part in parts])
     return _ShardSummary(
         name=name,
         num_documents=num_documents,
@@ -426,9 +431,9 @@ def _build_shard(index: int, num_documents: int, parts: list[_TokenizedPart], sp
         num_instance_tokens=sum(len(x.input_ids) for x in instances),
         num_random_next=sum(x.next_sentence_label == RANDOM_NEXT for x in instances),
         num_used_tokens=sum(_own_tokens(x, spec.sep_id) for x in instances),
-        long_sentences=int((sentence_lengths > room).sum()),
-        one_sentence_documents=int((document_sizes == 1).sum()) if config.objective == choices.NSP else 0,
-        token_counts=np.bincount(np.concatenate([part.tokens for part in parts]), minlength=spec.vocab_size),
+        long_sentences=int((chunk.sentence_lengths > room).sum()),
+        one_sentence_documents=int((chunk.document_sizes == 1).sum()) if config.objective == choices.NSP else 0,
+        token_counts=np.bincount(chunk.tokens, minlength=spec.vocab_size),
     )
 
 
