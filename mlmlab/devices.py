@@ -6,6 +6,11 @@ import time
 import torch
 
 
+def compute_device() -> torch.device:
+    """Where a single-process job (evaluation, fine-tuning, export) runs: the GPU when there is one."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def synchronize(device: torch.device | str) -> None:
     """Wait for queued GPU work, so a clock read afterwards includes it (no-op on CPU)."""
     if torch.device(device).type == "cuda":

@@ -179,6 +179,7 @@ def test_interrupted_study_resumes_without_retraining(tmp_path, monkeypatch):
     assert [row["arm"] for row in first] == [row["arm"] for row in rows] == ["dynamic", "adm-entropy"]
     row = rows[1]
     assert row["steps"] == 4 and row["tokens_seen"] > 0 and row["scorer_seconds"] > 0
+    assert row["wall_seconds"] > row["train_seconds"] > row["scorer_seconds"]  # wall: set-up and evaluations too
     assert "perplexity_freq_0_1000" in row["eval"] and row["glue"] == {"skipped": "no GLUE tasks in the study"}
     assert (results.parent / row["run_dir"] / "metrics.jsonl").is_file()
 

@@ -311,9 +311,13 @@ def test_sigterm_leaves_a_resumable_checkpoint(tmp_path, during):
         signal.signal(signal.SIGTERM, previous)
     saved = checkpoint.latest(tmp_path)
     assert saved is not None and checkpoint.verify(saved) is None
+    state = json.loads((saved / "trainer_state.json").read_text())
+    assert state["elapsed"] > state["seconds"] > 0  # set-up and evaluations count in the run's wall-clock
     resumed = Trainer(cfg, validate=lambda *a, **k: {}, show_progress=False)
-    assert resumed.state.step == json.loads((saved / "trainer_state.json").read_text())["step"] >= 1
-    assert resumed.train()["steps"] == cfg.train.max_steps
+    assert resumed.state.step == state["step"] >= 1
+    summary = resumed.train()
+    assert summary["steps"] == cfg.train.max_steps
+    assert summary["wall_seconds"] > state["elapsed"]  # the time before the SIGTERM is not forgotten
 
 
 def test_prepare_reports_tokens_used_and_warns_when_text_is_lost(world, tmp_path, capsys, caplog):

@@ -27,6 +27,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from mlmlab import jsonio, markdown
 from mlmlab.data.tokenizer import vocab_hash
+from mlmlab.devices import compute_device
 from mlmlab.errors import UserError
 from mlmlab.model import VOCAB_HASH_KEY, WEIGHTS_FILE, weight_shapes
 from mlmlab.restoring import restoring
@@ -110,7 +111,7 @@ def run_glue(
     settings = {name: with_overrides(DEFAULT_SETTINGS[name], overrides) for name in resolve_task_names(tasks)}
     refuse_all_missing(list(settings), data_dir)
     context = RunContext(model_dir, load_model_tokenizer(model_dir), init, tuple(seeds), max_train_examples,
-                         write_test_predictions, show_progress, pick_device())
+                         write_test_predictions, show_progress, compute_device())
     results = {"model_dir": str(model_dir), "init": init, "seeds": list(seeds), "selection": SELECTION_NOTE,
                "max_train_examples": max_train_examples, "tasks": {}, "average": None}
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -180,10 +181,6 @@ def with_overrides(settings: FineTuneSettings, overrides: dict) -> FineTuneSetti
             "epochs and batch_size >= 1 and max_length >= 8"
         )
     return settings
-
-
-def pick_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 # ---------------------------------------------------------------- one task

@@ -19,6 +19,7 @@ from mlmlab.data.loader import LoaderPosition, iterate_batches
 from mlmlab.data.records import Columns
 from mlmlab.data.resolve import held_out_store, require_vocab
 from mlmlab.data.tokenizer import load_tokenizer
+from mlmlab.devices import compute_device
 from mlmlab.errors import UserError
 from mlmlab.masking.select import token_info_for
 from mlmlab.masking.strategies import eval_masks, frequency_buckets
@@ -126,8 +127,9 @@ def evaluate_model(model_dir, data, *, batch_size: int = 32, max_batches: int | 
                         f"{bert.config.max_position_embeddings} positions; prepare it with a smaller --max-seq-length")
     counts_path = Path(model_dir) / "token_counts.npy"
     counts = np.load(counts_path) if counts_path.is_file() else store.token_counts
-    report = evaluate_mlm(bert, store, token_info_for(tokenizer), batch_size=batch_size, max_batches=max_batches,
-                          token_counts=counts, freq_cuts=freq_cuts)
+    device = compute_device()
+    report = evaluate_mlm(bert.to(device), store, token_info_for(tokenizer), batch_size=batch_size,
+                          max_batches=max_batches, device=device, token_counts=counts, freq_cuts=freq_cuts)
     report["frequency_source"] = "pretraining corpus" if counts_path.is_file() else "evaluated data"
     return report
 

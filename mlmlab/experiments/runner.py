@@ -188,7 +188,7 @@ def held_out_reports(run: Run, study: Study) -> dict:
 
 
 def make_row(run: Run, study: Study, summary: dict, scorer_seconds: float, evaluations: dict,
-             train_started: float) -> dict:
+             evaluation_seconds: float) -> dict:
     cfg = run.config
     return {
         "key": run.key,
@@ -205,7 +205,8 @@ def make_row(run: Run, study: Study, summary: dict, scorer_seconds: float, evalu
         "tokens_seen": summary["tokens_seen"],  # non-padding tokens actually trained on
         "train_seconds": summary["train_seconds"],  # scoring included (it happens inside the step)
         "scorer_seconds": scorer_seconds,
-        "wall_seconds": time.time() - train_started,  # training, evaluation, checkpoints and GLUE
+        # Training (every process that worked on the run: resumes count), then the held-out sets and GLUE.
+        "wall_seconds": summary["wall_seconds"] + evaluation_seconds,
         "torch_threads": torch.get_num_threads(),  # the seconds above depend on it (and on runs sharing the cores)
         "eval": summary["eval"],
         **evaluations,  # "glue" and "eval_data"
@@ -220,10 +221,10 @@ def make_row(run: Run, study: Study, summary: dict, scorer_seconds: float, evalu
 
 
 def execute(run: Run, study: Study, results: Path, show_progress: bool) -> dict:
-    started = time.time()
     summary, scorer_seconds = train_run(run.config, show_progress)
+    trained = time.perf_counter()
     evaluations = {"eval_data": held_out_reports(run, study), "glue": glue_for(run, study, show_progress)}
-    row = make_row(run, study, summary, scorer_seconds, evaluations, started)
+    row = make_row(run, study, summary, scorer_seconds, evaluations, time.perf_counter() - trained)
     with open(results, "a") as handle:
         # One write per row, so concurrent shards never interleave.
         handle.write(jsonio.dumps(row) + "\n")

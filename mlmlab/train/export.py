@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mlmlab.config import Config, load_config
 from mlmlab.data.resolve import prepare_datasets
+from mlmlab.devices import compute_device
 from mlmlab.errors import UserError
 from mlmlab.masking.select import token_info_for
 from mlmlab.model import WEIGHTS_FILE, build_model, load_weights
@@ -81,6 +82,7 @@ def evaluate_checkpoint(folder: Path, cfg: Config, train, valid, tokenizer, vali
     """Held-out figures of a checkpoint, as the Trainer measures them."""
     model = build_model(cfg.model, len(tokenizer), tokenizer.pad_token_id)
     load_weights(model, folder / MODEL_DIR / WEIGHTS_FILE)  # the one weight loader; nothing may be missing
-    return validate(model, valid, token_info_for(tokenizer, cfg.masking.mask_unk), batch_size=cfg.train.batch_size,
-                    max_batches=cfg.train.eval_batches, device="cpu", token_counts=train.token_counts,
-                    freq_cuts=cfg.masking.freq_cuts)
+    device = compute_device()
+    return validate(model.to(device), valid, token_info_for(tokenizer, cfg.masking.mask_unk),
+                    batch_size=cfg.train.batch_size, max_batches=cfg.train.eval_batches, device=device,
+                    token_counts=train.token_counts, freq_cuts=cfg.masking.freq_cuts)

@@ -57,6 +57,7 @@ class TrainerState:
     tokens: int = 0  # non-padding tokens seen, all ranks
     flops: float = 0.0  # model FLOPs of the applied steps, all ranks (mfu.training_flops)
     seconds: float = 0.0  # training wall-clock, excluding evaluation and checkpoints
+    elapsed: float = 0.0  # the run's wall-clock, set-up, evaluations and checkpoints included, summed over resumes
     bad_steps: int = 0  # consecutive non-finite losses
     warmup_end_progress: float = 0.0  # time budgets: where LR decay may start
 
@@ -75,6 +76,8 @@ class TrainerState:
             if key != "position":
                 setattr(self, key, value)
         self.position.load_state_dict(state["position"])
+        if "elapsed" not in state:  # a checkpoint from before it was recorded: its training seconds, a lower bound
+            self.elapsed = self.seconds
 
 
 @dataclass
@@ -163,6 +166,7 @@ def load_optimizer_state(module, optimizer, state: dict) -> None:
 def run_summary(state: "TrainerState", peak_flops: float, accelerator, final_eval: dict, run_dir: Path) -> dict:
     """What a finished run returns and writes to summary.json."""
     return {"steps": state.step, "tokens_seen": state.tokens, "train_seconds": state.seconds,
+            "wall_seconds": state.elapsed,
             **rates(state.tokens, state.flops, state.seconds, peak_flops), "eval": final_eval,
             "distributed": accelerator.distributed_type.value, "processes": accelerator.num_processes,
             "run_dir": str(run_dir)}
@@ -173,6 +177,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, *, validate: Callable[..., dict] | None, resume: str | None = None,
                  show_progress: bool = True):
+        self._started = time.perf_counter()
         cfg = resolve_init(cfg)  # train.init: checked, and the model section taken from it, before anything else
         self.cfg, self.validate, self.show_progress = cfg, validate, show_progress
         self.accelerator = make_accelerator(cfg)
@@ -202,6 +207,7 @@ class Trainer:
         self.module, self.optimizer = self.accelerator.prepare(self.module, self.optimizer)
         if folder is not None:  # after prepare: FSDP shards the optimizer state as it loads
             self.load_state_dict(checkpoint.read_training_state(folder))
+        self._elapsed_before = self.state.elapsed  # what earlier processes spent on this run
         if self.accelerator.is_main_process:  # only now: a refused resume leaves the run folder as it was
             checkpoint.record_config(self.run_dir, cfg, folder, self.state.step)
         self.metrics.drop_after(self.state.step)  # steps after the checkpoint are redone
@@ -225,6 +231,7 @@ class Trainer:
     def _save(self) -> Path | None:
         """A checkpoint of this step (written by the main process; every process must call this)."""
         self.accelerator.wait_for_everyone()
+        self._update_elapsed()
         weights = self.accelerator.get_state_dict(self.module)  # SparsePretraining's names: "model.*"
         states = self.state_dict()
         if not self.accelerator.is_main_process:
@@ -232,6 +239,9 @@ class Trainer:
         weights = {name.removeprefix("model."): tensor for name, tensor in weights.items()}
         return checkpoint.save_run_state(self.run_dir, self.state.step, self.model.config, weights, states,
                                          self.tokenizer, self.train_store.token_counts, self.cfg.train.keep_last)
+
+    def _update_elapsed(self) -> None:
+        self.state.elapsed = self._elapsed_before + time.perf_counter() - self._started
 
     def progress(self) -> float:
         return training_progress(self.cfg.train, self.state.step, self.state.seconds)
@@ -358,6 +368,7 @@ class Trainer:
                            "the final evaluation (rerun the command to finish the run)")
             raise SystemExit(143)
         final_eval = self.evaluate(self.cfg.train.eval_batches)
+        self._update_elapsed()
         summary = run_summary(self.state, self.peak_flops, self.accelerator, final_eval, self.run_dir)
         self.metrics.write({"step": self.state.step, "eval": final_eval})
         if self.accelerator.is_main_process:  # the final model is the last checkpoint's: copied, with its model card
