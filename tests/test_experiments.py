@@ -159,13 +159,16 @@ def test_gates_run_the_gate_arm_first_and_stop_the_others_when_they_fail(tmp_pat
     gates = {"arm": "dynamic", "min": {"eval.mlm_accuracy": 2.0}}  # unreachable: accuracy is at most 1
     eval_data = {"valid-again": str(SAMPLE_VALID)}
     arms = [ENTROPY, DYNAMIC]  # the gate arm is listed second and still runs first
-    study = study_file.load_study(write_study(tmp_path, arms=arms, gates=gates, eval_data=eval_data))
+    decision = {"metric": "eval.mlm_loss", "min_effect": 0.01}
+    study = study_file.load_study(write_study(tmp_path, arms=arms, gates=gates, eval_data=eval_data,
+                                              decision=decision))
     with pytest.raises(UserError, match=r"validity gates failed on dynamic .*eval.mlm_accuracy .* < 2"):
         runner.run_study(study, show_progress=False, log=lambda line: None)
     rows = runner.finished_rows(tmp_path / "out" / "results.jsonl")
     assert [row["arm"] for row in rows] == ["dynamic"]
     assert rows[0]["eval_data"]["valid-again"]["masked_tokens"] > 0  # the further held-out set was evaluated
     assert rows[0]["gates"] == {"arm": "dynamic", "min": {"eval.mlm_accuracy": 2.0}}
+    assert rows[0]["decision"] == {"metric": "eval.mlm_loss", "lower_is_better": True, "min_effect": 0.01, "guard": {}}
     text = report.write_report(tmp_path / "out" / "results.jsonl", tmp_path / "report").read_text()
     assert "Validity gates" in text and "**failed**" in text and "no conclusion is drawn" in text
     assert "valid-again MLM loss (nats)" in text
@@ -295,3 +298,41 @@ def test_bucket_differences_are_in_nats_and_skip_empty_buckets():
     assert comparison.n == 2  # the null seed is left out of the pairs
     assert comparison.diff == pytest.approx((math.log(2e5 / 4e5) + math.log(1e5 / 3e5)) / 2)
     assert report.format_delta(comparison).startswith("-0.896 [")
+
+
+def test_the_recorded_decision_rule_is_applied_to_every_arm_as_written(tmp_path):
+    """Δ MLM loss ≈ log(perplexity ratio); STS-B a guard; the rarest bucket decides what a prior shift is."""
+    rule = {"metric": "eval.mlm_loss", "lower_is_better": True, "min_effect": 0.01,
+            "guard": {"glue.tasks.STS-B.dev.pearson": 0.01}}
+
+    def arm_rows(arm, factor, sts=0.40, rare=900.0, seeds=3):
+        noise = (1.0, -1.0, 0.5) if arm == "dynamic" else (0.5, -0.5, 0.0)  # paired differences that vary
+        return [dict(synthetic_row(arm, seed, 100 * factor * (1 + noise[seed] / 1000), rare * (1 + noise[seed] / 100),
+                                   glue={"average": sts, "tasks": {"STS-B": {"score": sts, "dev": {"pearson": sts}}}}),
+                     decision=rule) for seed in range(seeds)]
+
+    rows = arm_rows("dynamic", 1.0)
+    rows += arm_rows("better", 0.95) + arm_rows("worse", 1.05) + arm_rows("slightly", 0.995)
+    rows += arm_rows("guarded", 0.95, sts=0.38) + arm_rows("shift", 1.0, rare=600.0)
+    rows += arm_rows("partial", 0.95, seeds=2)
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    text = report.write_report(results, tmp_path / "report").read_text()
+    assert "lies below 0, |mean Δ| ≥ 0.01, and mean Δ glue.tasks.STS-B.dev.pearson ≥ −0.01" in text
+    calls = {line.split("|")[1].strip(): line.split("|")[-3].strip() for line in text.splitlines()
+             if line.startswith("| ") and "**" in line}
+    assert calls == {"better": "**win**", "worse": "**lose**", "slightly": "**inconclusive**",
+                     "guarded": "**inconclusive**", "shift": "**inconclusive, prior shift**",
+                     "partial": "**win (provisional: 2 of 3 seeds)**"}
+    assert "better, by less than the least effect (0.01)" in text
+    assert "a guard failed: glue.tasks.STS-B.dev.pearson fell by 0.02 > 0.01" in text
+
+
+def test_a_decision_rule_with_a_bad_field_is_refused_in_one_line(tmp_path):
+    for decision, message in [({"metric": "eval.mlm_loss", "min_effect": -0.01}, "must be numbers >= 0"),
+                              ({"metric": "eval.mlm_loss", "margin": 0.01}, "unknown decision key 'margin'"),
+                              ({"min_effect": 0.01}, "must be a mapping with a metric")]:
+        with pytest.raises(UserError, match=message):
+            study_file.load_study(write_study(tmp_path, decision=decision))
+    study = study_file.load_study(write_study(tmp_path, decision={"metric": "eval.mlm_loss", "min_effect": 0.01}))
+    assert study.decision == study_file.Decision("eval.mlm_loss", True, 0.01, {})

@@ -393,19 +393,105 @@ def arm_verdicts(arm, baseline, compared: list[Metric], comparisons) -> list[str
     return [f"- {verdict(arm, baseline, m, c)}" for m, c in zip(compared, comparisons)]
 
 
+def gate_outcomes(rows: list[dict], groups) -> tuple[dict | None, list[dict]]:
+    """The study's validity gates as its rows recorded them (None: no gates), and each gate's outcome."""
+    gates = next((row["gates"] for row in rows if row.get("gates")), None)
+    return gates, gate_results(gates["min"], groups.get(gates["arm"], [])) if gates else []
+
+
 def gates_section(rows: list[dict], groups) -> list[str]:
     """The study's validity gates, as its rows recorded them, and whether the gate arm's means met them."""
-    gates = next((row["gates"] for row in rows if row.get("gates")), None)
+    gates, results = gate_outcomes(rows, groups)
     if gates is None:
         return []
     arm_rows = groups.get(gates["arm"], [])
-    results = gate_results(gates["min"], arm_rows)
     body = [[r["path"], f"{r['least']:g}", f"{r['mean']:.4g}", "held" if r["held"] else "**failed**"] for r in results]
     held = bool(results) and all(r["held"] for r in results)
     verdict = ("All gates held: the comparisons below are between models that have left the unigram plateau."
                if held else "A gate failed: the comparisons below are reported, but no conclusion is drawn from them.")
     return ([f"## Validity gates (means over the {len(arm_rows)} seeds of {gates['arm']}, fixed before the runs)", ""]
             + markdown.table(["figure", "least", "mean", "outcome"], body) + [verdict, ""])
+
+
+# ----- the pre-registered decision -----------------------------------------------------------
+WIN, LOSE, INCONCLUSIVE, NO_CALL = "win", "lose", "inconclusive", "no call"
+
+
+def decide(rule: dict, primary: Comparison | None, guards: dict[str, Comparison | None]) -> tuple[str, str]:
+    """The rule's call on one arm (win, lose, inconclusive, no call) and why, from its paired comparisons."""
+    if primary is None or primary.n < 2:
+        return NO_CALL, "fewer than 2 seeds paired with the baseline"
+    if primary.identical:
+        return NO_CALL, "the baseline's computation again (identical by construction)"
+    sign = -1.0 if rule["lower_is_better"] else 1.0  # gain > 0: the arm is better
+    gain, bounds = sign * primary.diff, sorted((sign * primary.low, sign * primary.high))
+    if bounds[1] < 0:
+        if -gain >= rule["min_effect"]:
+            return LOSE, "worse: the interval excludes 0 and the mean reaches the least effect"
+        return INCONCLUSIVE, f"worse, by less than the least effect ({rule['min_effect']:g})"
+    if bounds[0] <= 0:
+        return INCONCLUSIVE, "the interval contains 0"
+    if gain < rule["min_effect"]:
+        return INCONCLUSIVE, f"better, by less than the least effect ({rule['min_effect']:g})"
+    failed = [guard_failure(path, c, rule["guard"][path]) for path, c in guards.items()
+              if c is None or c.diff < -rule["guard"][path]]
+    if failed:
+        return INCONCLUSIVE, "better, but a guard failed: " + "; ".join(failed)
+    return WIN, "better: the interval excludes 0, the mean reaches the least effect, every guard held"
+
+
+def guard_failure(path: str, comparison: Comparison | None, tolerance: float) -> str:
+    return f"{path} not measured" if comparison is None else f"{path} fell by {-comparison.diff:.3g} > {tolerance:g}"
+
+
+def prior_shift(primary: Comparison | None, rarest: Comparison | None, lower_is_better: bool) -> bool:
+    """A significant loss drop in the rarest frequency bucket without a significant overall gain: moving
+    targets towards rare ids refits the output prior by itself, which says nothing about masking."""
+    if rarest is None or not rarest.significant or rarest.diff >= 0:
+        return False
+    overall_gain = primary is not None and primary.significant and (primary.diff < 0) == lower_is_better
+    return not overall_gain
+
+
+def rule_text(rule: dict, rarest: Metric | None) -> str:
+    side, other = ("below", "above") if rule["lower_is_better"] else ("above", "below")
+    guards = "".join(f", and mean Δ {path} ≥ −{tol:g}" for path, tol in rule["guard"].items())
+    text = (f"An arm **wins** if the 95% paired t-interval of Δ {rule['metric']} lies {side} 0, |mean Δ| ≥ "
+            f"{rule['min_effect']:g}{guards}; it **loses** if the interval lies {other} 0 and |mean Δ| ≥ "
+            f"{rule['min_effect']:g}; anything else is **inconclusive**.")
+    if rarest is not None:
+        text += (f" A significant gain in the rarest frequency bucket ({rarest.label}) without a significant "
+                 "overall gain is called a **prior shift**.")
+    return text
+
+
+def decision_section(rows: list[dict], groups, baseline: str, metrics: list[Metric], gates_held: bool) -> list[str]:
+    """The study's decision rule, as its rows recorded it, applied to every arm against the baseline."""
+    rule = next((row["decision"] for row in rows if row.get("decision")), None)
+    base_rows = groups.get(baseline, [])
+    if rule is None or not base_rows or len(groups) < 2:
+        return []
+    primary = Metric(rule["metric"], tuple(rule["metric"].split(".")), rule["lower_is_better"])
+    guards = [Metric(path, tuple(path.split(".")), False) for path in rule["guard"]]
+    rarest = next(iter([m for m in metrics if m.label.startswith("loss freq") and m.path[0] == "eval"][-1:]), None)
+    header = ["arm", "paired seeds", f"Δ {primary.label} [95% t-interval]"] + [f"Δ {m.label}" for m in guards]
+    header += ([f"Δ {rarest.label}"] if rarest else []) + ["call", "why"]
+    body = []
+    for arm, arm_rows in groups.items():
+        if arm == baseline:
+            continue
+        main, checks = compare(arm_rows, base_rows, primary), [compare(arm_rows, base_rows, m) for m in guards]
+        call, why = decide(rule, main, dict(zip(rule["guard"], checks)))
+        rare = compare(arm_rows, base_rows, rarest) if rarest else None
+        if prior_shift(main, rare, rule["lower_is_better"]):
+            call += ", prior shift"
+        if main is not None and main.n < len(base_rows):
+            call += f" (provisional: {main.n} of {len(base_rows)} seeds)"
+        body.append([arm, str(main.n if main else 0), format_delta(main), *map(format_delta, checks),
+                     *([format_delta(rare)] if rarest else []), f"**{call}**", why])
+    caveat = [] if gates_held else ["A validity gate failed: these calls are not conclusions.", ""]
+    return (["## Pre-registered decision (the study's rule, recorded in every row, applied as written)", "",
+             rule_text(rule, rarest), ""] + caveat + markdown.table(header, body) + [""])
 
 
 def summary_section(groups, baseline, metrics) -> list[str]:
@@ -497,6 +583,8 @@ def write_report(results: Path, out: Path) -> Path:
              f"{len(rows)} runs, {len(groups)} arms, seeds {seeds}; mlmlab "
              f"{', '.join(sorted({str(row.get('mlmlab_version')) for row in rows}))}.", ""]
     lines += gates_section(rows, groups)
+    gates_held = all(outcome["held"] for outcome in gate_outcomes(rows, groups)[1])
+    lines += decision_section(rows, groups, baseline, metrics, gates_held)
     lines += summary_section(groups, baseline, metrics)
     lines += metric_table("Held-out perplexity, overall and per frequency bucket; differences in nats of MLM loss",
                           groups, baseline, [m for m in metrics if "ppl" in m.label or m.label == "perplexity"],

@@ -214,6 +214,7 @@ def make_row(run: Run, study: Study, summary: dict, scorer_seconds: float, evalu
         "config_hash": run.config_hash,
         "datasets": run.datasets,
         "gates": {"arm": study.gates.arm, "min": study.gates.minimum} if study.gates else None,
+        "decision": dataclasses.asdict(study.decision) if study.decision else None,  # the report applies it
         "config": to_dict(cfg),
         "mlmlab_version": mlmlab.__version__,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

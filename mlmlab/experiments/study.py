@@ -20,6 +20,11 @@ A study file (YAML; presets in configs/studies/) holds a base run config, named 
     gates:                            # validity gates: checked on one arm's runs before any other arm runs
       arm: dynamic
       min: {eval.mlm_accuracy: 0.14, glue.tasks.STS-B.dev.pearson: 0.35}   # row paths -> least mean over seeds
+    decision:                         # the rule written before the runs; the report applies it to every arm
+      metric: eval.mlm_loss           # a row path; Δ = arm − baseline, paired by seed, 95% t-interval
+      lower_is_better: true
+      min_effect: 0.01                # a win or a loss needs |mean Δ| at least this, and the interval off 0
+      guard: {glue.tasks.STS-B.dev.pearson: 0.01}   # a win may not lower these by more (mean Δ, row units)
     out_dir: studies/my-study         # default: studies/<name>
 
 An arm may also set ``budget:`` (token-matched or compute-matched) for itself, e.g. to run a
@@ -39,7 +44,7 @@ from mlmlab.evaluate.glue import resolve_task_names
 
 STUDY_DIR = Path(__file__).resolve().parent.parent / "configs" / "studies"
 STUDY_KEYS = ("name", "description", "preset", "base", "arms", "grid", "seeds", "budget", "baseline", "glue",
-              "glue_dir", "eval_data", "gates", "out_dir")
+              "glue_dir", "eval_data", "gates", "decision", "out_dir")
 GATE_KEYS = ("arm", "min")
 GRID_KEYS = ("prefix", "fixed", "vary")
 # Set by the study itself (seeds, budget, run folders), never by an arm.
@@ -76,6 +81,16 @@ class Gates:
     minimum: dict  # e.g. {"eval.mlm_accuracy": 0.14}
 
 
+@dataclass(frozen=True)
+class Decision:
+    """The pre-registered decision rule: what makes an arm win or lose against the baseline."""
+
+    metric: str  # dotted path into a result row, e.g. "eval.mlm_loss"
+    lower_is_better: bool = True
+    min_effect: float = 0.0  # the least |mean paired difference| that counts as a win or a loss
+    guard: dict = field(default_factory=dict)  # row path -> the most a win may lower it (mean paired difference)
+
+
 @dataclass
 class Study:
     name: str
@@ -90,6 +105,7 @@ class Study:
     glue_dir: str
     eval_data: dict  # name -> path(s) of further held-out data, evaluated after each run
     gates: Gates | None
+    decision: Decision | None
     out_dir: str
 
 
@@ -118,7 +134,7 @@ def load_study(source: str, out_dir: str | None = None) -> Study:
         seeds=_seeds(tree.get("seeds", [0])), budget=tree.get("budget", choices.TOKEN_MATCHED),
         baseline=tree.get("baseline", choices.DYNAMIC), glue=_glue_settings(tree.get("glue") or {}),
         glue_dir=str(tree.get("glue_dir") or ""), eval_data=_eval_data(tree.get("eval_data") or {}),
-        gates=_gates(tree.get("gates")), out_dir=out_dir or str(tree.get("out_dir") or f"studies/{name}"),
+        gates=_gates(tree.get("gates")), decision=_decision(tree.get("decision")), out_dir=out_dir or str(tree.get("out_dir") or f"studies/{name}"),
     )
     _check_study(study)
     return study
@@ -200,6 +216,25 @@ def _gates(value) -> Gates | None:
         return Gates(str(value["arm"]), {str(path): float(least) for path, least in minimum.items()})
     except (TypeError, ValueError):
         raise UserError(f"gates min: values must be numbers, got {minimum!r}") from None
+
+
+def _decision(value) -> Decision | None:
+    if value is None:
+        return None
+    example = "e.g. {metric: eval.mlm_loss, min_effect: 0.01, guard: {glue.tasks.STS-B.dev.pearson: 0.01}}"
+    if not isinstance(value, dict) or not isinstance(value.get("metric"), str):
+        raise UserError(f"study key 'decision' must be a mapping with a metric (a row path), {example}")
+    _refuse_unknown(value, [f.name for f in dataclasses.fields(Decision)], "decision key")
+    guard, min_effect, lower = value.get("guard") or {}, value.get("min_effect", 0.0), value.get("lower_is_better", True)
+    if not isinstance(guard, dict) or not isinstance(lower, bool) or \
+            not all(_non_negative_number(v) for v in [min_effect, *guard.values()]):
+        raise UserError("decision: min_effect and the guard's tolerances must be numbers >= 0, guard a mapping of "
+                        f"row paths, lower_is_better true or false; {example}")
+    return Decision(value["metric"], lower, float(min_effect), {str(path): float(tol) for path, tol in guard.items()})
+
+
+def _non_negative_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
 
 def _check_reserved(key: str, where: str, allow_steps: bool = False) -> None:
