@@ -490,7 +490,7 @@ def decision_section(rows: list[dict], groups, baseline: str, metrics: list[Metr
         body.append([arm, str(main.n if main else 0), format_delta(main), *map(format_delta, checks),
                      *([format_delta(rare)] if rarest else []), f"**{call}**", why])
     caveat = [] if gates_held else ["A validity gate failed: these calls are not conclusions.", ""]
-    return (["## Pre-registered decision (the study's rule, recorded in every row, applied as written)", "",
+    return (["## Pre-registered decision (the study's rule as its rows record it, applied as written)", "",
              rule_text(rule, rarest), ""] + caveat + markdown.table(header, body) + [""])
 
 
