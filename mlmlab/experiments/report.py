@@ -551,7 +551,7 @@ def cost_section(groups) -> list[str]:
     lines = ["## Budget and cost (means over seeds)", ""] + markdown.table(header, body)
     if len({row.get("torch_threads") for group in groups.values() for row in group}) > 1:
         lines += ["", "Runs were made with different torch thread counts (or, \"?\", before rows recorded it): "
-                  "seconds compare only between runs made alike; FLOPs compare across all."]
+                  "seconds compare only between runs made alike; FLOPs compare across all.", ""]
     return lines
 
 
@@ -563,6 +563,12 @@ def thread_counts(rows: list[dict]) -> str:
 def glue_notes(rows: list[dict]) -> list[str]:
     skipped = sorted({row["glue"]["skipped"] for row in rows if "skipped" in (row.get("glue") or {})})
     return [f"GLUE skipped: {reason}." for reason in skipped]
+
+
+def bucket_example(metrics: list[Metric]) -> str:
+    """" (0_500 = the 500 most frequent ids)", from the rows' first bucket; "" without buckets."""
+    first = next((m.label.removeprefix("ppl freq ") for m in metrics if m.label.startswith("ppl freq ")), None)
+    return f" ({first} = the {first.split('_')[1]} most frequent ids)" if first else ""
 
 
 def write_report(results: Path, out: Path) -> Path:
@@ -602,8 +608,8 @@ def write_report(results: Path, out: Path) -> Path:
     lines += ["## Plots", ""] + [f"![{name}]({name})" for name in images] + [""]
     lines += ["## How to read this", "",
               "- Perplexity is exp(mean cross-entropy) on the held-out sample under the same fixed uniform 15% masks "
-              "for every arm; frequency buckets are ranks of the target token in the pretraining corpus "
-              "(0_1000 = the 1000 most frequent ids).",
+              "for every arm; frequency buckets are ranks of the target token in the pretraining corpus"
+              f"{bucket_example(metrics)}.",
               "- Losses are compared in nats: Δ of the MLM loss (overall) and of log(perplexity) per bucket. "
               "A Δ of d nats multiplies perplexity by exp(d) (+0.01 nats ≈ +1%).",
               "- Δ = arm − baseline, averaged over the seeds both have, paired by seed. The primary interval is the "
