@@ -473,7 +473,8 @@ def decision_section(rows: list[dict], groups, baseline: str, metrics: list[Metr
         return []
     primary = Metric(rule["metric"], tuple(rule["metric"].split(".")), rule["lower_is_better"])
     guards = [Metric(path, tuple(path.split(".")), False) for path in rule["guard"]]
-    rarest = next(iter([m for m in metrics if m.label.startswith("loss freq") and m.path[0] == "eval"][-1:]), None)
+    buckets = [m for m in metrics if m.label.startswith("loss freq") and m.path[0] == "eval"]  # frequent first
+    rarest = buckets[-1] if buckets else None
     header = ["arm", "paired seeds", f"Δ {primary.label} [95% t-interval]"] + [f"Δ {m.label}" for m in guards]
     header += ([f"Δ {rarest.label}"] if rarest else []) + ["call", "why"]
     body = []

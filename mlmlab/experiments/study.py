@@ -134,7 +134,8 @@ def load_study(source: str, out_dir: str | None = None) -> Study:
         seeds=_seeds(tree.get("seeds", [0])), budget=tree.get("budget", choices.TOKEN_MATCHED),
         baseline=tree.get("baseline", choices.DYNAMIC), glue=_glue_settings(tree.get("glue") or {}),
         glue_dir=str(tree.get("glue_dir") or ""), eval_data=_eval_data(tree.get("eval_data") or {}),
-        gates=_gates(tree.get("gates")), decision=_decision(tree.get("decision")), out_dir=out_dir or str(tree.get("out_dir") or f"studies/{name}"),
+        gates=_gates(tree.get("gates")), decision=_decision(tree.get("decision")),
+        out_dir=out_dir or str(tree.get("out_dir") or f"studies/{name}"),
     )
     _check_study(study)
     return study
