@@ -145,6 +145,23 @@ def test_finished_runs_made_under_other_defaults_or_data_are_refused_not_mixed(t
         runner.refuse_incomparable(runs, [{**_row_as_made(runs[0]), "datasets": {"train": "x", "valid": "y"}}])
 
 
+def test_a_changed_default_is_pinned_under_pinned_without_changing_run_keys(tmp_path):
+    """Finished under dropout 0.3 (then mlmlab's default, say); the default is now 0.1."""
+    finished = runner.plan_runs(study_file.load_study(write_study(tmp_path)))[0]
+    row = _row_as_made(finished, dropout=0.3)
+    with pytest.raises(UserError, match=r"model.dropout: 0.3 -> 0.1.*pinned:"):
+        runner.refuse_incomparable([finished], [row])
+    in_base = {**TINY_BASE, "model": {**TINY_BASE["model"], "dropout": 0.3}}
+    rekeyed = runner.plan_runs(study_file.load_study(write_study(tmp_path, base=in_base)))
+    with pytest.raises(UserError, match="another key .* pinned:"):  # base: every key changes
+        runner.refuse_incomparable(rekeyed, [row])
+    pinned = runner.plan_runs(study_file.load_study(write_study(tmp_path, pinned={"model": {"dropout": 0.3}})))
+    assert pinned[0].config.model.dropout == 0.3 and pinned[0].key == finished.key
+    runner.refuse_incomparable(pinned, [row])
+    with pytest.raises(UserError, match="model.dropout is set in both base: and pinned:"):
+        study_file.load_study(write_study(tmp_path, base=in_base, pinned={"model": {"dropout": 0.3}}))
+
+
 def test_an_arm_can_run_compute_matched_beside_token_matched_arms(tmp_path):
     base = {**TINY_BASE, "train": {**TINY_BASE["train"], "max_steps": 1000, "warmup_steps": 100}}
     arms = [DYNAMIC, ENTROPY, {**ENTROPY, "name": "adm-entropy-cm", "budget": "compute-matched"}]

@@ -143,11 +143,16 @@ def refuse_incomparable(runs: list[Run], rows: list[dict]) -> None:
         changes = config_changes(row.get("config") or {}, to_dict(run.config))
         if row.get("datasets") not in (None, run.datasets):
             changes.append(f"prepared data {row['datasets']} -> {run.datasets}")
-        if changes or row["key"] != run.key:
+        if changes:
             raise UserError(
                 f"{row['arm']} seed {row['seed']} in results.jsonl was made with other settings or data than this "
-                f"study now gives ({'; '.join(changes[:3]) or 'the study file changed'}); pin what changed in the "
-                "study's base so old and new runs stay comparable, or start a new study with --out")
+                f"study now gives ({'; '.join(changes[:3])}); set the old values under the study's pinned: (it keeps "
+                "run keys) so old and new runs stay comparable, or start a new study with --out")
+        if row["key"] != run.key:
+            raise UserError(
+                f"{row['arm']} seed {row['seed']} in results.jsonl has another key than this study now gives it "
+                "(its preset or base gained or lost a key, or its GLUE or eval_data settings changed); a key that "
+                "only restates the finished runs' value belongs under pinned:, anything else needs a new study (--out)")
 
 
 def train_run(cfg: Config, show_progress: bool) -> tuple[dict, float]:

@@ -6,6 +6,7 @@ A study file (YAML; presets in configs/studies/) holds a base run config, named 
     name: my-study                    # default: the file name
     preset: tiny                      # optional model/config preset the base starts from
     base: {model: {...}, train: {max_steps: 300}, ...}   # same sections as a run config
+    pinned: {model: {dropout: 0.1}}   # like base, for keys fixed after runs finished: see below
     arms:
       - {name: dynamic, masking.strategy: dynamic}
       - {name: adm, masking.strategy: adaptive, masking.scorer: entropy}
@@ -29,6 +30,13 @@ A study file (YAML; presets in configs/studies/) holds a base run config, named 
 
 An arm may also set ``budget:`` (token-matched or compute-matched) for itself, e.g. to run a
 costly scorer once more at the baseline's FLOPs.
+
+``pinned:`` is for a study that is under way when an mlmlab default (or a preset) changes
+under it: the runner refuses to run beside finished runs made with the old value, and
+pinning the old value here restores it without changing any run's key (identity.py: keys
+are made of what the preset and base set, so a value added to base would change every key
+and every finished run would look foreign). The runner still checks each pinned value
+against the finished runs' recorded configs.
 """
 
 import dataclasses
@@ -43,7 +51,7 @@ from mlmlab.errors import UserError
 from mlmlab.evaluate.glue import resolve_task_names
 
 STUDY_DIR = Path(__file__).resolve().parent.parent / "configs" / "studies"
-STUDY_KEYS = ("name", "description", "preset", "base", "arms", "grid", "seeds", "budget", "baseline", "glue",
+STUDY_KEYS = ("name", "description", "preset", "base", "pinned", "arms", "grid", "seeds", "budget", "baseline", "glue",
               "glue_dir", "eval_data", "gates", "decision", "out_dir")
 GATE_KEYS = ("arm", "min")
 GRID_KEYS = ("prefix", "fixed", "vary")
@@ -96,7 +104,7 @@ class Study:
     name: str
     source: str  # as given on the command line: the report repeats it in its commands
     base: dict  # the full config tree every arm starts from
-    explicit: frozenset  # dotted keys the preset or base set: a run's identity (runner.run_key)
+    explicit: frozenset  # dotted keys the preset or base set, pinned ones aside: a run's identity (identity.py)
     arms: list[Arm]
     seeds: list[int]
     budget: str
@@ -178,24 +186,33 @@ def grid_arms(block: dict) -> list[Arm]:
     return arms
 
 
+def _sections(tree: dict, name: str) -> dict:
+    """Study key ``name`` (base or pinned) as {dotted key: value}, after checking its shape."""
+    layer = tree.get(name) or {}
+    if not isinstance(layer, dict) or not all(isinstance(v, dict) for v in layer.values()):
+        raise UserError(f"study key '{name}' must map sections (model, data, masking, train) to mappings")
+    return {f"{section}.{key}": value for section, values in layer.items() for key, value in values.items()}
+
+
 def _base_tree(tree: dict) -> dict:
-    """Defaults < preset < base: as a full config tree that arms override."""
-    base = tree.get("base") or {}
-    if not isinstance(base, dict) or not all(isinstance(v, dict) for v in base.values()):
-        raise UserError("study key 'base' must map sections (model, data, masking, train) to mappings")
+    """Defaults < preset < base and pinned: as a full config tree that arms override."""
+    base, pinned = _sections(tree, "base"), _sections(tree, "pinned")
+    both = sorted(base.keys() & pinned.keys())
+    if both:
+        raise UserError(f"{both[0]} is set in both base: and pinned:; keep it in one of them")
     full = to_dict(load_config(tree.get("preset")))
-    for section, values in base.items():
-        for key, value in values.items():
-            _check_reserved(f"{section}.{key}", "base", allow_steps=True)
-            set_dotted(full, f"{section}.{key}", value)
+    for where, layer in (("base", base), ("pinned", pinned)):
+        for key, value in layer.items():
+            _check_reserved(key, where, allow_steps=True)
+            set_dotted(full, key, value)
     return full
 
 
 def _explicit_keys(tree: dict) -> frozenset:
-    """The dotted keys that the study's preset and base set (not those left at mlmlab's defaults)."""
+    """The dotted keys that the study's preset and base set (not those left at mlmlab's defaults, nor pinned)."""
     preset = read_yaml(tree["preset"]) if tree.get("preset") else {}
-    return frozenset(f"{section}.{key}" for layer in (preset, tree.get("base") or {})
-                     for section, values in layer.items() for key in values)
+    preset_keys = {f"{section}.{key}" for section, values in preset.items() for key in values}
+    return frozenset((preset_keys | _sections(tree, "base").keys()) - _sections(tree, "pinned").keys())
 
 
 def _eval_data(value) -> dict:
