@@ -108,6 +108,9 @@ class TrainConfig:
     log_every: int = 20
     eval_every: int = 200  # steps between held-out evaluations; 0 disables
     eval_batches: int = 20  # held-out batches per evaluation (fixed masks, same every time)
+    # Sequences per held-out batch, not train.batch_size: arms of a study that differ in batch size
+    # must evaluate the same sequences (eval_batches of them are the first in a fixed order)
+    eval_batch_size: int = 32
     save_every: int = 200  # steps between checkpoints; the final one is always written
     keep_last: int = 2  # newest checkpoints kept on disk; 0 keeps every one
     seed: int = 0  # model initialisation, dropout and data order
@@ -205,7 +208,7 @@ _LEAST = (
     ("model.intermediate_size", 1, 512), ("model.max_position_embeddings", 1, 512),
     ("model.pad_vocab_multiple", 1, 64), ("data.max_seq_length", 8, 128), ("data.prepare_seed", 0, 12345),
     ("data.prepare_workers", 0, 2), ("data.loader_workers", 0, 1), ("data.bucket_batches", 0, 50), ("train.warmup_steps", 0, 100),
-    ("train.log_every", 1, 20), ("train.eval_every", 0, 200), ("train.eval_batches", 1, 20),
+    ("train.log_every", 1, 20), ("train.eval_every", 0, 200), ("train.eval_batches", 1, 20), ("train.eval_batch_size", 1, 32),
     ("train.save_every", 0, 200), ("train.keep_last", 0, 2), ("train.max_bad_steps", 1, 5),
 )
 # Optimizer values that must be positive and finite (a negative LR ascends the loss): (key, example).

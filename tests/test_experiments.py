@@ -162,6 +162,15 @@ def test_a_changed_default_is_pinned_under_pinned_without_changing_run_keys(tmp_
         study_file.load_study(write_study(tmp_path, base=in_base, pinned={"model": {"dropout": 0.3}}))
 
 
+def test_arms_of_other_batch_sizes_are_evaluated_on_the_same_sequences(tmp_path):
+    arms = [DYNAMIC, {**DYNAMIC, "name": "dynamic-b4", "train.batch_size": 4}]
+    base = {**TINY_BASE, "train": {**TINY_BASE["train"], "max_steps": 2, "eval_every": 0, "eval_batch_size": 8}}
+    rows = runner.run_study(study_file.load_study(write_study(tmp_path, base=base, arms=arms)), show_progress=False,
+                            log=lambda line: None)
+    assert [row["arm"] for row in rows] == ["dynamic", "dynamic-b4"]
+    assert rows[0]["eval"]["masked_tokens"] == rows[1]["eval"]["masked_tokens"]  # 2 batches of 8 sequences each
+
+
 def test_an_arm_can_run_compute_matched_beside_token_matched_arms(tmp_path):
     base = {**TINY_BASE, "train": {**TINY_BASE["train"], "max_steps": 1000, "warmup_steps": 100}}
     arms = [DYNAMIC, ENTROPY, {**ENTROPY, "name": "adm-entropy-cm", "budget": "compute-matched"}]

@@ -109,6 +109,15 @@ def test_evaluate_on_wikitext_is_deterministic_with_chosen_buckets(trained, tmp_
         == reports[0]["masked_tokens"]
 
 
+def test_a_held_out_set_smaller_than_a_batch_is_evaluated_whole(trained):
+    trainer = trained["trainer"]
+    store = trainer.valid_store
+    reports = [evaluate_mlm(trainer.module, store, trainer.info, batch_size=size, token_counts=trainer.train_store.token_counts)
+               for size in (len(store), len(store) + 7)]
+    assert reports[1]["masked_tokens"] == reports[0]["masked_tokens"] > 0  # not 0 tokens and a perplexity of 1
+    assert reports[1]["perplexity"] == pytest.approx(reports[0]["perplexity"], rel=1e-5)
+
+
 def _command(out_dir, steps):
     return [sys.executable, "-m", "mlmlab.cli", "pretrain", "--no-progress", f"train.out_dir={out_dir}",
             f"train.max_steps={steps}", "train.save_every=2", "train.eval_every=0", "train.eval_batches=2",

@@ -67,7 +67,7 @@ def evaluate_mlm(model, store, info, *, batch_size: int = 32, max_batches: int |
     bucket_of, names = (frequency_buckets(token_counts, freq_cuts, len(token_counts))
                         if token_counts is not None else (None, []))
     totals = _Totals(len(names))
-    num_batches = min(max_batches or len(store) // batch_size, max(1, len(store) // batch_size))
+    num_batches = evaluated_batches(len(store), batch_size, max_batches)
     batches = iterate_batches(store, batch_size=min(batch_size, len(store)), seed=0, start=LoaderPosition(),
                               pad_id=store.meta["special_token_ids"]["[PAD]"])
     with eval_mode(module):
@@ -80,12 +80,19 @@ def evaluate_mlm(model, store, info, *, batch_size: int = 32, max_batches: int |
     return _summarise(totals, names)
 
 
+def evaluated_batches(sequences: int, batch_size: int, max_batches: int | None = None) -> int:
+    """Batches evaluate_mlm runs: the whole batches of the set (one short batch if it has fewer), at most max_batches."""
+    available = max(1, sequences // batch_size)
+    return min(max_batches or available, available)
+
+
 def _summarise(totals: _Totals, names: list[str]) -> dict:
-    mean = totals.loss / max(totals.count, 1)
+    count = totals.count or float("nan")  # nothing masked: no figure, not a perplexity of 1
+    mean = totals.loss / count
     report = {
         "mlm_loss": mean,
         "perplexity": math.exp(mean),
-        "mlm_accuracy": totals.correct / max(totals.count, 1),
+        "mlm_accuracy": totals.correct / count,
         "masked_tokens": totals.count,
     }
     if totals.nsp_count:

@@ -93,14 +93,20 @@ def apply_budget(cfg: Config, reference: Config, mode: str) -> Config:
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=steps, warmup_steps=warmup))
 
 
-def eval_flops(cfg: Config) -> float:
-    """Forward passes of the held-out evaluations (every eval_every steps and at the end)."""
+def evaluation_count(cfg: Config) -> int:
+    """Held-out evaluations of a run: every eval_every steps before the last, and the final one."""
     t = cfg.train
-    evaluations = (t.max_steps - 1) // t.eval_every + 1 if t.eval_every else 1
+    return (t.max_steps - 1) // t.eval_every + 1 if t.eval_every else 1
+
+
+def eval_flops(cfg: Config) -> float:
+    """Forward passes of the held-out evaluations, eval_batches each: an upper bound where the
+    valid split has fewer batches (the dry run's --probe counts the batches that exist)."""
+    t = cfg.train
     vocab = padded_vocab_size(vocab_size_for(cfg.data.tokenizer), cfg.model.pad_vocab_multiple)
     seq = cfg.data.max_seq_length
     per_sequence = encoder_forward_flops(cfg.model, seq) + head_flops(cfg.model, vocab, 0.15 * seq)
-    return evaluations * t.eval_batches * t.batch_size * per_sequence
+    return evaluation_count(cfg) * t.eval_batches * t.eval_batch_size * per_sequence
 
 
 def run_cost(cfg: Config) -> dict:

@@ -12,7 +12,8 @@ import tempfile
 
 from mlmlab.config import Config
 from mlmlab.devices import clock
-from mlmlab.evaluate.perplexity import evaluate_mlm
+from mlmlab.evaluate.perplexity import evaluate_mlm, evaluated_batches
+from mlmlab.experiments.budget import evaluation_count
 from mlmlab.train.loop import Trainer
 
 WARMUP_STEPS = 2  # thread pools, allocator, and ADM's first scoring step (a = 0 at step 0 scores nothing)
@@ -33,16 +34,16 @@ def probe_run(cfg: Config, steps: int) -> dict:
         for _ in range(steps):
             trainer.train_step(batches)
         step_seconds = (clock(device) - start) / steps
+        eval_batches = evaluated_batches(len(trainer.valid_store), cfg.train.eval_batch_size, cfg.train.eval_batches)
+        timed = min(EVAL_PROBE_BATCHES, eval_batches)
         start = clock(device)
-        trainer.evaluate(EVAL_PROBE_BATCHES)
-        eval_batch_seconds = (clock(device) - start) / EVAL_PROBE_BATCHES
-        eval_batches = min(cfg.train.eval_batches, max(1, len(trainer.valid_store) // cfg.train.batch_size))
+        trainer.evaluate(timed)
+        eval_batch_seconds = (clock(device) - start) / timed
     return {"step_seconds": step_seconds, "eval_batch_seconds": eval_batch_seconds, "eval_batches": eval_batches}
 
 
 def run_minutes(cfg: Config, probed: dict) -> float:
     """Training plus held-out evaluations (every eval_every steps and at the end) of one run, in minutes."""
-    t = cfg.train
-    evaluations = (t.max_steps - 1) // t.eval_every + 1 if t.eval_every else 1
-    seconds = t.max_steps * probed["step_seconds"] + evaluations * probed["eval_batches"] * probed["eval_batch_seconds"]
+    seconds = cfg.train.max_steps * probed["step_seconds"] + \
+        evaluation_count(cfg) * probed["eval_batches"] * probed["eval_batch_seconds"]
     return seconds / 60

@@ -187,7 +187,7 @@ def held_out_reports(run: Run, study: Study) -> dict:
         if missing:
             reports[name] = {"skipped": f"{missing[0]} not found"}
             continue
-        reports[name] = evaluate_model(Path(cfg.train.out_dir) / "model", paths, batch_size=cfg.train.batch_size,
+        reports[name] = evaluate_model(Path(cfg.train.out_dir) / "model", paths, batch_size=cfg.train.eval_batch_size,
                                        max_seq_length=cfg.data.max_seq_length, freq_cuts=cfg.masking.freq_cuts)
     return reports
 

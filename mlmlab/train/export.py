@@ -84,5 +84,5 @@ def evaluate_checkpoint(folder: Path, cfg: Config, train, valid, tokenizer, vali
     load_weights(model, folder / MODEL_DIR / WEIGHTS_FILE)  # the one weight loader; nothing may be missing
     device = compute_device()
     return validate(model.to(device), valid, token_info_for(tokenizer, cfg.masking.mask_unk),
-                    batch_size=cfg.train.batch_size, max_batches=cfg.train.eval_batches, device=device,
+                    batch_size=cfg.train.eval_batch_size, max_batches=cfg.train.eval_batches, device=device,
                     token_counts=train.token_counts, freq_cuts=cfg.masking.freq_cuts)

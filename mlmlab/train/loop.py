@@ -357,7 +357,7 @@ class Trainer:
         """Held-out evaluation by ``validate`` ({} without one), through the wrapped module: FSDP gathers there."""
         if self.validate is None:
             return {}  # the caller handed no validator: training only
-        return self.validate(self.module, self.valid_store, self.info, batch_size=self.cfg.train.batch_size,
+        return self.validate(self.module, self.valid_store, self.info, batch_size=self.cfg.train.eval_batch_size,
                              max_batches=max_batches, device=self.accelerator.device,
                              token_counts=self.train_store.token_counts, freq_cuts=self.cfg.masking.freq_cuts)
 

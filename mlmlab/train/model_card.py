@@ -136,7 +136,7 @@ def _evaluation(cfg: Config, evaluation: dict) -> str:
     return ("## Held-out evaluation\n\n| " + " | ".join(name for name, _ in figures) + " |\n|" + "---|" * len(figures)
             + "\n| " + " | ".join(value for _, value in figures) + " |\n\n"
             f"Uniform {EVAL_RATE:.0%} masks from a fixed seed whatever the training strategy (so strategies compare), "
-            f"{cfg.train.eval_batches} batches of {cfg.train.batch_size} held-out instances.")
+            f"{cfg.train.eval_batches} batches of {cfg.train.eval_batch_size} held-out instances.")
 
 
 def _provenance(cfg: Config) -> str:
