@@ -79,6 +79,10 @@ def test_compute_matched_gives_the_entropy_arm_fewer_steps(tmp_path):
     ({"arms": [DYNAMIC, {"name": "dyn2"}]}, ["same config"]),
     ({"budget": "flops"}, ["budget"]),
     ({"glue": {"tasks": ["RTE", "MNLX"]}}, ["MNLX"]),
+    ({"glue": {"tasks": ["RTE"], "seeds": 3}}, ["study key 'glue'", "seeds 3"]),
+    ({"glue": {"tasks": ["RTE"], "epochs": "5"}}, ["study key 'glue'", "epochs='5'"]),
+    ({"glue": {"tasks": ["RTE"], "max_length": 4}}, ["study key 'glue'", "max_length >= 8"]),
+    ({"pinned": {"model": 3}}, ["study key 'pinned'"]),
 ])
 def test_bad_study_files_give_one_line_errors(tmp_path, capsys, fields, words):
     source = write_study(tmp_path, **fields)
@@ -160,6 +164,14 @@ def test_a_changed_default_is_pinned_under_pinned_without_changing_run_keys(tmp_
     runner.refuse_incomparable(pinned, [row])
     with pytest.raises(UserError, match="model.dropout is set in both base: and pinned:"):
         study_file.load_study(write_study(tmp_path, base=in_base, pinned={"model": {"dropout": 0.3}}))
+
+
+def test_a_study_with_glue_tasks_and_no_glue_dir_stops_before_training(tmp_path):
+    for glue_dir in (None, str(tmp_path / "no-such-folder")):
+        fields = {"glue": {"tasks": ["STS-B"]}, **({"glue_dir": glue_dir} if glue_dir else {})}
+        with pytest.raises(UserError, match="fine-tunes on STS-B but glue_dir .* is not a folder"):
+            runner.run_study(study_file.load_study(write_study(tmp_path, **fields)), log=lambda line: None)
+    assert not (tmp_path / "out" / "runs").exists()
 
 
 def test_arms_of_other_batch_sizes_are_evaluated_on_the_same_sequences(tmp_path):

@@ -104,11 +104,10 @@ def run_glue(
     reported with status "missing". Returns the dict written to glue_results.json.
     """
     model_dir, data_dir, out_dir = Path(model_dir), Path(data_dir), Path(out_dir)
-    check_arguments(model_dir, data_dir, seeds, init, max_train_examples)
-    overrides = {"learning_rates": tuple(learning_rates) if learning_rates is not None else None,
-                 "epochs": epochs, "batch_size": batch_size, "max_length": max_length}
     # Every argument is checked before the first task trains, not minutes later.
-    settings = {name: with_overrides(DEFAULT_SETTINGS[name], overrides) for name in resolve_task_names(tasks)}
+    check_arguments(model_dir, data_dir, init)
+    settings = checked_settings(tasks, seeds=seeds, learning_rates=learning_rates, epochs=epochs, batch_size=batch_size,
+                                max_length=max_length, max_train_examples=max_train_examples)
     refuse_all_missing(list(settings), data_dir)
     context = RunContext(model_dir, load_model_tokenizer(model_dir), init, tuple(seeds), max_train_examples,
                          write_test_predictions, show_progress, compute_device())
@@ -136,19 +135,40 @@ class RunContext:
     device: torch.device
 
 
-def check_arguments(model_dir: Path, data_dir: Path, seeds, init: str, max_train_examples) -> None:
+def check_arguments(model_dir: Path, data_dir: Path, init: str) -> None:
     if not (model_dir / "config.json").is_file():
         raise UserError(f"{model_dir} has no config.json; pass a checkpoint folder saved by mlmlab (save_pretrained)")
     if init == "pretrained":
         weight_shapes(model_dir / WEIGHTS_FILE)  # a missing or truncated weights file, before any task reads data
     if not data_dir.is_dir():
         raise UserError(f"GLUE data folder {data_dir} does not exist; pass the glue_data folder holding CoLA/, SST-2/, ...")
-    if not seeds:
-        raise UserError("seeds is empty; pass at least one seed, e.g. --seeds 0 1 2")
     if init not in ("pretrained", "random"):
         raise UserError(f"init={init!r} is not known; use 'pretrained' or 'random'")
-    if max_train_examples is not None and max_train_examples < 1:
-        raise UserError(f"max_train_examples={max_train_examples} must be a positive number of examples")
+
+
+def checked_settings(tasks, *, seeds, learning_rates=None, epochs=None, batch_size=None, max_length=None,
+                     max_train_examples=None) -> dict[str, FineTuneSettings]:
+    """Each task's fine-tuning settings with the overrides applied, or a UserError naming the bad one.
+
+    Also what a study checks when it is read, so a bad setting fails before hours of pretraining.
+    """
+    if not isinstance(seeds, (list, tuple)) or not seeds or not all(_is_int(seed) for seed in seeds):
+        raise UserError(f"seeds {seeds!r} must be a non-empty list of integers, e.g. --seeds 0 1 2")
+    counts = {"epochs": epochs, "batch_size": batch_size, "max_length": max_length,
+              "max_train_examples": max_train_examples}
+    for name, value in counts.items():
+        if value is not None and not (_is_int(value) and value >= 1):
+            raise UserError(f"{name}={value!r} must be a whole number >= 1")
+    if learning_rates is not None and (not isinstance(learning_rates, (list, tuple)) or
+                                       not all(isinstance(lr, (int, float)) and lr > 0 for lr in learning_rates)):
+        raise UserError(f"learning_rates {learning_rates!r} must be a list of positive numbers")
+    overrides = {"learning_rates": tuple(learning_rates) if learning_rates is not None else None,
+                 "epochs": epochs, "batch_size": batch_size, "max_length": max_length}
+    return {name: with_overrides(DEFAULT_SETTINGS[name], overrides) for name in resolve_task_names(tasks)}
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def refuse_all_missing(names: list[str], data_dir: Path) -> None:

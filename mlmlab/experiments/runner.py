@@ -167,8 +167,6 @@ def glue_for(run: Run, study: Study, show_progress: bool) -> dict:
     settings = study.glue
     if not settings.tasks:
         return {"skipped": "no GLUE tasks in the study"}
-    if not Path(study.glue_dir).is_dir():
-        return {"skipped": f"glue_dir {study.glue_dir!r} not found"}
     run_dir = Path(run.config.train.out_dir)
     options = {k: v for k, v in dataclasses.asdict(settings).items() if k not in ("tasks", "seeds") and v is not None}
     result = run_glue(run_dir / "model", settings.tasks, study.glue_dir, run_dir / "glue", seeds=settings.seeds,
@@ -240,6 +238,11 @@ def execute(run: Run, study: Study, results: Path, show_progress: bool) -> dict:
 def run_study(study: Study, shard: tuple[int, int] = (0, 1), show_progress: bool = True, log=print) -> list[dict]:
     """Run this shard's unfinished runs, the gate arm's first; return the rows written."""
     planned = plan_runs(study)
+    if study.glue.tasks and not (study.glue_dir and Path(study.glue_dir).is_dir()):
+        # A row without the GLUE it should have would count as finished and never get it.
+        raise UserError(f"the study fine-tunes on {', '.join(study.glue.tasks)} but glue_dir {study.glue_dir!r} is not "
+                        "a folder; set glue_dir to the folder holding the tasks' folders (STS-B/, ...), or glue: "
+                        "{tasks: []} to run without GLUE")
     results = Path(study.out_dir) / RESULTS_FILE
     results.parent.mkdir(parents=True, exist_ok=True)
     refuse_incomparable(planned, finished_rows(results))

@@ -16,7 +16,7 @@ A study file (YAML; presets in configs/studies/) holds a base run config, named 
     budget: token-matched             # or compute-matched (see budget.py)
     baseline: dynamic                 # the arm every other is compared with
     glue: {tasks: [RTE, MRPC], seeds: [0], learning_rates: [1.0e-4]}   # tasks: [] skips GLUE
-    glue_dir: ../shared/data/glue     # skipped, with a note in the row, when absent
+    glue_dir: ../shared/data/glue     # the runner refuses to start without it when glue tasks are set
     eval_data: {wikitext103-valid: ../shared/data/wikitext103_eval/wiki.valid.tokens}  # more held-out sets
     gates:                            # validity gates: checked on one arm's runs before any other arm runs
       arm: dynamic
@@ -48,7 +48,7 @@ from pathlib import Path
 from mlmlab import choices
 from mlmlab.config import load_config, read_yaml, set_dotted, to_dict
 from mlmlab.errors import UserError
-from mlmlab.evaluate.glue import resolve_task_names
+from mlmlab.evaluate.glue import checked_settings
 
 STUDY_DIR = Path(__file__).resolve().parent.parent / "configs" / "studies"
 STUDY_KEYS = ("name", "description", "preset", "base", "pinned", "arms", "grid", "seeds", "budget", "baseline", "glue",
@@ -71,7 +71,7 @@ class GlueSettings:
     epochs: int | None = None
     batch_size: int | None = None
     max_length: int | None = None
-    max_train_examples: int | None = None  # fine-tune on the first N examples only (CPU budgets)
+    max_train_examples: int | None = None  # fine-tune on a fixed random sample of N examples (CPU budgets)
 
 
 @dataclass(frozen=True)
@@ -276,8 +276,12 @@ def _glue_settings(value) -> GlueSettings:
         settings = GlueSettings(**{**value, "learning_rates": None if rates is None else [float(r) for r in rates]})
     except (TypeError, ValueError):
         raise UserError(f"glue learning_rates must be a list of numbers, got {value.get('learning_rates')!r}") from None
-    if settings.tasks:
-        resolve_task_names(settings.tasks)  # unknown task names fail now, not after hours of training
+    if settings.tasks:  # a bad setting fails now, not after hours of pretraining
+        options = {k: v for k, v in dataclasses.asdict(settings).items() if k != "tasks"}
+        try:
+            checked_settings(settings.tasks, **options)
+        except UserError as err:
+            raise UserError(f"study key 'glue': {err}") from None
     return settings
 
 
