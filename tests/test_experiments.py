@@ -83,6 +83,9 @@ def test_compute_matched_gives_the_entropy_arm_fewer_steps(tmp_path):
     ({"glue": {"tasks": ["RTE"], "epochs": "5"}}, ["study key 'glue'", "epochs='5'"]),
     ({"glue": {"tasks": ["RTE"], "max_length": 4}}, ["study key 'glue'", "max_length >= 8"]),
     ({"pinned": {"model": 3}}, ["study key 'pinned'"]),
+    ({"gates": {"arm": "dynamic", "min": {"eval.mlm_acc": 0.1}}}, ["gates min", "'eval.mlm_acc'", "row paths"]),
+    ({"decision": {"metric": "glue.tasks.STS-B.dev.pearson"}}, ["decision metric", "no result row of this study"]),
+    ({"decision": {"metric": "eval.mlm_loss", "guard": {"eval_data.wt.mlm_loss": 0.1}}}, ["decision guard"]),
 ])
 def test_bad_study_files_give_one_line_errors(tmp_path, capsys, fields, words):
     source = write_study(tmp_path, **fields)
@@ -164,6 +167,15 @@ def test_a_changed_default_is_pinned_under_pinned_without_changing_run_keys(tmp_
     runner.refuse_incomparable(pinned, [row])
     with pytest.raises(UserError, match="model.dropout is set in both base: and pinned:"):
         study_file.load_study(write_study(tmp_path, base=in_base, pinned={"model": {"dropout": 0.3}}))
+
+
+def test_a_gate_on_a_figure_the_rows_lack_is_not_measured_not_failed(tmp_path):
+    gates = {"arm": "dynamic", "min": {"glue.tasks.STS-B.dev.pearson": 0.35}}
+    study = study_file.load_study(write_study(tmp_path, glue={"tasks": ["STS-B"]}, gates=gates))
+    planned = runner.plan_runs(study)
+    rows = [{"key": run.key, "glue": {"skipped": "why"}} for run in planned if run.arm.name == "dynamic"]
+    with pytest.raises(UserError, match="cannot be checked: glue.tasks.STS-B.dev.pearson not measured"):
+        runner.check_gates(study, planned, rows)
 
 
 def test_a_study_with_glue_tasks_and_no_glue_dir_stops_before_training(tmp_path):

@@ -86,6 +86,11 @@ def evaluated_batches(sequences: int, batch_size: int, max_batches: int | None =
     return min(max_batches or available, available)
 
 
+# What _summarise reports: these, and perplexity_freq_<bucket> / masked_tokens_freq_<bucket> per frequency bucket.
+FIGURES = ("mlm_loss", "perplexity", "mlm_accuracy", "masked_tokens", "nsp_accuracy")
+BUCKET_FIGURES = ("perplexity_freq_", "masked_tokens_freq_")
+
+
 def _summarise(totals: _Totals, names: list[str]) -> dict:
     count = totals.count or float("nan")  # nothing masked: no figure, not a perplexity of 1
     mean = totals.loss / count

@@ -10,10 +10,10 @@ import math
 import numpy as np
 
 
-def row_value(row: dict, path: str) -> float:
-    """The number at a dotted path of a row (NaN when it is missing or null)."""
+def row_value(row: dict, path: str | tuple) -> float:
+    """The number at a path of a row, dotted or as keys (NaN when it is missing or null: a bucket with no targets)."""
     value = row
-    for key in path.split("."):
+    for key in path.split(".") if isinstance(path, str) else path:
         if not isinstance(value, dict) or key not in value:
             return math.nan
         value = value[key]
@@ -31,4 +31,5 @@ def gate_results(minimum: dict, rows: list[dict]) -> list[dict]:
 
 
 def describe(results: list[dict]) -> str:
-    return "; ".join(f"{r['path']} {r['mean']:.4g} {'>=' if r['held'] else '<'} {r['least']:g}" for r in results)
+    return "; ".join(f"{r['path']} not measured" if math.isnan(r["mean"]) else
+                     f"{r['path']} {r['mean']:.4g} {'>=' if r['held'] else '<'} {r['least']:g}" for r in results)

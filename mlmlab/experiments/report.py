@@ -25,7 +25,7 @@ from scipy import stats
 
 from mlmlab import choices, markdown
 from mlmlab.errors import UserError
-from mlmlab.experiments.gates import gate_results
+from mlmlab.experiments.gates import gate_results, row_value
 
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0  # a fixed generator, so the intervals are the same every time the report is made
@@ -57,14 +57,8 @@ class Metric:
     log: bool = False  # the stored value is a perplexity; compare its log, the loss in nats
 
     def value(self, row: dict) -> float:
-        value = row
-        for key in self.path:
-            if not isinstance(value, dict) or key not in value:
-                return math.nan
-            value = value[key]
-        if value is None:  # a bucket with no targets is stored as null
-            return math.nan
-        return (math.log(value) if self.log else float(value)) * self.scale
+        value = row_value(row, self.path)
+        return (math.log(value) if self.log else value) * self.scale
 
 
 # ----- reading rows ------------------------------------------------------------------------

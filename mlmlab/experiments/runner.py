@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -275,6 +276,9 @@ def check_gates(study: Study, planned: list[Run], rows: list[dict], log=print) -
         raise UserError(f"the validity gates need every run of arm {study.gates.arm!r} first ({len(gate_rows)} of "
                         f"{len(gate_keys)} are in); run the shard(s) that hold them")
     results = gate_results(study.gates.minimum, gate_rows)
+    if any(math.isnan(result["mean"]) for result in results):
+        raise UserError(f"validity gates of {study.gates.arm} cannot be checked: {describe(results)} in its rows "
+                        "(GLUE or a held-out set was skipped); see the rows' glue and eval_data entries")
     if not all(result["held"] for result in results):
         raise UserError(f"validity gates failed on {study.gates.arm} (means of {len(gate_rows)} seeds): "
                         f"{describe(results)}; raise the budget (base train.max_steps) in a new study out_dir")

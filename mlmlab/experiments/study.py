@@ -48,7 +48,9 @@ from pathlib import Path
 from mlmlab import choices
 from mlmlab.config import load_config, read_yaml, set_dotted, to_dict
 from mlmlab.errors import UserError
-from mlmlab.evaluate.glue import checked_settings
+from mlmlab.evaluate import perplexity
+from mlmlab.evaluate.glue import checked_settings, resolve_task_names
+from mlmlab.evaluate.glue_data import TASKS
 
 STUDY_DIR = Path(__file__).resolve().parent.parent / "configs" / "studies"
 STUDY_KEYS = ("name", "description", "preset", "base", "pinned", "arms", "grid", "seeds", "budget", "baseline", "glue",
@@ -59,6 +61,10 @@ GRID_KEYS = ("prefix", "fixed", "vary")
 RESERVED = {"train.seed": "seeds:", "masking.seed": "seeds:", "train.out_dir": "the study's out_dir",
             "train.max_steps": "base: (the budget derives every arm's steps from it)"}
 ARM_NAME = re.compile(r"^[A-Za-z0-9._=+-]+$")  # names become folder names
+ROW_NUMBERS = ("steps", "tokens_seen", "flops", "train_seconds", "scorer_seconds", "wall_seconds")
+ROW_PATHS = ("row paths: eval.<figure> (mlm_loss, perplexity, mlm_accuracy, nsp_accuracy, perplexity_freq_<bucket>), "
+             "eval_data.<name>.<figure>, glue.average, glue.tasks.<task>.dev.<metric> of the study's GLUE tasks, "
+             + ", ".join(ROW_NUMBERS))
 
 
 @dataclass(frozen=True)
@@ -304,3 +310,36 @@ def _check_study(study: Study) -> None:
         raise UserError(f"baseline {study.baseline!r} is not an arm; arms: {', '.join(names)}")
     if study.gates is not None and study.gates.arm not in names:
         raise UserError(f"gates arm {study.gates.arm!r} is not an arm; arms: {', '.join(names)}")
+    _check_row_paths(study)
+
+
+def _check_row_paths(study: Study) -> None:
+    """Gates and the decision read rows by path: a typo would read NaN and fail a gate or decide nothing, silently."""
+    named = {"gates min": list(study.gates.minimum) if study.gates else [],
+             "decision metric": [study.decision.metric] if study.decision else [],
+             "decision guard": list(study.decision.guard) if study.decision else []}
+    for where, paths in named.items():
+        for path in paths:
+            if not _is_row_path(path.split("."), study):
+                raise UserError(f"{where} names {path!r}, which no result row of this study has; {ROW_PATHS}")
+
+
+def _is_row_path(parts: list[str], study: Study) -> bool:
+    def figure(name: str) -> bool:
+        return name in perplexity.FIGURES or name.startswith(perplexity.BUCKET_FIGURES)
+
+    tasks = resolve_task_names(study.glue.tasks) if study.glue.tasks else []
+    match parts:
+        case [number] if number in ROW_NUMBERS:
+            return True
+        case ["eval", name]:
+            return figure(name)
+        case ["eval_data", data, name]:
+            return data in study.eval_data and figure(name)
+        case ["glue", "average"]:
+            return bool(tasks)
+        case ["glue", "tasks", task, "score"]:
+            return task in tasks
+        case ["glue", "tasks", task, "dev", metric]:
+            return task in tasks and metric in TASKS[task].metric_names
+    return False
