@@ -312,6 +312,17 @@ def test_primary_interval_is_the_paired_t_interval_not_the_bootstrap_range():
         "adm", "dynamic", metric, comparison)
 
 
+def test_the_same_difference_in_every_seed_has_no_interval_and_is_not_significant():
+    base, arm = seed_rows("dynamic", [100.0, 200.0, 300.0]), seed_rows("adm", [90.0, 190.0, 290.0])
+    metric = report.Metric("perplexity", ("eval", "perplexity"), True)
+    comparison = report.compare(arm, base, metric)
+    assert comparison.diff == -10.0 and not comparison.spread and not comparison.significant
+    assert report.format_delta(comparison) == "-10 (the same in every seed: no interval)"
+    assert "no significance is claimed" in report.verdict("adm", "dynamic", metric, comparison)
+    rule = {"lower_is_better": True, "min_effect": 0.01, "guard": {}}
+    assert report.decide(rule, comparison, {})[0] == report.INCONCLUSIVE  # not a win from a zero-width interval
+
+
 def test_few_seeds_label_the_bootstrap_a_range_never_a_ci(tmp_path):
     def text_for(seeds):
         rows = seed_rows("dynamic", [100.0 + s for s in range(seeds)])

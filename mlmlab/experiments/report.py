@@ -35,7 +35,7 @@ FEW_SEEDS = 5  # below this the bootstrap is a range, not a CI, and the t-interv
 @dataclass
 class Comparison:
     diff: float  # mean over paired seeds of (arm - baseline)
-    low: float  # 95% paired t-interval: the primary interval, the one verdicts use
+    low: float  # 95% paired t-interval: the primary interval, the one verdicts use (NaN: none, see spread)
     high: float
     n: int  # paired seeds
     boot_low: float = math.nan  # percentile bootstrap: secondary; a range, not a CI, below FEW_SEEDS
@@ -44,8 +44,13 @@ class Comparison:
     identical: bool = False  # every metric equals the baseline's in every seed: the same run, not a null
 
     @property
+    def spread(self) -> bool:
+        """The paired differences vary between seeds: without that there is no interval to draw."""
+        return not math.isnan(self.low)
+
+    @property
     def significant(self) -> bool:
-        return self.n >= 2 and not self.identical and not self.low <= 0.0 <= self.high
+        return self.n >= 2 and not self.identical and self.spread and not self.low <= 0.0 <= self.high
 
 
 @dataclass(frozen=True)
@@ -147,8 +152,8 @@ def identical_runs(rows: list[dict], base_rows: list[dict]) -> bool:
 def t_interval(diffs: np.ndarray) -> tuple[float, float]:
     """Paired t-interval of the mean difference, df = n - 1."""
     mean, sem = float(diffs.mean()), float(stats.sem(diffs))
-    if sem == 0.0:  # equal differences in every seed: scipy's t would give nan; there is no spread to widen
-        return mean, mean
+    if sem == 0.0:  # the same difference in every seed (e.g. two classifiers stuck on constant predictions):
+        return math.nan, math.nan  # no spread to estimate an interval from, so no significance either
     low, high = stats.t.interval(0.95, len(diffs) - 1, loc=mean, scale=sem)
     return float(low), float(high)
 
@@ -192,12 +197,14 @@ def format_delta(comparison: Comparison | None) -> str:
         return f"{comparison.diff:+.3g} (1 seed, no interval)"
     if comparison.all_zero:
         return "+0 (equal in every seed)"
+    if not comparison.spread:
+        return f"{comparison.diff:+.3g} (the same in every seed: no interval)"
     mark = " *" if comparison.significant else ""
     return f"{comparison.diff:+.3g} [{comparison.low:+.3g}, {comparison.high:+.3g}]{mark}"
 
 
 def format_boot(comparison: Comparison | None) -> str:
-    if comparison is None or comparison.n < 2 or comparison.identical or comparison.all_zero:
+    if comparison is None or comparison.n < 2 or comparison.identical or not comparison.spread:
         return "–"
     return f"[{comparison.boot_low:+.3g}, {comparison.boot_high:+.3g}]"
 
@@ -213,6 +220,9 @@ def verdict(arm: str, baseline: str, metric: Metric, comparison: Comparison | No
     if comparison.n < 2:
         return f"{head} cannot be assessed from 1 paired seed (Δ = {comparison.diff:+.3g}, no interval)."
     c = comparison
+    if not c.spread:
+        return (f"{head} Δ = {c.diff:+.3g} in each of {c.n} paired seeds: with no spread there is no interval, so "
+                "no significance is claimed.")
     interval = f"Δ = {c.diff:+.3g}, 95% t-interval [{c.low:+.3g}, {c.high:+.3g}], {c.n} paired seeds"
     if not comparison.significant:
         return f"{head} no significant difference ({interval})."
@@ -417,6 +427,8 @@ def decide(rule: dict, primary: Comparison | None, guards: dict[str, Comparison 
         return NO_CALL, "fewer than 2 seeds paired with the baseline"
     if primary.identical:
         return NO_CALL, "the baseline's computation again (identical by construction)"
+    if not primary.spread:
+        return INCONCLUSIVE, "the same difference in every seed: no interval"
     sign = -1.0 if rule["lower_is_better"] else 1.0  # gain > 0: the arm is better
     gain, bounds = sign * primary.diff, sorted((sign * primary.low, sign * primary.high))
     if bounds[1] < 0:
