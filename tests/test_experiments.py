@@ -186,6 +186,15 @@ def test_a_study_with_glue_tasks_and_no_glue_dir_stops_before_training(tmp_path)
     assert not (tmp_path / "out" / "runs").exists()
 
 
+def test_a_row_after_a_line_cut_short_is_kept(tmp_path):
+    results = tmp_path / "results.jsonl"
+    runner.append_row(results, {"key": "a"})
+    with open(results, "a") as handle:
+        handle.write('{"key": "b", "cut sh')  # a crash mid-write
+    runner.append_row(results, {"key": "c"})
+    assert [row["key"] for row in runner.finished_rows(results)] == ["a", "c"]
+
+
 def test_arms_of_other_batch_sizes_are_evaluated_on_the_same_sequences(tmp_path):
     arms = [DYNAMIC, {**DYNAMIC, "name": "dynamic-b4", "train.batch_size": 4}]
     base = {**TINY_BASE, "train": {**TINY_BASE["train"], "max_steps": 2, "eval_every": 0, "eval_batch_size": 8}}

@@ -230,10 +230,21 @@ def execute(run: Run, study: Study, results: Path, show_progress: bool) -> dict:
     trained = time.perf_counter()
     evaluations = {"eval_data": held_out_reports(run, study), "glue": glue_for(run, study, show_progress)}
     row = make_row(run, study, summary, scorer_seconds, evaluations, time.perf_counter() - trained)
-    with open(results, "a") as handle:
-        # One write per row, so concurrent shards never interleave.
-        handle.write(jsonio.dumps(row) + "\n")
+    append_row(results, row)
     return row
+
+
+def append_row(results: Path, row: dict) -> None:
+    """One write per row, so shards appending to one local file never interleave; after a line cut short
+    (a crash mid-write) the row starts a new line, or it would be lost with the cut one."""
+    line = (jsonio.dumps(row) + "\n").encode()
+    with open(results, "ab+") as handle:  # appends go to the end whatever was read
+        size = handle.seek(0, 2)
+        if size:
+            handle.seek(size - 1)
+            if handle.read(1) != b"\n":
+                line = b"\n" + line
+        handle.write(line)
 
 
 def run_study(study: Study, shard: tuple[int, int] = (0, 1), show_progress: bool = True, log=print) -> list[dict]:
