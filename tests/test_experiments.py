@@ -332,6 +332,13 @@ def test_the_same_difference_in_every_seed_has_no_interval_and_is_not_significan
     assert report.decide(rule, comparison, {})[0] == report.INCONCLUSIVE  # not a win from a zero-width interval
 
 
+def test_a_final_evaluation_logged_twice_counts_once_in_the_mean_curve():
+    records = [{"step": 4, "loss": 3.0}, {"step": 4, "eval": {"mlm_loss": 2.0}}, {"step": 4, "eval": {"mlm_loss": 2.0}}]
+    runs = [({"steps": 4}, records), ({"steps": 4}, [{"step": 4, "eval": {"mlm_loss": 5.0}}])]
+    xs, ys = report.mean_curve(runs, lambda r: r.get("eval", {}).get("mlm_loss"), report.progress_of)
+    assert (xs, ys) == ([1.0], [3.5])  # (2 + 5) / 2, not (2 + 2 + 5) / 3
+
+
 def test_few_seeds_label_the_bootstrap_a_range_never_a_ci(tmp_path):
     def text_for(seeds):
         rows = seed_rows("dynamic", [100.0 + s for s in range(seeds)])

@@ -68,7 +68,7 @@ class Metric:
 
 # ----- reading rows ------------------------------------------------------------------------
 def load_rows(path: Path) -> tuple[list[dict], list[str]]:
-    """The rows, the latest per (arm, seed) (a rerun with a changed config supersedes), and notes."""
+    """The rows, the latest per (arm, seed) (a duplicate, e.g. from a results file merged twice, counts once), and notes."""
     if not path.is_file():
         raise UserError(f"{path} does not exist; pass the results.jsonl an `mlmlab experiment` wrote")
     rows, notes = [], []
@@ -251,13 +251,19 @@ def read_curves(groups, results_dir: Path) -> tuple[dict[str, list[tuple[dict, l
 
 
 def mean_curve(runs: list[tuple[dict, list[dict]]], value, x) -> tuple[list[float], list[float]]:
-    """Mean over seeds at each step of value(record) (None = no point), plotted against x(row, record)."""
+    """Mean over seeds at each step of value(record) (None = no point), plotted against x(row, record).
+
+    One point per run and step, its last: a run resumed after its final checkpoint (stopped during
+    GLUE) logs its final evaluation twice, and would count twice in the mean."""
     points = defaultdict(list)
     for row, records in runs:
+        last = {}
         for record in records:
             y = value(record)
             if y is not None and math.isfinite(y):
-                points[x(row, record)].append(y)
+                last[x(row, record)] = y
+        for at, y in last.items():
+            points[at].append(y)
     xs = sorted(points)
     return xs, [float(np.mean(points[k])) for k in xs]
 
