@@ -135,6 +135,16 @@ def test_run_keys_follow_what_the_study_sets_not_mlmlab_defaults(tmp_path):
     assert identity.identity_hash(run.config, explicit, {"train": "other"}, settings) != run.key.rsplit("/", 1)[1]
 
 
+def test_a_glue_setting_added_later_changes_no_key_until_a_study_sets_it(tmp_path, monkeypatch):
+    # as if max_train_examples were a field added after the keys were made: at its default the
+    # key is made of what it was made of before the field existed
+    monkeypatch.setattr(identity, "KEYED_GLUE_FIELDS", identity.KEYED_GLUE_FIELDS[:-1])
+    default = identity.settings_of(study_file.load_study(write_study(tmp_path)))["glue"]
+    assert "max_train_examples" not in default and "epochs" in default
+    sampled = write_study(tmp_path, glue={"tasks": [], "max_train_examples": 100})
+    assert identity.settings_of(study_file.load_study(sampled))["glue"]["max_train_examples"] == 100
+
+
 def _row_as_made(run, **changes) -> dict:
     cfg = dataclasses.replace(run.config, model=dataclasses.replace(run.config.model, **changes))
     return {"key": run.key, "arm": run.arm.name, "seed": run.seed, "config": to_dict(cfg), "datasets": run.datasets}

@@ -19,6 +19,9 @@ from mlmlab.config import Config, flat_keys, to_dict
 # Set for every run by the study (budget, seeds), whatever its preset and base say.
 STUDY_SET_KEYS = ("train.max_steps", "train.warmup_steps", "train.seed", "masking.seed")
 NOT_IDENTITY = ("train.out_dir",)  # where a run lives, not what it computes
+# The GLUE settings that existed when keys were first made: always in a key. A field added later
+# enters only when a study sets it off its default, so adding one changes no finished run's key.
+KEYED_GLUE_FIELDS = ("tasks", "seeds", "learning_rates", "epochs", "batch_size", "max_length", "max_train_examples")
 
 
 def identity_hash(cfg: Config, explicit_keys, datasets: dict, settings: dict) -> str:
@@ -38,4 +41,6 @@ def config_changes(recorded: dict, planned: dict) -> list[str]:
 
 def settings_of(study) -> dict:
     """The study's settings besides the config that decide a row's numbers."""
-    return {"glue": dataclasses.asdict(study.glue), "eval_data": study.eval_data}
+    glue, defaults = dataclasses.asdict(study.glue), dataclasses.asdict(type(study.glue)())
+    chosen = {key: value for key, value in glue.items() if key in KEYED_GLUE_FIELDS or value != defaults[key]}
+    return {"glue": chosen, "eval_data": study.eval_data}
