@@ -23,7 +23,7 @@ from mlmlab.devices import compute_device
 from mlmlab.errors import UserError
 from mlmlab.masking.select import token_info_for
 from mlmlab.masking.strategies import eval_masks, frequency_buckets
-from mlmlab.model import SparsePretraining, eval_mode, saved_vocab_hash
+from mlmlab.model import WEIGHTS_FILE, SparsePretraining, eval_mode, saved_vocab_hash
 
 DEFAULT_BUCKETS = MaskingConfig().freq_cuts  # the same as training's
 
@@ -112,7 +112,7 @@ def _summarise(totals: _Totals, names: list[str]) -> dict:
 def load_pretrained(model_dir):
     """A BertForPreTraining and its tokenizer from an mlmlab model folder, or a clear error."""
     folder = Path(model_dir)
-    if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
+    if not (folder / "config.json").is_file() or not (folder / WEIGHTS_FILE).is_file():
         raise UserError(f"{folder} is not a model folder (needs config.json and model.safetensors); "
                         "pass the model/ folder of a run or a checkpoint's model/ folder")
     try:
