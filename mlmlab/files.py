@@ -73,8 +73,8 @@ def publish(staging: Path, target: Path, *, replace: bool = False) -> bool:
     concurrent writer of the same content: ``staging`` is discarded and theirs is kept.
     """
     target = Path(target)
-    if replace and target.exists():
-        shutil.rmtree(target)
+    _sync_tree(staging)  # the contents reach the disk before the name does: a crash never leaves a hollow target
+    replaced = _move_aside(target) if replace and target.exists() else None
     if target.is_dir() and not any(target.iterdir()):
         target.rmdir()
     try:
@@ -84,7 +84,41 @@ def publish(staging: Path, target: Path, *, replace: bool = False) -> bool:
             raise
         shutil.rmtree(staging, ignore_errors=True)
         return False
+    _sync_folder(target.parent)
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
     return True
+
+
+def _move_aside(target: Path) -> Path:
+    """Rename ``target`` to a staging name (removed as stale if this writer dies) rather than delete it first.
+
+    Deleting first would leave, until the rename, no copy of it under any name the writer's
+    successor keeps.
+    """
+    aside = Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(target)}{_HOST}-{os.getpid()}-", dir=target.parent))
+    aside.rmdir()
+    os.rename(target, aside)
+    return aside
+
+
+def _sync_tree(folder: Path) -> None:
+    """fsync every file under ``folder``, then the folders themselves (their entries), deepest first."""
+    for path in sorted(Path(folder).rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+        elif path.is_dir():
+            _sync_folder(path)
+    _sync_folder(Path(folder))
+
+
+def _sync_folder(folder: Path) -> None:
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 @contextmanager

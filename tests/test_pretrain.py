@@ -163,12 +163,49 @@ def test_sigterm_saves_a_checkpoint(tmp_path):
     assert json.loads((saved / "trainer_state.json").read_text())["step"] >= 1
 
 
+def _damage(folder):
+    (folder / "training_state.pt").write_bytes(b"truncated")
+
+
 def test_corrupt_checkpoint_is_skipped(tmp_path, capsys):
     subprocess.run(_command(tmp_path, 4), check=True, capture_output=True)
-    newest = checkpoint.latest(tmp_path)
-    (newest / "training_state.pt").write_bytes(b"truncated")
+    _damage(checkpoint.latest(tmp_path))
     assert checkpoint.latest(tmp_path).name == "ckpt-00000002"
     assert "does not match its checksum" in capsys.readouterr().out
+
+
+def test_a_run_whose_checkpoints_are_all_damaged_is_refused_not_restarted(tmp_path):
+    subprocess.run(_command(tmp_path, 4), check=True, capture_output=True)
+    for folder in checkpoint.complete_checkpoints(tmp_path, check=False):
+        _damage(folder)
+    metrics = (tmp_path / "metrics.jsonl").read_text()
+    rerun = subprocess.run(_command(tmp_path, 4), capture_output=True, text=True)
+    assert rerun.returncode != 0 and "Traceback" not in rerun.stderr
+    assert "every checkpoint" in rerun.stderr.strip().splitlines()[-1]
+    assert (tmp_path / "metrics.jsonl").read_text() == metrics  # starting over would have erased them
+    assert len(checkpoint.complete_checkpoints(tmp_path, check=False)) == 2
+
+
+def test_a_later_damaged_checkpoint_does_not_make_pruning_delete_the_new_one(tmp_path):
+    subprocess.run(_command(tmp_path, 4), check=True, capture_output=True)  # ckpt-2, ckpt-4 (keep_last=2)
+    _damage(tmp_path / "ckpt-00000004")
+    saving_every_step = _command(tmp_path, 4) + ["train.save_every=1", "--resume", "auto"]
+    resumed = subprocess.run(saving_every_step, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming from" in resumed.stdout + resumed.stderr and "ckpt-00000002" in resumed.stdout + resumed.stderr
+    # Steps 3 and 4 saved again: ckpt-3 survived the pruning after it, and ckpt-4 was rewritten intact.
+    assert [folder.name for folder in checkpoint.complete_checkpoints(tmp_path)] == ["ckpt-00000003", "ckpt-00000004"]
+
+
+def test_resuming_an_earlier_checkpoint_inside_its_own_run_is_refused(tmp_path):
+    subprocess.run(_command(tmp_path, 4), check=True, capture_output=True)
+    earlier = tmp_path / "ckpt-00000002"
+    refused = subprocess.run(_command(tmp_path, 4) + ["--resume", str(earlier)], capture_output=True, text=True)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "ckpt-00000004" in refused.stderr.strip().splitlines()[-1]
+    branched = subprocess.run(_command(tmp_path / "branch", 4) + ["--resume", str(earlier)], capture_output=True, text=True)
+    assert branched.returncode == 0, branched.stderr[-2000:]
+    assert [folder.name for folder in checkpoint.complete_checkpoints(tmp_path)] == ["ckpt-00000002", "ckpt-00000004"]
 
 
 def test_optimizer_state_in_another_format_is_refused_in_one_line(tmp_path):

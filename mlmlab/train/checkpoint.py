@@ -144,9 +144,17 @@ def save(run_dir: Path, step: int, write_contents, keep_last: int) -> Path:
         write_contents(staging)
         _write_manifest(staging)
     if keep_last > 0:  # 0 keeps every checkpoint (config validation refuses negative values)
-        for old in complete_checkpoints(run_dir, check=False)[:-keep_last]:
+        # Only those up to this step: a later one is a damaged one that the resume skipped; it
+        # must not count among the newest, or pruning would delete the checkpoint just written.
+        earlier = [folder for folder in complete_checkpoints(run_dir, check=False) if step_of(folder) <= step]
+        for old in earlier[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def step_of(folder: Path) -> int:
+    """The step of a ``ckpt-<step>`` folder, from its name."""
+    return int(folder.name.removeprefix(PREFIX))
 
 
 def save_run_state(run_dir: Path, step: int, model_config: BertConfig, weights: dict, training_state: dict,
@@ -222,7 +230,8 @@ def remove_partial(run_dir: Path) -> None:
 
 def complete_checkpoints(run_dir: Path, check: bool = True, warn=print) -> list[Path]:
     """Checkpoint folders in step order; with ``check``, corrupt ones are reported and skipped."""
-    folders = sorted(Path(run_dir).glob(f"{PREFIX}*")) if Path(run_dir).exists() else []
+    named = Path(run_dir).glob(f"{PREFIX}*") if Path(run_dir).exists() else []
+    folders = sorted(folder for folder in named if folder.name.removeprefix(PREFIX).isdigit())
     good = []
     for folder in folders:
         problem = verify(folder) if check else None
@@ -243,7 +252,7 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
     if not resume:
         return None
     if resume == RESUME_LATEST:
-        return latest(run_dir)
+        return _latest_or_refuse(run_dir)
     folder = Path(resume)
     problem = verify(folder) if folder.is_dir() else "no such folder"
     if problem and (folder / "config.json").is_file() and (folder / WEIGHTS_FILE).is_file():
@@ -251,7 +260,37 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
                         f"a new run from its weights, pass --init {folder}")
     if problem:
         raise UserError(f"cannot resume from {folder}: {problem}; pass --resume auto or another checkpoint")
+    _refuse_later_checkpoints(folder, run_dir)
     return folder
+
+
+def _latest_or_refuse(run_dir: Path) -> Path | None:
+    """The newest intact checkpoint; None for a run without any; refused when every one is damaged.
+
+    Starting over there would erase the run's metrics and, once saving, prune its checkpoints.
+    """
+    found = latest(run_dir)
+    damaged = complete_checkpoints(run_dir, check=False)
+    if found is None and damaged:
+        raise UserError(f"every checkpoint in {run_dir} is damaged ({len(damaged)}, see above), so the run cannot "
+                        "resume; move them out of the folder to start it over, or choose another train.out_dir")
+    return found
+
+
+def _refuse_later_checkpoints(folder: Path, run_dir: Path) -> None:
+    """A resume from an earlier checkpoint of the run itself would mix two runs in one folder.
+
+    Its later checkpoints would stay: the next automatic resume would take one of them, and
+    pruning would keep them over the new ones.
+    """
+    if folder.resolve().parent != Path(run_dir).resolve():
+        return
+    resumed_step = json.loads((folder / TRAINER_STATE).read_text())["step"]
+    later = [other.name for other in complete_checkpoints(run_dir) if step_of(other) > resumed_step]
+    if later:
+        raise UserError(f"cannot resume from {folder} inside its own run: {run_dir} holds later checkpoints "
+                        f"({', '.join(later)}); pass another train.out_dir to branch from it (the run stays "
+                        "as it is), or delete the later checkpoints")
 
 
 # config.json entries that fix the weights' shapes or meaning, and the settings that set them.
