@@ -3,14 +3,17 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from mlmlab.train import checkpoint
 from mlmlab.train.checkpoint import load_torch
 
 COMMON = ["--no-progress", "train.max_steps=4", "train.log_every=1", "train.eval_every=0", "train.save_every=0",
@@ -73,12 +76,24 @@ def fsdp_pretrain(run_dir, *overrides) -> subprocess.CompletedProcess:
                            *overrides], env={**os.environ, **FSDP_ENV}, capture_output=True, text=True)
 
 
+def ddp_pretrain(run_dir, *overrides) -> subprocess.CompletedProcess:
+    """2 processes x batch 4 under torchrun (DDP)."""
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "mlmlab.cli",
+                           "pretrain", *COMMON, "train.batch_size=4", f"train.out_dir={run_dir}", *overrides],
+                          capture_output=True, text=True)
+
+
+def forget_last_checkpoint(run_dir) -> None:
+    """As if killed after the previous checkpoint: the rerun resumes from it."""
+    shutil.rmtree(sorted(run_dir.glob("ckpt-*"))[-1])
+    shutil.rmtree(run_dir / "model")
+    (run_dir / "summary.json").unlink()
+
+
 @pytest.mark.parametrize("masking", [(), ADM_CONTEXT], ids=["dynamic", "adm-context"])
 def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, one_process, masking):
     # Dropout off: each rank draws its own dropout masks, which no split could reproduce.
-    double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "mlmlab.cli",
-                             "pretrain", *COMMON, "train.batch_size=4", f"train.out_dir={tmp_path / 'two'}", *masking],
-                            capture_output=True, text=True)
+    double = ddp_pretrain(tmp_path / "two", *masking)
     assert double.returncode == 0, double.stderr[-2000:]
     assert double.stdout.count("model card:") == 1, "the summary is printed by the main process only"
     assert_same_trajectory(losses(one_process(*masking)), losses(tmp_path / "two"))
@@ -105,9 +120,7 @@ def test_fsdp_trains_like_one_process_and_resumes_to_the_bit(tmp_path, one_proce
 
     # As if killed after step 2's checkpoint: the rerun resumes from it, still sharded.
     trajectory = losses(run_dir)
-    shutil.rmtree(sorted(run_dir.glob("ckpt-*"))[-1])
-    shutil.rmtree(run_dir / "model")
-    (run_dir / "summary.json").unlink()
+    forget_last_checkpoint(run_dir)
     second = fsdp_pretrain(run_dir)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming from" in second.stdout + second.stderr
@@ -121,3 +134,63 @@ def test_fsdp_refuses_model_scorers_in_one_line(tmp_path):
     assert result.returncode != 0
     assert "masking.scorer=entropy needs the whole model" in result.stderr
     assert not (tmp_path / "adm" / "metrics.jsonl").exists()
+
+
+def test_each_process_resumes_its_own_dropout_generator(tmp_path):
+    """With dropout each process draws its own masks: a resume gives each its own generator back, not the main one's."""
+    run_dir = tmp_path / "ddp"
+    # Instances of random lengths, unbucketed: the processes' batches then differ in length, and so do their
+    # generators (full-length or length-bucketed batches give both the same shapes, and the same states).
+    varied = ("model.dropout=0.1", "train.save_every=2", "data.short_seq_prob=1.0", "data.bucket_batches=0")
+    first = ddp_pretrain(run_dir, *varied)
+    assert first.returncode == 0, first.stderr[-3000:]
+    trajectory, straight = losses(run_dir), weights(run_dir)
+    by_process = load_torch(run_dir / "ckpt-00000002" / "training_state.pt")["torch_rng_by_process"]
+    assert not torch.equal(by_process[0], by_process[1]), "the processes' generators never differed: nothing tested"
+    forget_last_checkpoint(run_dir)
+    second = ddp_pretrain(run_dir, *varied)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert losses(run_dir) == trajectory
+    resumed = weights(run_dir)
+    assert all(torch.equal(resumed[name], tensor) for name, tensor in straight.items())
+
+
+def test_a_time_budget_ends_every_process_at_the_same_step(tmp_path):
+    """Each process's own clock would end the budget at its own step, and one would wait for the other forever."""
+    result = ddp_pretrain(tmp_path, "train.max_minutes=0.1", "train.warmup_steps=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["train_seconds"] >= 6.0 and summary["steps"] == len(losses(tmp_path)) >= 2
+
+
+def worker_of_rank(launcher_pid: int, rank: int) -> int:
+    """The pid of torchrun's worker process of ``rank`` (from its environment; Linux /proc)."""
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            parent = next(line for line in status.read_text().splitlines() if line.startswith("PPid:"))
+            environ = (status.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, StopIteration):  # a process that ended meanwhile
+            continue
+        if int(parent.split()[1]) == launcher_pid and f"RANK={rank}".encode() in environ:
+            return int(status.parent.name)
+    raise AssertionError(f"no worker of rank {rank} under {launcher_pid}")
+
+
+def test_sigterm_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(tmp_path):
+    """torchrun forwards a SIGTERM to every worker, each at its own moment; here only rank 1 gets one."""
+    launcher = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
+                                 "mlmlab.cli", "pretrain", *COMMON, "train.max_steps=100000", "train.batch_size=4",
+                                 f"train.out_dir={tmp_path}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+    while not (tmp_path / "metrics.jsonl").exists() and launcher.poll() is None:
+        time.sleep(0.1)
+    os.kill(worker_of_rank(launcher.pid, 1), signal.SIGTERM)
+    try:
+        output, _ = launcher.communicate(timeout=180)
+    except subprocess.TimeoutExpired:  # rank 1 waiting in its checkpoint's barrier, rank 0 in the next step
+        os.killpg(launcher.pid, signal.SIGKILL)
+        raise AssertionError("the processes did not stop together: the launch hung") from None
+    assert launcher.returncode != 0 and "SIGTERM: saving a checkpoint" in output, output[-3000:]
+    saved = checkpoint.latest(tmp_path)
+    step = json.loads((saved / "trainer_state.json").read_text())["step"]
+    assert step == max(record[0] for record in losses(tmp_path)) >= 1

@@ -62,6 +62,19 @@ def test_ranks_split_each_global_batch():
     assert sorted(torch.cat(parts).tolist()) == sorted(whole.tolist())
 
 
+def test_a_position_of_another_global_batch_resumes_at_the_same_share_of_the_epoch():
+    """Recorded with 2 processes x 8 (16 a step): resumed with 1 x 8 or 2 x 16, as a cluster's run might be."""
+    store = _FakeStore(100)
+    batches = iterate_batches(store, batch_size=8, seed=3, start=LoaderPosition(), world_size=2)
+    recorded = [next(batches)[0] for _ in range(3)][-1]
+    assert (recorded.batch, recorded.global_batch) == (3, 16)  # 48 examples of the epoch consumed
+    for batch_size, world_size, expected in ((8, 1, 6), (16, 2, 1)):
+        position, _ = next(iterate_batches(store, batch_size=batch_size, seed=3, start=recorded, world_size=world_size))
+        assert (position.epoch, position.batch, position.global_batch) == (0, expected + 1, batch_size * world_size)
+    unknown = LoaderPosition(0, 3)  # a checkpoint from before the size was recorded: read as it is
+    assert next(iterate_batches(store, batch_size=8, seed=3, start=unknown))[0].batch == 4
+
+
 def test_dump_masks_equal_the_training_step():
     from mlmlab.config import load_config
     from mlmlab.data.resolve import prepare_datasets

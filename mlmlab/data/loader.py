@@ -22,12 +22,24 @@ KEYS_PADDED = ("input_ids", "token_type_ids")
 class LoaderPosition:
     epoch: int = 0
     batch: int = 0  # global batches already consumed in this epoch
+    global_batch: int = 0  # examples in each of them; 0: unknown (a checkpoint from before it was recorded)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch": self.batch}
+        return {"epoch": self.epoch, "batch": self.batch, "global_batch": self.global_batch}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+        self.global_batch = int(state.get("global_batch", 0))
+
+    def for_global_batch(self, global_batch: int) -> "LoaderPosition":
+        """The same share of the epoch in global batches of ``global_batch`` examples.
+
+        A resume with another process count or batch size: batch k of another size is
+        another point of the epoch, so it is rescaled rather than read as it is.
+        """
+        if self.global_batch in (0, global_batch):
+            return LoaderPosition(self.epoch, self.batch, global_batch)
+        return LoaderPosition(self.epoch, self.batch * self.global_batch // global_batch, global_batch)
 
 
 def epoch_batches(num_examples: int, global_batch: int, seed: int, epoch: int, lengths=None,
@@ -97,7 +109,7 @@ def iterate_batches(store, *, batch_size: int, seed: int, start: LoaderPosition,
     if len(store) < global_batch:
         raise UserError(f"the dataset has {len(store)} instances, fewer than one global batch of {global_batch}; "
                         "use more text or a smaller train.batch_size")
-    epoch, first = start.epoch, start.batch
+    epoch, first = start.epoch, start.for_global_batch(global_batch).batch
     while True:
         plan = epoch_batches(len(store), global_batch, seed, epoch, store.lengths, bucket_batches)[first:, rank::world_size]
         # Its own generator: a DataLoader draws a worker base seed when iterated, and from torch's
@@ -106,5 +118,5 @@ def iterate_batches(store, *, batch_size: int, seed: int, start: LoaderPosition,
                             prefetch_factor=4 if workers else None, persistent_workers=False,
                             generator=torch.Generator().manual_seed(seed))
         for offset, batch in enumerate(loader):
-            yield LoaderPosition(epoch, first + offset + 1), batch
+            yield LoaderPosition(epoch, first + offset + 1, global_batch), batch
         epoch, first = epoch + 1, 0

@@ -56,14 +56,17 @@ class TrainerState:
     position: LoaderPosition = field(default_factory=LoaderPosition)
     tokens: int = 0  # non-padding tokens seen, all ranks
     flops: float = 0.0  # model FLOPs of the applied steps, all ranks (mfu.training_flops)
-    seconds: float = 0.0  # training wall-clock, excluding evaluation and checkpoints
+    seconds: float = 0.0  # training wall-clock (the main process's), excluding evaluation and checkpoints
     elapsed: float = 0.0  # the run's wall-clock, set-up, evaluations and checkpoints included, summed over resumes
     bad_steps: int = 0  # consecutive non-finite losses
     warmup_end_progress: float = 0.0  # time budgets: where LR decay may start
 
-    def advance(self, seconds: float, cfg: TrainConfig) -> None:
-        """One more step, done in ``seconds``; a time budget learns here where warmup ended."""
-        self.seconds += seconds
+    def advance(self, clock: float, cfg: TrainConfig) -> None:
+        """One more step; ``clock``: the training seconds at its collective, the same on every process.
+
+        A time budget learns here where warmup ended.
+        """
+        self.seconds = clock
         self.step += 1
         if self.step == cfg.warmup_steps:
             self.warmup_end_progress = training_progress(cfg, self.step, self.seconds)
@@ -134,18 +137,54 @@ def global_denominators(accelerator, micro: list[dict]) -> tuple[float, float]:
     return (total[0] / accelerator.num_processes).item(), (total[1] / accelerator.num_processes).item()
 
 
-def rng_states() -> dict:
-    """torch's default generators (weight init and dropout draw from them: transformers offers no other)."""
+def any_process(accelerator, flag: bool) -> bool:
+    """Whether ``flag`` is set on any process: what all of them then act on together."""
+    votes = accelerator.reduce(torch.tensor([float(flag)], device=accelerator.device), reduction="sum")
+    return votes.item() > 0
+
+
+def rng_states(accelerator) -> dict:
+    """torch's default generators (weight init and dropout draw from them: transformers offers no other).
+
+    Every process draws its own dropout masks from its own generators, so with several
+    processes each one's states are kept too ("<name>_by_process", one row per rank).
+    """
     states = {"torch_rng": torch.get_rng_state()}
     if torch.cuda.is_available():
         states["cuda_rng"] = torch.cuda.get_rng_state_all()
+    if accelerator.num_processes > 1:
+        states["torch_rng_by_process"] = _gathered(accelerator, torch.get_rng_state())
+        if torch.cuda.is_available():
+            states["cuda_rng_by_process"] = _gathered(accelerator, torch.cuda.get_rng_state())
     return states
 
 
-def set_rng_states(states: dict) -> None:
-    torch.set_rng_state(states["torch_rng"])
-    if torch.cuda.is_available() and "cuda_rng" in states:
+def _gathered(accelerator, state: torch.Tensor) -> torch.Tensor:
+    """(N,) bytes of this process -> (processes, N) on the CPU, rank order."""
+    return accelerator.gather(state[None].to(accelerator.device)).cpu()
+
+
+def set_rng_states(states: dict, accelerator) -> None:
+    """This process's own states where the checkpoint has them for this process count, else the main one's."""
+    own = _own_state(states, "torch_rng", accelerator)
+    torch.set_rng_state(states["torch_rng"] if own is None else own)
+    if not torch.cuda.is_available():
+        return
+    own = _own_state(states, "cuda_rng", accelerator)
+    if own is not None:
+        torch.cuda.set_rng_state(own)
+    elif "cuda_rng" in states:
         torch.cuda.set_rng_state_all(states["cuda_rng"])
+
+
+def _own_state(states: dict, name: str, accelerator) -> torch.Tensor | None:
+    """This process's row of "<name>_by_process"; None when the checkpoint has none for this process count."""
+    by_process = states.get(f"{name}_by_process")
+    if by_process is None or len(by_process) != accelerator.num_processes:
+        return None
+    # A copy: torch's set_rng_state reads a row view from its storage's start (torch 2.13: "Invalid mt19937
+    # state", or a crash).
+    return by_process[accelerator.process_index].clone()
 
 
 def say(accelerator, text: str) -> None:
@@ -208,6 +247,7 @@ class Trainer:
         if folder is not None:  # after prepare: FSDP shards the optimizer state as it loads
             self.load_state_dict(checkpoint.read_training_state(folder))
         self._elapsed_before = self.state.elapsed  # what earlier processes spent on this run
+        self._clock_base = self.state.seconds  # the training seconds before the step that runs next (main process)
         if self.accelerator.is_main_process:  # only now: a refused resume leaves the run folder as it was
             checkpoint.record_config(self.run_dir, cfg, folder, self.state.step)
         self.metrics.drop_after(self.state.step)  # steps after the checkpoint are redone
@@ -215,7 +255,7 @@ class Trainer:
     def state_dict(self) -> dict:
         """What resume needs besides the weights. Every process must call it: FSDP gathers the optimizer state."""
         states = {"optimizer": get_optimizer_state_dict(self.module, self.optimizer.optimizer, options=FULL_STATE),
-                  "strategy": self.strategy.state_dict(), **rng_states(), "trainer": self.state.state_dict()}
+                  "strategy": self.strategy.state_dict(), **rng_states(self.accelerator), "trainer": self.state.state_dict()}
         if self.accelerator.scaler is not None:  # fp16 on CUDA: the loss scale and its growth counter
             states["grad_scaler"] = self.accelerator.scaler.state_dict()
         return states
@@ -223,10 +263,21 @@ class Trainer:
     def load_state_dict(self, states: dict) -> None:
         load_optimizer_state(self.module, self.optimizer.optimizer, states["optimizer"])
         self.strategy.load_state_dict(states["strategy"])
-        set_rng_states(states)
+        set_rng_states(states, self.accelerator)
         if self.accelerator.scaler is not None and "grad_scaler" in states:
             self.accelerator.scaler.load_state_dict(states["grad_scaler"])
         self.state.load_state_dict(states["trainer"])
+        self._say_if_global_batch_changed()
+
+    def _say_if_global_batch_changed(self) -> None:
+        position, now = self.state.position, self.cfg.train.batch_size * self.accelerator.num_processes
+        if position.global_batch in (0, now):
+            return
+        moved = position.for_global_batch(now)
+        say(self.accelerator, f"the global batch changed from {position.global_batch} to {now} examples (processes x "
+                              f"train.batch_size): epoch {position.epoch} goes on from the same share of it (batch "
+                              f"{position.batch} -> {moved.batch}) in the new size's order, so some of its examples may "
+                              "be seen twice or not at all")
 
     def _save(self) -> Path | None:
         """A checkpoint of this step (written by the main process; every process must call this)."""
@@ -269,8 +320,13 @@ class Trainer:
                                     whole_word=masking.whole_word, continuation=self.continuation))
         return micro
 
-    def train_step(self, batches: Iterator[dict]) -> dict:
-        """One optimizer step on the next micro-batches of ``batches`` (an iterator from ``self.batches()``)."""
+    def train_step(self, batches: Iterator[dict], stop_requested: bool = False) -> dict:
+        """One optimizer step on the next micro-batches of ``batches`` (an iterator from ``self.batches()``).
+
+        Its "clock" (the main process's training seconds at the step's collective) and "stop"
+        (whether any process was asked to stop) are the same on every process.
+        """
+        started = time.perf_counter()
         micro = self._masked_micro_batches(batches)
         mlm_denominator, nsp_denominator = global_denominators(self.accelerator, micro)
         keys = ("loss", "mlm_loss", "nsp_loss") if self.cfg.data.objective == choices.NSP else ("loss", "mlm_loss")
@@ -287,10 +343,15 @@ class Trainer:
                                  torch.tensor(float(mask.numel()), dtype=torch.float64, device=mask.device), flops.double()])
             self.strategy.observe(batch, result)
         self.strategy.learn(partial(concat_over_processes, self.accelerator))
-        totals = self.accelerator.reduce(sums, reduction="sum").tolist()  # one collective per step
+        # The main process's clock and any process's SIGTERM ride on the step's one collective, so every
+        # process takes the same time-budget decisions (LR, masking rate, when to stop) and stops at the
+        # same step: one acting alone would wait forever in a collective the others never join.
+        clock = self._clock_base + time.perf_counter() - started if self.accelerator.is_main_process else 0.0
+        agreed = torch.tensor([clock, float(stop_requested)], dtype=torch.float64, device=sums.device)
+        totals = self.accelerator.reduce(torch.cat([sums, agreed]), reduction="sum").tolist()  # one collective per step
         losses = {key: value / self.accelerator.num_processes for key, value in zip(keys, totals)}
-        tokens, slots, flops = totals[-3:]
-        return {**self._apply_update(losses, int(tokens), flops), "slots": int(slots)}
+        tokens, slots, flops, clock, stops = totals[-5:]
+        return {**self._apply_update(losses, int(tokens), flops), "slots": int(slots), "clock": clock, "stop": stops > 0}
 
     def _apply_update(self, losses: dict, tokens: int, flops: float) -> dict:
         """Optimizer step, or skip it when the loss is not finite (and abort after too many)."""
@@ -316,27 +377,29 @@ class Trainer:
     def train(self) -> dict:
         # SIGTERM is caught until the very end (the final evaluation too): it must never lose the run.
         with _StopRequest() as stop:
-            self._train_steps(stop)
-            if stop.requested:
+            if self._train_steps(stop):
                 say(self.accelerator, f"SIGTERM: saving a checkpoint at step {self.state.step} before exiting")
                 self._save()
                 raise SystemExit(143)
             return self._finish(stop)
 
-    def _train_steps(self, stop: _StopRequest) -> None:
-        """Steps until the budget is spent or SIGTERM asks to stop."""
-        batches, window = self.batches(), _Window()
+    def _train_steps(self, stop: _StopRequest) -> bool:
+        """Steps until the budget is spent or SIGTERM asks to stop; whether it did (on any process)."""
+        batches, window, stopping = self.batches(), _Window(), False
         shown = self.show_progress and self.accelerator.is_main_process
         with _progress_bar(self.cfg.train, self.state.step, shown) as bar:
-            while self.progress() < 1.0 and not stop.requested:
+            while self.progress() < 1.0 and not stopping:
                 started = time.perf_counter()
-                out = self.train_step(batches)
+                out = self.train_step(batches, stop.requested)
                 elapsed = time.perf_counter() - started
-                self.state.advance(elapsed, self.cfg.train)
+                self._clock_base += elapsed
+                stopping = out.pop("stop")
+                self.state.advance(out.pop("clock"), self.cfg.train)
                 window.add(out, elapsed)
                 bar.update(1)
                 bar.set_postfix(loss=f"{out['loss']:.3f}", **window.postfix(self.peak_flops))
                 window = self._after_step(out, window)
+        return stopping
 
     def _after_step(self, out: dict, window: _Window) -> _Window:
         """Log, evaluate and checkpoint as the config asks; the window to measure the next steps over."""
@@ -363,7 +426,7 @@ class Trainer:
 
     def _finish(self, stop: _StopRequest) -> dict:
         saved = self._save()  # before the final evaluation, so a SIGTERM during it leaves the run resumable
-        if stop.requested:
+        if any_process(self.accelerator, stop.requested):
             say(self.accelerator, f"SIGTERM: the final checkpoint (step {self.state.step}) is saved; exiting before "
                            "the final evaluation (rerun the command to finish the run)")
             raise SystemExit(143)
