@@ -3,6 +3,7 @@
 import gzip
 
 import pytest
+import torch
 
 from mlmlab.cli import main
 
@@ -121,4 +122,11 @@ def test_unsharded_or_untested_launch_is_refused_before_training(capsys, tmp_pat
     monkeypatch.setenv(variable, "true")  # what `accelerate launch` sets for an FSDP / DeepSpeed config
     code, err = run_cli(capsys, "pretrain", "--no-progress", f"train.out_dir={tmp_path / 'run'}")
     assert_one_line_error(code, err, name, "DDP")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 autocast is real on CUDA; the refusal is for CPUs")
+def test_fp16_on_cpu_is_refused_rather_than_trained_in_fp32(capsys, tmp_path):
+    code, err = run_cli(capsys, "pretrain", "--no-progress", "train.precision=fp16", f"train.out_dir={tmp_path / 'run'}")
+    assert_one_line_error(code, err, "fp16", "bf16")
     assert not (tmp_path / "run").exists()

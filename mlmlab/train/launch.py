@@ -24,6 +24,7 @@ def mixed_precision(precision: str) -> str:
 
 def make_accelerator(cfg: Config) -> Accelerator:
     refuse_deepspeed()
+    refuse_fp16_without_cuda(cfg.train.precision)
     # The mlm objective leaves the NSP head without gradients, which DDP must be told about.
     ddp_kwargs = DistributedDataParallelKwargs(find_unused_parameters=cfg.data.objective == choices.MLM)
     # cpu=True is what makes accelerate run several CPU processes (gloo) under torchrun.
@@ -37,6 +38,13 @@ def make_accelerator(cfg: Config) -> Accelerator:
         accelerator.print(f"precision {used} (train.precision={cfg.train.precision}) on {describe_cpu()}")
     check_fsdp(accelerator, cfg)
     return accelerator
+
+
+def refuse_fp16_without_cuda(precision: str) -> None:
+    """accelerate turns fp16 autocast off on CPUs without a word: the run would train in fp32, logged as fp16."""
+    if precision == choices.FP16 and not torch.cuda.is_available():
+        raise UserError("train.precision=fp16 needs a CUDA GPU (on CPUs accelerate would silently train in fp32); "
+                        "use bf16 (fast on CPUs with AMX) or fp32")
 
 
 def refuse_deepspeed() -> None:
