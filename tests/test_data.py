@@ -71,6 +71,16 @@ def test_jsonl_and_gzip_detected_by_magic_bytes(tmp_path):
     assert list(read_documents([path])) == [["Para one.", "Still one.", "Para two <x>."], ["Other doc."]]
 
 
+@pytest.mark.parametrize("text, expected", [
+    ('{"text": "From a record."}\n', [["From a record."]]),
+    ('<doc id="1" title="T">\nT\n\nBody.\n</doc>\n', [["Body."]]),
+], ids=["jsonl", "wikiextractor"])
+def test_a_byte_order_mark_does_not_hide_the_format(tmp_path, text, expected):
+    path = tmp_path / "bom.txt"
+    path.write_text(text, encoding="utf-8-sig")  # as Windows editors save UTF-8
+    assert list(read_documents(path)) == expected
+
+
 def test_missing_file_and_empty_corpus_raise_user_error(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         list(read_documents(tmp_path / "nope.txt"))

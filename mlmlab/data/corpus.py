@@ -198,6 +198,8 @@ def _decoded_lines(raw: BinaryIO, path: Path) -> Iterator[tuple[int, str]]:
                 "re-encode it as UTF-8, e.g. `iconv -f latin1 -t utf-8`"
             ) from None
         offset += len(line)
+        if number == 1:  # a byte-order mark (Windows editors write one) would hide a JSONL or <doc> file's format
+            text = text.removeprefix("\ufeff")
         yield number, text.rstrip("\r\n")
 
 
