@@ -423,3 +423,18 @@ def test_a_decision_rule_with_a_bad_field_is_refused_in_one_line(tmp_path):
             study_file.load_study(write_study(tmp_path, decision=decision))
     study = study_file.load_study(write_study(tmp_path, decision={"metric": "eval.mlm_loss", "min_effect": 0.01}))
     assert study.decision == study_file.Decision("eval.mlm_loss", True, 0.01, {})
+
+
+def test_downstream_section_ranks_runs_by_loss_against_their_glue_scores():
+    def row(arm, seed, perplexity, score):
+        glue = {"average": score, "tasks": {"STS-B": {"score": score, "dev": {"pearson": score}}}}
+        return synthetic_row(arm, seed, perplexity, 900, glue=glue)
+
+    ordered = [row("dynamic", 0, 100, 0.4), row("dynamic", 1, 120, 0.3), row("adm", 0, 90, 0.7), row("adm", 1, 95, 0.5)]
+    text = "\n".join(report.downstream_section(ordered, report.metrics_of(ordered)))
+    assert "| GLUE STS-B | 4 | -1.00 |" in text  # lower loss, higher score, in every pair of runs
+    assert "GLUE avg" not in text  # one task: its average is the same column
+    few = ordered[:3]
+    assert "| GLUE STS-B | 3 | too few runs |  |" in "\n".join(report.downstream_section(few, report.metrics_of(few)))
+    without_glue = seed_rows("dynamic", [100.0, 101.0, 102.0, 103.0])
+    assert report.downstream_section(without_glue, report.metrics_of(without_glue)) == []

@@ -30,6 +30,7 @@ from mlmlab.experiments.gates import gate_results, row_value
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0  # a fixed generator, so the intervals are the same every time the report is made
 FEW_SEEDS = 5  # below this the bootstrap is a range, not a CI, and the t-interval rests on unchecked normality
+MIN_CORRELATION_RUNS = 4  # fewer runs give no rank correlation worth printing (3 points: 6 orders in all)
 
 
 @dataclass
@@ -304,6 +305,8 @@ def write_plots(groups, baseline, metrics, results_dir: Path, out: Path) -> tupl
         adaptive = {arm: runs for arm, runs in curves.items() if is_adaptive(groups[arm])}
         if adaptive:
             images.append(adapt_factor_curves(plt, adaptive, out))
+    if downstream_metrics(metrics):
+        images.append(scores_against_loss(plt, groups, metrics, out))
     return images, notes
 
 
@@ -364,6 +367,19 @@ def adapt_factor_curves(plt, curves, out: Path) -> str:
 
 
 # ----- markdown ----------------------------------------------------------------------------
+def scores_against_loss(plt, groups, metrics, out: Path) -> str:
+    """One point per run: its held-out MLM loss against each GLUE score, coloured by arm."""
+    scores, loss = downstream_metrics(metrics), loss_metric(metrics)
+    fig, axes = plt.subplots(1, len(scores), figsize=(4.5 * len(scores), 3.8), squeeze=False)
+    for ax, score in zip(axes[0], scores):
+        for arm, rows in groups.items():
+            points = run_points(rows, loss, score)
+            ax.scatter([x for x, _ in points], [y for _, y in points], label=arm, s=18)
+        ax.set(title=f"{score.label} against MLM loss (one point per run)", xlabel=loss.label, ylabel=score.label)
+    axes[0][0].legend(fontsize=7)
+    return save(plt, fig, out, "glue_vs_mlm_loss.png")
+
+
 def masking_label(row: dict) -> str:
     m = (row.get("config") or {}).get("masking", {})
     if not m:
@@ -385,6 +401,44 @@ def commands(rows: list[dict], results: Path, out: Path) -> list[str]:
     studies = dict.fromkeys((row.get("study_source", "?"), row.get("out_dir", str(results.parent))) for row in rows)
     lines = [f"    mlmlab experiment {source} --out {out_dir}" for source, out_dir in studies]
     return lines + [f"    mlmlab report {results} --out {out}"]
+
+
+# ----- pretraining loss against downstream scores -----------------------------------------------
+def loss_metric(metrics: list[Metric]) -> Metric:
+    return next(metric for metric in metrics if metric.label == "MLM loss (nats)")
+
+
+def downstream_metrics(metrics: list[Metric]) -> list[Metric]:
+    """Each GLUE task's score, and their average when there are several tasks."""
+    glue = [metric for metric in metrics if metric.label.startswith("GLUE ")]
+    return glue if len(glue) > 2 else [metric for metric in glue if metric.label != "GLUE avg"]
+
+
+def run_points(rows: list[dict], x: Metric, y: Metric) -> list[tuple[float, float]]:
+    """(x, y) of every run that has both."""
+    points = [(x.value(row), y.value(row)) for row in rows]
+    return [(a, b) for a, b in points if not (math.isnan(a) or math.isnan(b))]
+
+
+def downstream_section(rows: list[dict], metrics: list[Metric]) -> list[str]:
+    """Across all runs, whatever their arm: how far a lower held-out MLM loss goes with a higher GLUE score."""
+    loss, body = loss_metric(metrics), []
+    for score in downstream_metrics(metrics):
+        points = run_points(rows, loss, score)
+        if len(points) < MIN_CORRELATION_RUNS:
+            body.append([score.label, str(len(points)), "too few runs", ""])
+        elif any(len(set(column)) == 1 for column in zip(*points)):
+            body.append([score.label, str(len(points)), "undefined (a constant column)", ""])
+        else:
+            rho, p = stats.spearmanr(*zip(*points))
+            body.append([score.label, str(len(points)), f"{rho:+.2f}", f"{p:.2g}"])
+    if not body:
+        return []
+    return ["## Pretraining loss against downstream scores", "",
+            "Each run is one point, whatever its arm: Spearman's rank correlation between its held-out MLM loss and "
+            "its GLUE dev score (negative: a lower loss goes with a higher score). An association across runs, not "
+            "an effect of the masking: the runs differ in more than their loss.", "",
+            *markdown.table(["score", "runs", "Spearman ρ with MLM loss", "p (two-sided)"], body)]
 
 
 def summary_columns(metrics) -> list[tuple[Metric, Metric]]:
@@ -617,6 +671,7 @@ def write_report(results: Path, out: Path) -> Path:
     glue = [m for m in metrics if m.label.startswith("GLUE")]
     lines += metric_table("GLUE dev scores (x100; median over fine-tuning seeds, then over pretraining seeds "
                           "as mean ± std)", groups, baseline, glue) + glue_notes(rows) + [""]
+    lines += downstream_section(rows, metrics)
     lines += cost_section(groups)
     lines += ["## Plots", ""] + [f"![{name}]({name})" for name in images] + [""]
     lines += ["## How to read this", "",
