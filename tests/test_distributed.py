@@ -28,6 +28,12 @@ def losses(run_dir):
     return [(r["step"], r["loss"], r["grad_norm"], r["tokens"]) for r in records if "loss" in r]
 
 
+def mask_shares(run_dir) -> list[dict]:
+    """Each log record's selected share per frequency bucket."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k.startswith("mask_share_freq_")} for r in records if "loss" in r]
+
+
 def weights(run_dir) -> dict:
     return load_file(run_dir / "model" / "model.safetensors")
 
@@ -97,6 +103,8 @@ def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, one_proces
     assert double.returncode == 0, double.stderr[-2000:]
     assert double.stdout.count("model card:") == 1, "the summary is printed by the main process only"
     assert_same_trajectory(losses(one_process(*masking)), losses(tmp_path / "two"))
+    # The same masks, so the same shares, counted over the global batch (not the main process's half of it).
+    assert mask_shares(tmp_path / "two") == mask_shares(one_process(*masking)) != []
     # The masking state checkpointed by the main process is what one process learnt from the same
     # global batches (ADM: loss tables; per-rank tables would hold half the observations).
     reference, split = masking_state(one_process(*masking)), masking_state(tmp_path / "two")

@@ -28,7 +28,7 @@ The training loop, per step (all randomness is counter-based, so resume is exact
     result = sparse_pretraining(**masked)                     # model.SparsePretraining
     strategy.observe(masked, result)                          # every micro-batch
     strategy.learn(gather)                                    # once per step: ADM's loss tables
-    logs.update(strategy.stats())                             # window since the previous stats() call
+    logs.update(strategy.stats(total))                        # window since the previous stats() call
 """
 
 import math
@@ -105,12 +105,16 @@ class UniformStrategy:
     def learn(self, gather=None) -> None:
         """Uniform strategies learn nothing."""
 
-    def stats(self) -> dict:
-        """Logs since the previous call: selected share per frequency bucket (and ADM's own)."""
-        out = {}
-        total = int(self._bucket_hits.sum())
-        for name, hits in zip(self.bucket_names, self._bucket_hits.tolist()):
-            out[f"mask_share_freq_{name}"] = hits / total if total else float("nan")
+    def stats(self, total=None) -> dict:
+        """Logs since the previous call: selected share per frequency bucket (and ADM's own).
+
+        ``total`` sums a tensor over processes (every process then calls ``stats``), so that
+        the figures describe the global batch rather than the main process's share of it.
+        """
+        hits = total(self._bucket_hits) if total else self._bucket_hits  # (buckets,)
+        out, selected = {}, int(hits.sum())
+        for name, count in zip(self.bucket_names, hits.tolist()):
+            out[f"mask_share_freq_{name}"] = count / selected if selected else float("nan")
         self._reset_window()
         return out
 
@@ -224,17 +228,19 @@ class AdaptiveStrategy(UniformStrategy):
             observed = {key: gather(value) for key, value in observed.items()}
         self.loss_scorer.learn(observed)
 
-    def stats(self) -> dict:
-        sums = self._score_sums
+    def stats(self, total=None) -> dict:
+        scored = self._score_sums[2]  # this process's scored steps: the same on every process
+        sums = torch.tensor(self._score_sums, dtype=torch.float64)  # (selected, eligible, scored) sums
+        selected, eligible, all_scored = (total(sums) if total else sums).tolist()
         out = {
             "mask_a": self.a,
-            "mask_score_selected": sums[0] / sums[2] if sums[2] else float("nan"),
-            "mask_score_eligible": sums[1] / sums[2] if sums[2] else float("nan"),
-            "mask_scored_steps": sums[2],
-            "mask_score_seconds": self._seconds,
+            "mask_score_selected": selected / all_scored if all_scored else float("nan"),
+            "mask_score_eligible": eligible / all_scored if all_scored else float("nan"),
+            "mask_scored_steps": scored,
+            "mask_score_seconds": self._seconds,  # the main process's
             "mask_score_seconds_total": self.score_seconds_total,
         }
-        out.update(super().stats())  # resets the window
+        out.update(super().stats(total))  # resets the window
         return out
 
     def state_dict(self) -> dict:

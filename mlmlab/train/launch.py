@@ -84,3 +84,10 @@ def concat_over_processes(accelerator: Accelerator, tensor: torch.Tensor) -> tor
     padded = accelerator.gather(accelerator.pad_across_processes(tensor, dim=0))  # (P * max N,)
     rows = padded.view(accelerator.num_processes, -1)
     return torch.cat([row[:length] for row, length in zip(rows, lengths)])
+
+
+def sum_over_processes(accelerator: Accelerator, tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor summed over every process (each must call), returned on the CPU."""
+    if accelerator.num_processes == 1:
+        return tensor
+    return accelerator.reduce(tensor.to(accelerator.device), reduction="sum").cpu()

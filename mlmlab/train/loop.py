@@ -39,7 +39,7 @@ from mlmlab.masking.strategies import build_strategy, mask_batch
 from mlmlab.model import IGNORE_INDEX, SparsePretraining
 from mlmlab.train import checkpoint
 from mlmlab.train.init import initial_model, resolve_init
-from mlmlab.train.launch import concat_over_processes, make_accelerator
+from mlmlab.train.launch import concat_over_processes, make_accelerator, sum_over_processes
 from mlmlab.train.metrics import MetricsWriter
 from mlmlab.train.model_card import export_model_folder
 from mlmlab.train.mfu import matmul_dtype, peak_matmul_flops, rates, training_flops
@@ -407,7 +407,7 @@ class Trainer:
         if step % cfg.log_every == 0 or out.get("skipped"):
             self.metrics.write({"step": step, "lr": self.optimizer.param_groups[0]["lr"], **out,
                                 **window.rates(self.peak_flops), "tokens_seen": self.state.tokens,
-                                **self.strategy.stats()})
+                                **self.strategy.stats(partial(sum_over_processes, self.accelerator))})
             window = _Window()
         unfinished = self.progress() < 1.0
         if cfg.eval_every and step % cfg.eval_every == 0 and unfinished:
