@@ -72,7 +72,7 @@ class MaskingConfig:
     floor: float = 0.1  # adaptive: least weight of any eligible position (the seed's 0.1), so none starves
     normalize: str = choices.MEAN  # adaptive: "mean" scales scores to mean 1 per sequence; "raw" is the seed's formula
     score_every: int = 1  # adaptive, model scorers: score every K-th step, uniform masks between (cost control)
-    score_fraction: float = 1.0  # adaptive, model scorers: score only this leading share of each batch's rows
+    score_fraction: float = 1.0  # adaptive, model scorers: each sequence is scored with this chance (per example)
     score_chunk: int = 2048  # entropy/max_prob: positions projected onto the vocabulary at once (memory cap)
     ema_decay: float = 0.95  # loss_ema/context: weight of the old running loss at each update of an entry
     context_buckets: int = 1048576  # context: hashed (left, token, right) loss table size; collisions share entries

@@ -26,6 +26,7 @@ STREAM_TOKEN = 3
 MASK_STREAMS = (STREAM_SELECT, STREAM_ACTION, STREAM_TOKEN)
 STREAM_SCORE = 4  # the uniformly masked copy that the grad_norm scorer differentiates
 STREAM_QUOTA = 5  # frequency-neutral ADM: one number per sequence that rounds the bucket quotas
+STREAM_SCORED_ROWS = 6  # ADM with masking.score_fraction < 1: which sequences a model scorer scores
 
 
 def mix32(x):

@@ -352,7 +352,22 @@ def test_score_every_and_fraction_control_cost():
     strategy = build_strategy(adaptive(adapt_schedule="constant", score_every=3, score_fraction=0.5), info=INFO, vocab_size=V)
     got = [strategy.weights(model, batch, 0.5) for _ in range(6)]
     assert [w is not None for w in got] == [True, False, False, True, False, False]
-    assert (got[0][4:] == 1).all()  # rows past the scored half: uniform
+    uniform_rows = (got[0] == 1).all(dim=1)  # (B,) the rows not scored
+    assert 0 < int(uniform_rows.sum()) < len(uniform_rows)
+
+
+def test_the_scored_rows_do_not_depend_on_how_the_batch_is_split():
+    """score_fraction draws each sequence's fate from its example id, as two processes or micro-batches would."""
+    model, batch = tiny_model(), make_batch(16)
+    cfg = adaptive(adapt_schedule="constant", score_fraction=0.5)
+    whole = build_strategy(cfg, info=INFO, vocab_size=V).weights(model, batch, 0.5, epoch_key=3)
+    halves = [build_strategy(cfg, info=INFO, vocab_size=V).weights(
+        model, {key: value[part] for key, value in batch.items()}, 0.5, epoch_key=3) for part in (slice(0, 8), slice(8, 16))]
+    torch.testing.assert_close(torch.cat(halves), whole, rtol=1e-5, atol=1e-6)
+    strategy = build_strategy(cfg, info=INFO, vocab_size=V)
+    many = {"example_ids": torch.arange(4000)}
+    assert strategy._scored_rows(many, 0).float().mean().item() == pytest.approx(0.5, abs=0.03)  # 4 standard errors
+    assert not torch.equal(strategy._scored_rows(many, 0), strategy._scored_rows(many, 1))  # other rows each epoch
 
 
 @pytest.mark.parametrize("scorer,extra", [("context", {}), ("loss_ema", {}), ("entropy", {"score_every": 2}),

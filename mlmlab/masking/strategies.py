@@ -20,9 +20,10 @@ apply at every step, also where the weights are uniform (a = 0, unscored steps).
 
 The training loop, per step (all randomness is counter-based, so resume is exact):
 
-    weights = strategy.weights(model, batch, progress)       # (B, T) or None = uniform
+    key = strategy.epoch_key(epoch)
+    weights = strategy.weights(model, batch, progress, key)  # (B, T) or None = uniform
     groups = strategy.selection_groups(batch)                # (B, T) frequency buckets, or None
-    masked = mask_batch(batch, seed=..., epoch_key=strategy.epoch_key(epoch), rate=rate_at(cfg, progress),
+    masked = mask_batch(batch, seed=..., epoch_key=key, rate=rate_at(cfg, progress),
                         info=info, corruption=..., weights=weights, groups=groups, whole_word=cfg.whole_word,
                         continuation=table)
     result = sparse_pretraining(**masked)                     # model.SparsePretraining
@@ -30,8 +31,6 @@ The training loop, per step (all randomness is counter-based, so resume is exact
     strategy.learn(gather)                                    # once per step: ADM's loss tables
     logs.update(strategy.stats(total))                        # window since the previous stats() call
 """
-
-import math
 
 import numpy as np
 import torch
@@ -44,6 +43,7 @@ from mlmlab.masking import scorers
 from mlmlab.masking.schedules import adapt_factor
 from mlmlab.masking.select import Corruption, TokenInfo, eligible_positions, select_and_corrupt
 from mlmlab.model import IGNORE_INDEX
+from mlmlab.seeding import STREAM_SCORED_ROWS, row_uniforms
 
 EVAL_SEED = 20190611  # evaluation masks: fixed, uniform, the same whatever trained the model
 EVAL_RATE = 0.15
@@ -147,7 +147,8 @@ class AdaptiveStrategy(UniformStrategy):
     def epoch_key(self, epoch: int) -> int:
         return epoch  # dynamic: new masks every epoch
 
-    def weights(self, model, batch: dict, progress: float):
+    def weights(self, model, batch: dict, progress: float, epoch_key: int = 0):
+        """(B, T) selection weights, or None for uniform; ``epoch_key``: the masks' (it draws score_fraction's rows)."""
         cfg = self.cfg
         self.step += 1
         self.a = adapt_factor(cfg.adapt_schedule, progress, cfg.a_max)
@@ -157,17 +158,34 @@ class AdaptiveStrategy(UniformStrategy):
             return None  # uniform: exactly the dynamic masks, and no scoring cost
         input_ids = batch["input_ids"]  # (B, T)
         eligible = eligible_positions(input_ids, self.info.special_ids)  # (B, T)
-        rows = math.ceil(cfg.score_fraction * input_ids.size(0)) if model_scorer else input_ids.size(0)
+        scored = self._scored_rows(batch, epoch_key) if model_scorer else None  # (B,) bool; None: every row
+        rows = slice(None) if scored is None else scored
         start = clock(input_ids.device)
         raw = torch.zeros(input_ids.shape, device=input_ids.device)  # (B, T)
-        head = batch if rows == input_ids.size(0) else {k: v[:rows] if torch.is_tensor(v) and v.dim() else v for k, v in batch.items()}
-        raw[:rows] = self._score(head, model, eligible[:rows])
+        head = batch if scored is None else {k: v[scored] if torch.is_tensor(v) and v.dim() else v
+                                             for k, v in batch.items()}
+        if len(head["input_ids"]):
+            raw[rows] = self._score(head, model, eligible[rows])
         self._add_seconds(clock(input_ids.device) - start)
         scores = normalise(raw, eligible, cfg.normalize)  # (B, T)
         weights = blend(scores, self.a, cfg.floor)
-        weights[rows:] = 1.0  # rows not scored: uniform
-        self._scores = torch.where(eligible[:rows], scores[:rows], 0.0), eligible[:rows]
+        if scored is not None:
+            weights[~scored] = 1.0  # rows not scored: uniform
+        self._scores = torch.where(eligible[rows], scores[rows], 0.0), eligible[rows]
         return weights
+
+    def _scored_rows(self, batch: dict, epoch_key: int) -> torch.Tensor | None:
+        """Under score_fraction < 1, (B,) which sequences to score; None: every one.
+
+        Drawn per example (counter-based), not the batch's leading rows: which sequences are
+        scored then does not depend on how the global batch is split over processes and
+        micro-batches. Each one is scored with probability score_fraction.
+        """
+        if self.cfg.score_fraction >= 1.0:
+            return None
+        ids = batch["example_ids"]  # (B,)
+        draws = row_uniforms(self.cfg.seed, STREAM_SCORED_ROWS, ids, torch.full_like(ids, epoch_key))  # (B,)
+        return draws < self.cfg.score_fraction
 
     def _score(self, batch: dict, model, eligible: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg

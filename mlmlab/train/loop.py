@@ -313,8 +313,9 @@ class Trainer:
         micro = []
         for _ in range(self.cfg.train.grad_accum):
             batch = {k: v.to(self.accelerator.device) for k, v in next(batches).items()}
-            weights = self.strategy.weights(self.model, batch, progress)
-            micro.append(mask_batch(batch, seed=masking.seed, epoch_key=self.strategy.epoch_key(self.state.position.epoch),
+            epoch_key = self.strategy.epoch_key(self.state.position.epoch)
+            weights = self.strategy.weights(self.model, batch, progress, epoch_key)
+            micro.append(mask_batch(batch, seed=masking.seed, epoch_key=epoch_key,
                                     rate=rate_at(masking, progress), info=self.info, corruption=self.corruption,
                                     weights=weights, groups=self.strategy.selection_groups(batch),
                                     whole_word=masking.whole_word, continuation=self.continuation))
