@@ -88,7 +88,7 @@ class UniformStrategy:
         # Static: the key ignores the epoch beyond dupe_factor distinct versions.
         return epoch % self.cfg.dupe_factor if self.cfg.strategy == choices.STATIC else epoch
 
-    def weights(self, model, batch: dict, progress: float):
+    def weights(self, model, batch: dict, progress: float, epoch_key: int = 0):
         self.step += 1
         return None  # uniform
 
