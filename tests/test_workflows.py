@@ -254,6 +254,27 @@ def test_export_of_an_earlier_checkpoint_evaluates_it(source, tmp_path, capsys):
         assert words in err and err.count("\n") == 1, err
 
 
+def card_config(folder: Path) -> str:
+    """The config that the command in a model card gives."""
+    card = (folder / "README.md").read_text()
+    words = shlex.split(card.split("```bash\n", 1)[1].split("\n```", 1)[0])
+    return config_text(load_config(None, words[2:]))
+
+
+def test_export_of_a_checkpoint_from_before_a_resume_shows_the_config_it_was_made_with(source, tmp_path, capsys):
+    run, _ = source
+    copy = Path(shutil.copytree(run, tmp_path / "run"))
+    (copy / "config.yaml").write_text((copy / "config.yaml").read_text().replace(str(run), str(copy)))
+    before = (copy / "config.yaml").read_text()
+    assert main(["pretrain", "--no-progress", *PHASE_1, f"train.out_dir={copy}", "train.max_steps=40", "train.lr=1e-3",
+                 "--resume", "auto"]) == 0
+    after = (copy / "config.yaml").read_text()
+    assert main(["export", str(copy / "ckpt-00000010"), "--out", str(tmp_path / "step10")]) == 0
+    assert main(["export", str(copy / "ckpt-00000040"), "--out", str(tmp_path / "step40")]) == 0
+    capsys.readouterr()
+    assert card_config(tmp_path / "step10") == before != after == card_config(tmp_path / "step40")
+
+
 def test_a_run_recorded_before_the_new_settings_existed_resumes(source, tmp_path, capsys):
     """A run interrupted under an older mlmlab, whose config.yaml lacks the keys added since (train.init,
     train.lr_schedule, data.text_column, data.id_column), is the same config: rerunning resumes it."""

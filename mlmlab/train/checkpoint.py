@@ -30,7 +30,7 @@ import torch
 import yaml
 from transformers import BertConfig, BertForPreTraining
 
-from mlmlab.config import Config, config_text, flat_keys, from_dict
+from mlmlab.config import Config, config_text, flat_keys, from_dict, read_yaml
 from mlmlab.data.tokenizer import vocab_hash
 from mlmlab.errors import UserError
 from mlmlab.files import STAGING_PREFIX, building, file_sha256
@@ -126,6 +126,42 @@ def record_config(run_dir: Path, cfg: Config, resumed_from: Path | None, step: i
                 handle.write(json.dumps(line) + "\n")
     if previous != text or not path.is_file():
         path.write_text(text)
+
+
+def config_tree_at(run_dir: Path, step: int) -> tuple[dict, list[str]]:
+    """The config tree a checkpoint of ``step`` was written under, and notes on what could not be undone.
+
+    config.yaml is the config the run continues with; a checkpoint of step s predates every
+    resume from a step >= s, so the changes config_history.jsonl records for those are undone,
+    newest first. A key absent before (None) goes back to its default.
+    """
+    tree = read_yaml(str(run_dir / CONFIG_FILE))
+    history = run_dir / CONFIG_HISTORY
+    lines = [_history_line(text) for text in history.read_text().splitlines() if text.strip()] if history.is_file() else []
+    notes = []
+    for line in reversed(lines):
+        if line is not None and line["step"] < step:
+            break
+        if line is None or line["changes"] is None:
+            notes.append(f"{CONFIG_HISTORY} does not say what a resume after step {step} changed; the config it "
+                         "continued with is shown")
+            break
+        for key, (old, _) in line["changes"].items():
+            section, name = key.split(".", 1)
+            if old is None:
+                tree.get(section, {}).pop(name, None)
+            else:
+                tree.setdefault(section, {})[name] = old
+    return tree, notes
+
+
+def _history_line(text: str) -> dict | None:
+    """A config_history.jsonl line; None for a damaged one."""
+    try:
+        line = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return line if isinstance(line, dict) and isinstance(line.get("step"), int) and "changes" in line else None
 
 
 def config_diff(before: str | None, after: str) -> dict | None:

@@ -11,13 +11,13 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from mlmlab.config import Config, load_config
+from mlmlab.config import Config, from_dict
 from mlmlab.data.resolve import prepare_datasets
 from mlmlab.devices import compute_device
 from mlmlab.errors import UserError
 from mlmlab.masking.select import token_info_for
 from mlmlab.model import WEIGHTS_FILE, build_model, load_weights
-from mlmlab.train.checkpoint import CONFIG_FILE, MANIFEST, MODEL_DIR, TRAINER_STATE, latest, verify
+from mlmlab.train.checkpoint import CONFIG_FILE, MANIFEST, MODEL_DIR, TRAINER_STATE, config_tree_at, latest, verify
 from mlmlab.train.metrics import METRICS_FILE
 from mlmlab.train.model_card import export_model_folder
 
@@ -27,8 +27,8 @@ def export_run(source: Path, out: Path, validate: Callable[..., dict], log=print
     folder = checkpoint_of(Path(source))
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} exists and is not empty; give --out a new folder")
-    cfg = run_config(folder)
     step = json.loads((folder / TRAINER_STATE).read_text())["step"]
+    cfg = run_config(folder, step, log)
     try:
         train, valid, tokenizer = prepare_datasets(cfg.data, cfg.train.init)
     except UserError as err:  # a copied run folder: its data is elsewhere; the card then says what it lacks
@@ -55,13 +55,15 @@ def checkpoint_of(source: Path) -> Path:
     return found
 
 
-def run_config(folder: Path) -> Config:
-    """The config of the run a checkpoint belongs to (its run folder's config.yaml)."""
-    path = folder.parent / CONFIG_FILE
-    if not path.is_file():
+def run_config(folder: Path, step: int, log=print) -> Config:
+    """The config a checkpoint was written under: its run's config.yaml, less the changes of later resumes."""
+    if not (folder.parent / CONFIG_FILE).is_file():
         raise UserError(f"{folder.parent} has no {CONFIG_FILE}, so what made {folder.name} is unknown; export a "
                         "checkpoint inside its run folder")
-    return load_config(str(path))
+    tree, notes = config_tree_at(folder.parent, step)
+    for note in notes:
+        log(f"mlmlab: warning: {note}")
+    return from_dict(tree)
 
 
 def recorded_evaluation(run_dir: Path, step: int) -> dict | None:
