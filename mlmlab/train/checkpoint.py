@@ -161,7 +161,12 @@ def _history_line(text: str) -> dict | None:
         line = json.loads(text)
     except json.JSONDecodeError:
         return None
-    return line if isinstance(line, dict) and isinstance(line.get("step"), int) and "changes" in line else None
+    if not isinstance(line, dict) or not isinstance(line.get("step"), int):
+        return None
+    changes = line.get("changes")
+    well_formed = changes is None or isinstance(changes, dict) and all(
+        isinstance(pair, list) and len(pair) == 2 and "." in key for key, pair in changes.items())
+    return line if well_formed else None
 
 
 def config_diff(before: str | None, after: str) -> dict | None:
