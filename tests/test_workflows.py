@@ -290,3 +290,17 @@ def test_a_run_recorded_before_the_new_settings_existed_resumes(source, tmp_path
     (copy / "config.yaml").write_text(edited.replace("max_steps: 30", "max_steps: 31"))
     assert main(["pretrain", "--no-progress", *PHASE_1, f"train.out_dir={copy}"]) == 2  # a real difference still is one
     assert "different config" in capsys.readouterr().err
+
+
+def test_a_damaged_config_history_leaves_the_config_as_it_is_with_a_note(tmp_path):
+    from mlmlab.train.checkpoint import config_tree_at
+
+    (tmp_path / "config.yaml").write_text(config_text(load_config(None, ["train.lr=1e-3"])))
+    lines = ['{"step": 10, "changes": {"train.lr": [0.003, 0.001]}}', '{"step": 20, "changes": "cut sh']
+    (tmp_path / "config_history.jsonl").write_text("\n".join(lines) + "\n")
+    tree, notes = config_tree_at(tmp_path, 5)
+    assert tree["train"]["lr"] == 0.001 and "does not say what a resume" in notes[0]  # not undone past the damage
+    (tmp_path / "config_history.jsonl").write_text(lines[0] + "\n")
+    tree, notes = config_tree_at(tmp_path, 5)
+    assert tree["train"]["lr"] == 0.003 and notes == []
+    assert config_tree_at(tmp_path, 15)[0]["train"]["lr"] == 0.001  # made after that resume
