@@ -139,8 +139,7 @@ def global_denominators(accelerator, micro: list[dict]) -> tuple[float, float]:
 
 def any_process(accelerator, flag: bool) -> bool:
     """Whether ``flag`` is set on any process: what all of them then act on together."""
-    votes = accelerator.reduce(torch.tensor([float(flag)], device=accelerator.device), reduction="sum")
-    return votes.item() > 0
+    return sum_over_processes(accelerator, torch.tensor([float(flag)])).item() > 0
 
 
 def rng_states(accelerator) -> dict:
