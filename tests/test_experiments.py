@@ -196,13 +196,29 @@ def test_a_study_with_glue_tasks_and_no_glue_dir_stops_before_training(tmp_path)
     assert not (tmp_path / "out" / "runs").exists()
 
 
+def result_row(key: str, **fields) -> dict:
+    return {"key": key, "arm": "dynamic", "seed": 0, "eval": {"mlm_loss": 5.0}, **fields}
+
+
 def test_a_row_after_a_line_cut_short_is_kept(tmp_path):
     results = tmp_path / "results.jsonl"
-    runner.append_row(results, {"key": "a"})
+    runner.append_row(results, result_row("a"))
     with open(results, "a") as handle:
         handle.write('{"key": "b", "cut sh')  # a crash mid-write
-    runner.append_row(results, {"key": "c"})
+    runner.append_row(results, result_row("c", seed=1))
     assert [row["key"] for row in runner.finished_rows(results)] == ["a", "c"]
+
+
+def test_the_runner_and_the_report_count_the_same_rows(tmp_path):
+    results = tmp_path / "results.jsonl"
+    without_eval = {key: value for key, value in result_row("b", seed=1).items() if key != "eval"}
+    without_key = {key: value for key, value in result_row("c", seed=2).items() if key != "key"}
+    for row in (result_row("a"), without_eval, without_key):
+        runner.append_row(results, row)
+    assert [row["key"] for row in runner.finished_rows(results)] == ["a"]  # b and c rerun ...
+    rows, notes = report.load_rows(results)  # ... and are not compared meanwhile
+    assert [row["key"] for row in rows] == ["a"]
+    assert notes == [f"line {n} of results.jsonl is not a complete result row and was ignored" for n in (2, 3)]
 
 
 def test_arms_of_other_batch_sizes_are_evaluated_on_the_same_sequences(tmp_path):

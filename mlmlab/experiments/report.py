@@ -26,6 +26,7 @@ from scipy import stats
 from mlmlab import choices, markdown
 from mlmlab.errors import UserError
 from mlmlab.experiments.gates import gate_results, row_value
+from mlmlab.experiments.results import read_rows
 
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0  # a fixed generator, so the intervals are the same every time the report is made
@@ -72,17 +73,8 @@ def load_rows(path: Path) -> tuple[list[dict], list[str]]:
     """The rows, the latest per (arm, seed) (a duplicate, e.g. from a results file merged twice, counts once), and notes."""
     if not path.is_file():
         raise UserError(f"{path} does not exist; pass the results.jsonl an `mlmlab experiment` wrote")
-    rows, notes = [], []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            row["arm"], row["seed"], row["eval"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            notes.append(f"line {number} of {path.name} is not a complete result row and was ignored")
-            continue
-        rows.append(row)
+    rows, ignored = read_rows(path)
+    notes = [f"line {number} of {path.name} is not a complete result row and was ignored" for number in ignored]
     latest = {(row["arm"], row["seed"]): row for row in rows}
     if len(latest) < len(rows):
         notes.append(f"{len(rows) - len(latest)} rows superseded by a later row of the same arm and seed")
@@ -270,10 +262,10 @@ def mean_curve(runs: list[tuple[dict, list[dict]]], value, x) -> tuple[list[floa
 
 
 def sequences_seen(row: dict, record: dict) -> float:
-    return record["step"] * sequences_per_step(row)
+    return record["step"] * row_sequences_per_step(row)
 
 
-def sequences_per_step(row: dict) -> float:
+def row_sequences_per_step(row: dict) -> float:
     """Sequences per optimizer step of a row's run (rows written before the rename call it global_batch)."""
     return row.get("sequences_per_step", row.get("global_batch", 1))
 
@@ -463,9 +455,8 @@ def gate_outcomes(rows: list[dict], groups) -> tuple[dict | None, list[dict]]:
     return gates, gate_results(gates["min"], groups.get(gates["arm"], [])) if gates else []
 
 
-def gates_section(rows: list[dict], groups) -> list[str]:
+def gates_section(gates: dict | None, results: list[dict], groups) -> list[str]:
     """The study's validity gates, as its rows recorded them, and whether the gate arm's means met them."""
-    gates, results = gate_outcomes(rows, groups)
     if gates is None:
         return []
     arm_rows = groups.get(gates["arm"], [])
@@ -611,7 +602,8 @@ def cost_section(groups) -> list[str]:
     body = []
     for arm, rows in groups.items():
         mean = lambda key: np.mean([row.get(key, math.nan) for row in rows])  # noqa: E731
-        body.append([arm, rows[0].get("budget", "?"), f"{mean('steps'):.0f}", f"{np.mean([sequences_per_step(row) for row in rows]):.0f}",
+        batch = np.mean([row_sequences_per_step(row) for row in rows])
+        body.append([arm, rows[0].get("budget", "?"), f"{mean('steps'):.0f}", f"{batch:.0f}",
                      f"{mean('tokens_seen'):.3g}", f"{mean('flops'):.3g}", f"{100 * mean('scorer_share'):.1f}%",
                      f"{mean('train_seconds'):.0f}", f"{mean('scorer_seconds'):.1f}", f"{mean('wall_seconds'):.0f}",
                      thread_counts(rows)])
@@ -655,8 +647,9 @@ def write_report(results: Path, out: Path) -> Path:
              *commands(rows, results, out), "",
              f"{len(rows)} runs, {len(groups)} arms, seeds {seeds}; mlmlab "
              f"{', '.join(sorted({str(row.get('mlmlab_version')) for row in rows}))}.", ""]
-    lines += gates_section(rows, groups)
-    gates_held = all(outcome["held"] for outcome in gate_outcomes(rows, groups)[1])
+    gates, outcomes = gate_outcomes(rows, groups)
+    lines += gates_section(gates, outcomes, groups)
+    gates_held = all(outcome["held"] for outcome in outcomes)
     lines += decision_section(rows, groups, baseline, metrics, gates_held)
     lines += summary_section(groups, baseline, metrics)
     lines += metric_table("Held-out perplexity, overall and per frequency bucket; differences in nats of MLM loss",

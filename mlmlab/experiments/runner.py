@@ -32,10 +32,10 @@ from mlmlab.experiments.budget import ASSUMED_MFU, CPU_FLOPS, H100_PEAK_FLOPS, a
 from mlmlab.experiments.gates import describe, gate_results
 from mlmlab.experiments.identity import config_changes, identity_hash, settings_of
 from mlmlab.experiments.probe import WARMUP_STEPS, probe_run, run_minutes
+from mlmlab.experiments.results import RESULTS_FILE, read_rows
 from mlmlab.experiments.study import Arm, Study
 from mlmlab.train.loop import Trainer
 
-RESULTS_FILE = "results.jsonl"
 
 
 @dataclass(frozen=True)
@@ -121,17 +121,7 @@ def shard_runs(runs: list[Run], shard: tuple[int, int]) -> list[Run]:
 # ----- running -----------------------------------------------------------------------------
 def finished_rows(results: Path) -> list[dict]:
     """The rows already written; a line cut short by a crash is ignored (that run reruns)."""
-    if not results.is_file():
-        return []
-    rows = []
-    for line in results.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and "key" in row:
-            rows.append(row)
-    return rows
+    return read_rows(results)[0]
 
 
 def refuse_incomparable(runs: list[Run], rows: list[dict]) -> None:
