@@ -108,8 +108,17 @@ def test_dry_run_probe_times_each_arm_and_extrapolates_a_run(tmp_path, capsys):
     out = capsys.readouterr().out
     timed = [line.split() for line in out.splitlines() if line.startswith("  dynamic") or line.startswith("  adm-")]
     assert [row[0] for row in timed] == ["dynamic", "adm-entropy"] and float(timed[0][1]) > 0
-    assert timed[0][2] == "1.00x" and "this shard, timed:" in out
+    assert timed[0][2] == "1.00x" and "this shard's runs left, timed:" in out
     assert not (tmp_path / "out").exists()  # the probes leave nothing behind
+
+
+def test_dry_run_counts_only_the_runs_left(tmp_path, capsys):
+    source = write_study(tmp_path, seeds=[0, 1])
+    first = runner.plan_runs(study_file.load_study(source))[0]
+    (tmp_path / "out").mkdir()
+    runner.append_row(tmp_path / "out" / "results.jsonl", result_row(first.key, arm=first.arm.name))
+    assert main(["experiment", source, "--dry-run"]) == 0
+    assert "this shard: 1 of its 4 runs already in" in capsys.readouterr().out
 
 
 def test_presets_load_and_validate_every_arm():

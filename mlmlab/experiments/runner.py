@@ -297,12 +297,15 @@ def dry_run_text(study: Study, shard: tuple[int, int] = (0, 1), probe_steps: int
         c = run.cost
         lines.append(f"{run.arm.name:<34} {c['steps']:>9} {c['sequences_per_step']:>6} {c['tokens']:>10.3g} "
                      f"{c['flops']:>9.3g} {100 * c['scorer_share']:>6.1f}% {c['gpu_hours']:>9.3g} {c['cpu_hours']:>9.3g}")
+    finished = {row["key"] for row in finished_rows(Path(study.out_dir) / RESULTS_FILE)}
+    left = [run for run in mine if run.key not in finished]
     if probe_steps:
-        lines += probed_cost_lines(runs[: len(study.arms)], mine, probe_steps, log)
-    total = sum(run.cost["flops"] for run in mine)
-    gpu, cpu = (sum(run.cost[k] for run in mine) for k in ("gpu_hours", "cpu_hours"))
+        lines += probed_cost_lines(runs[: len(study.arms)], left, probe_steps, log)
+    total = sum(run.cost["flops"] for run in left)
+    gpu, cpu = (sum(run.cost[k] for run in left) for k in ("gpu_hours", "cpu_hours"))
     lines += [
-        f"this shard: {total:.3g} training FLOPs, {gpu:.3g} GPU-hours or {cpu:.3g} CPU-hours (all seeds); "
+        f"this shard: {len(mine) - len(left)} of its {len(mine)} runs already in {Path(study.out_dir) / RESULTS_FILE}; "
+        f"the {len(left)} left: {total:.3g} training FLOPs, {gpu:.3g} GPU-hours or {cpu:.3g} CPU-hours; "
         "GLUE fine-tuning not included",
         f"assumptions: GPU-hours at {ASSUMED_MFU:.0%} MFU of an H100 SXM's ~{H100_PEAK_FLOPS / 1e12:.0f} TFLOP/s dense "
         f"bf16 peak (~{ASSUMED_MFU * H100_PEAK_FLOPS / 1e12:.0f} TFLOP/s achieved); CPU-hours (training + evaluation) "
@@ -314,8 +317,8 @@ def dry_run_text(study: Study, shard: tuple[int, int] = (0, 1), probe_steps: int
     return "\n".join(lines)
 
 
-def probed_cost_lines(arm_runs: list[Run], mine: list[Run], steps: int, log=print) -> list[str]:
-    """Each arm's seconds per step and minutes per run, timed on this machine, and this shard's total."""
+def probed_cost_lines(arm_runs: list[Run], left: list[Run], steps: int, log=print) -> list[str]:
+    """Each arm's seconds per step and minutes per run, timed on this machine, and the total of the runs left."""
     lines = [f"timed here: {steps} steps per arm after {WARMUP_STEPS} warm-up steps; a run's minutes include its "
              "held-out evaluations, not GLUE",
              f"  {'arm':<30} {'s/step':>8} {'vs first':>10} {'min/run':>8}"]
@@ -327,6 +330,7 @@ def probed_cost_lines(arm_runs: list[Run], mine: list[Run], steps: int, log=prin
         minutes[run.arm.name] = run_minutes(run.config, probed)
         lines.append(f"  {run.arm.name:<30} {probed['step_seconds']:>8.3f} {probed['step_seconds'] / first:>9.2f}x "
                      f"{minutes[run.arm.name]:>8.1f}")
-    hours = sum(minutes[run.arm.name] for run in mine) / 60
-    lines.append(f"this shard, timed: {hours:.2f} CPU-hours of training and evaluation (a shared machine runs slower)")
+    hours = sum(minutes[run.arm.name] for run in left) / 60
+    lines.append(f"this shard's runs left, timed: {hours:.2f} CPU-hours of training and evaluation (a shared machine "
+                 "runs slower)")
     return lines
