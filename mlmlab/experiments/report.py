@@ -642,7 +642,7 @@ def write_report(results: Path, out: Path) -> Path:
     images, plot_notes = write_plots(groups, baseline, metrics, results.parent, out)
     studies = ", ".join(sorted({row.get("study", "?") for row in rows}))
     seeds = sorted({row["seed"] for row in rows})
-    lines = [f"# Study {studies}: masking strategies against {baseline}", "",
+    lines = [f"# Study {studies}: each arm against {baseline}", "",
              "Every number below is reproduced by (the experiment skips runs already in results.jsonl):", "",
              *commands(rows, results, out), "",
              f"{len(rows)} runs, {len(groups)} arms, seeds {seeds}; mlmlab "
