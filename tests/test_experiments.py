@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 import yaml
@@ -114,11 +115,16 @@ def test_dry_run_probe_times_each_arm_and_extrapolates_a_run(tmp_path, capsys):
 
 def test_dry_run_counts_only_the_runs_left(tmp_path, capsys):
     source = write_study(tmp_path, seeds=[0, 1])
-    first = runner.plan_runs(study_file.load_study(source))[0]
+    runs = runner.plan_runs(study_file.load_study(source))
     (tmp_path / "out").mkdir()
-    runner.append_row(tmp_path / "out" / "results.jsonl", result_row(first.key, arm=first.arm.name))
+    runner.append_row(tmp_path / "out" / "results.jsonl", result_row(runs[0].key, arm=runs[0].arm.name))
+    (Path(runs[1].config.train.out_dir) / "ckpt-00000005").mkdir(parents=True)  # a run stopped at step 5
     assert main(["experiment", source, "--dry-run"]) == 0
-    assert "this shard: 1 of its 4 runs already in" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "this shard: 1 of its 4 runs already in" in out
+    assert [line for line in out.splitlines() if line.startswith("left:")] == [
+        "left: adm-entropy seed 0 (resumes from its checkpoint at step 5)", "left: dynamic seed 1 (not started)",
+        "left: adm-entropy seed 1 (not started)"]
 
 
 def test_presets_load_and_validate_every_arm():

@@ -34,6 +34,7 @@ from mlmlab.experiments.identity import config_changes, identity_hash, settings_
 from mlmlab.experiments.probe import WARMUP_STEPS, probe_run, run_minutes
 from mlmlab.experiments.results import RESULTS_FILE, read_rows
 from mlmlab.experiments.study import Arm, Study
+from mlmlab.train.checkpoint import complete_checkpoints, step_of
 from mlmlab.train.loop import Trainer
 
 
@@ -314,7 +315,13 @@ def dry_run_text(study: Study, shard: tuple[int, int] = (0, 1), probe_steps: int
         "global batch per optimizer step = train.batch_size x train.grad_accum x processes; the table counts "
         "one process, so with N processes divide train.grad_accum by N to keep the batch",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + [f"left: {run.arm.name} seed {run.seed} ({run_state(run)})" for run in left])
+
+
+def run_state(run: Run) -> str:
+    """Where a run left to do stands: its newest checkpoint (not verified here), or not started."""
+    saved = complete_checkpoints(Path(run.config.train.out_dir), check=False)
+    return f"resumes from its checkpoint at step {step_of(saved[-1])}" if saved else "not started"
 
 
 def probed_cost_lines(arm_runs: list[Run], left: list[Run], steps: int, log=print) -> list[str]:
