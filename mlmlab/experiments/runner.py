@@ -38,7 +38,6 @@ from mlmlab.train.checkpoint import complete_checkpoints, step_of
 from mlmlab.train.loop import Trainer
 
 
-
 @dataclass(frozen=True)
 class Run:
     index: int  # position in the study's run order (seed-major), which --shard partitions

@@ -27,11 +27,11 @@ BATCH = 64
 
 
 @torch.no_grad()
-def mean_pooled(model, split, rows: list[int]) -> torch.Tensor:
+def mean_pooled(model, split) -> torch.Tensor:
     """(N, H) mean of the last hidden states over each sentence's real tokens."""
     pooled = []
-    for start in range(0, len(rows), BATCH):
-        batch = collate(split, rows[start:start + BATCH], torch.device("cpu"))
+    for start in range(0, len(split), BATCH):
+        batch = collate(split, list(range(start, min(start + BATCH, len(split)))), torch.device("cpu"))
         hidden = model(**batch).last_hidden_state  # (B, T, H)
         mask = batch["attention_mask"].unsqueeze(-1).float()  # (B, T, 1)
         pooled.append((hidden * mask).sum(1) / mask.sum(1))
@@ -41,7 +41,7 @@ def mean_pooled(model, split, rows: list[int]) -> torch.Tensor:
 def sentence_vectors(model, tokenizer, dev: GlueSplit, column: int) -> torch.Tensor:
     """(N, H) one text column's sentences, each encoded alone."""
     split = encode(dataclasses.replace(dev, texts=(dev.texts[column],)), tokenizer, max_length=128)
-    return mean_pooled(model, split, list(range(len(split))))
+    return mean_pooled(model, split)
 
 
 def zero_shot_pearson(model, tokenizer, dev: GlueSplit) -> float:
