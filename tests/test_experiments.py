@@ -296,6 +296,7 @@ def test_interrupted_study_resumes_without_retraining(tmp_path, monkeypatch):
     # and the report draws its curves from the runs' metrics files
     path = report.write_report(results, tmp_path / "report")
     assert {"loss_curves.png", "mask_share.png", "mask_a.png"} <= {p.name for p in path.parent.glob("*.png")}
+    assert "## Where the training targets went" in path.read_text()
 
 
 def synthetic_row(arm, seed, perplexity, rare, strategy="dynamic", glue=None):
@@ -378,6 +379,22 @@ def test_a_final_evaluation_logged_twice_counts_once_in_the_mean_curve():
     runs = [({"steps": 4}, records), ({"steps": 4}, [{"step": 4, "eval": {"mlm_loss": 5.0}}])]
     xs, ys = report.mean_curve(runs, lambda r: r.get("eval", {}).get("mlm_loss"), report.progress_of)
     assert (xs, ys) == ([1.0], [3.5])  # (2 + 5) / 2, not (2 + 2 + 5) / 3
+
+
+def test_target_shares_average_each_run_over_the_whole_run_and_its_last_tenth():
+    def records(early, late):  # a share logged every 10 steps of 100; step 100 logged twice (a resumed run)
+        shares = [{"step": step, "mask_share_freq_0_500": early if step <= 90 else late,
+                   "mask_share_freq_500_rest": 1 - (early if step <= 90 else late)} for step in range(10, 101, 10)]
+        return shares + [shares[-1], {"step": 100, "eval": {"mlm_loss": 5.0}}]
+
+    curves = {"dynamic": [({"steps": 100}, records(0.6, 0.6))],
+              "adm": [({"steps": 100}, records(0.6, 0.2)), ({"steps": 100}, records(0.5, 0.4))]}
+    lines = report.target_share_section(curves)
+    assert lines[0] == "## Where the training targets went"
+    assert "| dynamic | 0.600 / 0.600 | 0.400 / 0.400 |" in lines
+    # run 1: (9 * 0.6 + 0.2) / 10 = 0.56, late 0.2; run 2: (9 * 0.5 + 0.4) / 10 = 0.49, late 0.4
+    assert "| adm | 0.525 / 0.300 | 0.475 / 0.700 |" in lines
+    assert report.target_share_section({"dynamic": [({"steps": 100}, [{"step": 100, "loss": 3.0}])]}) == []
 
 
 def test_few_seeds_label_the_bootstrap_a_range_never_a_ci(tmp_path):

@@ -32,6 +32,7 @@ BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0  # a fixed generator, so the intervals are the same every time the report is made
 FEW_SEEDS = 5  # below this the bootstrap is a range, not a CI, and the t-interval rests on unchecked normality
 MIN_CORRELATION_RUNS = 4  # fewer runs give no rank correlation worth printing (3 points: 6 orders in all)
+LATE_PROGRESS = 0.9  # "late in training": ADM weights the scores more as training progresses
 
 
 @dataclass
@@ -250,15 +251,20 @@ def mean_curve(runs: list[tuple[dict, list[dict]]], value, x) -> tuple[list[floa
     GLUE) logs its final evaluation twice, and would count twice in the mean."""
     points = defaultdict(list)
     for row, records in runs:
-        last = {}
-        for record in records:
-            y = value(record)
-            if y is not None and math.isfinite(y):
-                last[x(row, record)] = y
-        for at, y in last.items():
+        for at, y in last_per_x(row, records, value, x).items():
             points[at].append(y)
     xs = sorted(points)
     return xs, [float(np.mean(points[k])) for k in xs]
+
+
+def last_per_x(row: dict, records: list[dict], value, x) -> dict[float, float]:
+    """x(row, record) -> value(record) of one run, the last finite value at each x."""
+    last = {}
+    for record in records:
+        y = value(record)
+        if y is not None and math.isfinite(y):
+            last[x(row, record)] = y
+    return last
 
 
 def sequences_seen(row: dict, record: dict) -> float:
@@ -278,8 +284,8 @@ def is_adaptive(rows: list[dict]) -> bool:
     return (rows[0].get("config") or {}).get("masking", {}).get("strategy") == choices.ADAPTIVE
 
 
-def write_plots(groups, baseline, metrics, results_dir: Path, out: Path) -> tuple[list[str], list[str]]:
-    """PNG files written to ``out`` (names) and notes about what could not be drawn."""
+def write_plots(groups, baseline, metrics, curves, out: Path) -> list[str]:
+    """PNG files written to ``out`` (names); ``curves`` as read_curves gives them."""
     # Here, not at the top: the backend must be chosen before pyplot is first imported.
     import matplotlib
 
@@ -287,9 +293,6 @@ def write_plots(groups, baseline, metrics, results_dir: Path, out: Path) -> tupl
     import matplotlib.pyplot as plt
 
     images = [bucket_bars(plt, groups, [m for m in metrics if m.label.startswith("ppl") or m.label == "perplexity"], out)]
-    curves, missing = read_curves(groups, results_dir)
-    notes = [f"curve plots skipped for {len(missing)} runs whose metrics.jsonl is missing (e.g. {missing[0]}); "
-             "the tables come from results.jsonl alone"] if missing else []
     if curves:
         images.append(loss_curves(plt, curves, out))
         compared = {arm: runs for arm, runs in curves.items() if arm == baseline or is_adaptive(groups[arm])}
@@ -299,7 +302,7 @@ def write_plots(groups, baseline, metrics, results_dir: Path, out: Path) -> tupl
             images.append(adapt_factor_curves(plt, adaptive, out))
     if downstream_metrics(metrics):
         images.append(scores_against_loss(plt, groups, metrics, out))
-    return images, notes
+    return images
 
 
 def save(plt, fig, out: Path, name: str) -> str:
@@ -337,8 +340,7 @@ def loss_curves(plt, curves, out: Path) -> str:
 
 def mask_share_curves(plt, curves, out: Path) -> str:
     """Share of the selected tokens in each frequency bucket over training: ADM arms vs the baseline."""
-    keys = sorted({k for runs in curves.values() for _, records in runs for r in records for k in r
-                   if k.startswith("mask_share_freq_")}, key=lambda k: int(k.split("_")[3]))
+    keys = mask_share_keys(curves)
     fig, axes = plt.subplots(1, max(len(keys), 1), figsize=(4.5 * max(len(keys), 1), 3.8), squeeze=False)
     for ax, key in zip(axes[0], keys):
         for arm, runs in curves.items():
@@ -347,6 +349,12 @@ def mask_share_curves(plt, curves, out: Path) -> str:
     axes[0][0].set_ylabel("share of masked tokens")
     axes[0][-1].legend(fontsize=7)
     return save(plt, fig, out, "mask_share.png")
+
+
+def mask_share_keys(curves) -> list[str]:
+    """The runs' mask_share_freq_* record keys, most frequent bucket first."""
+    return sorted({k for runs in curves.values() for _, records in runs for r in records for k in r
+                   if k.startswith("mask_share_freq_")}, key=lambda k: int(k.split("_")[3]))
 
 
 def adapt_factor_curves(plt, curves, out: Path) -> str:
@@ -596,6 +604,34 @@ def metric_table(title: str, groups, baseline, metrics, delta_metrics=None) -> l
     return lines
 
 
+def target_share_section(curves) -> list[str]:
+    """Each arm's share of training targets per frequency bucket: the target prior it trained on.
+
+    The number behind a "prior shift": moving targets to rare ids lowers their held-out loss by
+    refitting the output bias, whatever chose the positions. Over the whole run and over its last
+    10% (ADM's weight on the scores grows with progress). Mean over seeds of each run's mean over
+    its logged windows (equal numbers of steps each)."""
+    keys = mask_share_keys(curves)
+    if not keys:
+        return []
+    body = []
+    for arm, runs in curves.items():
+        cells = [arm]
+        for key in keys:
+            shares = [last_per_x(row, records, lambda r, key=key: r.get(key), progress_of) for row, records in runs]
+            whole = np.mean([np.mean(list(s.values())) for s in shares if s])
+            late = np.mean([np.mean([v for at, v in s.items() if at > LATE_PROGRESS]) for s in shares
+                            if any(at > LATE_PROGRESS for at in s)])
+            cells.append(f"{whole:.3f} / {late:.3f}")
+        body.append(cells)
+    header = ["arm"] + [f"freq {key.removeprefix('mask_share_freq_')}" for key in keys]
+    return ["## Where the training targets went", "",
+            "Share of the selected (masked) training positions in each corpus-frequency bucket: over the whole "
+            f"run / over its last {100 * (1 - LATE_PROGRESS):.0f}% (mean over seeds, from metrics.jsonl). Uniform "
+            "masking's shares are the corpus's; an arm that moves targets to rare ids lowers their held-out loss by "
+            "that alone (a prior shift).", ""] + markdown.table(header, body) + [""]
+
+
 def cost_section(groups) -> list[str]:
     header = ["arm", "budget", "steps", "batch", "tokens seen", "est. FLOPs", "scorer share of FLOPs",
               "train s", "scorer s", "wall s (incl. eval, GLUE)", "torch threads"]
@@ -639,7 +675,11 @@ def write_report(results: Path, out: Path) -> Path:
     if baseline not in groups:
         notes.append(f"the baseline arm {baseline!r} has no rows: no differences can be computed")
     out.mkdir(parents=True, exist_ok=True)
-    images, plot_notes = write_plots(groups, baseline, metrics, results.parent, out)
+    curves, missing = read_curves(groups, results.parent)
+    if missing:
+        notes.append(f"curve plots skipped for {len(missing)} runs whose metrics.jsonl is missing (e.g. {missing[0]}), "
+                     "and their target shares; the other tables come from results.jsonl alone")
+    images = write_plots(groups, baseline, metrics, curves, out)
     studies = ", ".join(sorted({row.get("study", "?") for row in rows}))
     seeds = sorted({row["seed"] for row in rows})
     lines = [f"# Study {studies}: each arm against {baseline}", "",
@@ -655,6 +695,7 @@ def write_report(results: Path, out: Path) -> Path:
     lines += metric_table("Held-out perplexity, overall and per frequency bucket; differences in nats of MLM loss",
                           groups, baseline, [m for m in metrics if "ppl" in m.label or m.label == "perplexity"],
                           [m for m in metrics if m.label.endswith("(nats)") and m.path[0] == "eval"])
+    lines += target_share_section(curves)
     lines += metric_table("Held-out MLM and NSP accuracy", groups, baseline,
                           [m for m in metrics if m.label.endswith("accuracy") and m.path[0] == "eval"])
     further = [m for m in metrics if m.path[0] == "eval_data"]
@@ -682,7 +723,7 @@ def write_report(results: Path, out: Path) -> Path:
               "- \"identical by construction\": every metric of the arm equals the baseline's in every seed, so the "
               "two arms ran the same computation; that is not a measured null.",
               "- FLOPs are estimates from the model config (mlmlab/experiments/budget.py), scorer passes included.",
-              *[f"- Note: {note}" for note in notes + plot_notes], ""]
+              *[f"- Note: {note}" for note in notes], ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
