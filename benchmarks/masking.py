@@ -113,10 +113,10 @@ def bench_overhead(tokenizer, size: str, arms: dict, rounds: int) -> None:
         """Seconds per step over one scoring period of the arm (score_every steps)."""
         strategy, cfg = strategies[name], arms[name]
         start = time.perf_counter()
-        for _ in range(cfg.score_every):
+        for step in range(1, cfg.score_every + 1):  # the first step of the period is scored
             batch = batches[counter["step"] % len(batches)]
             counter["step"] += 1
-            weights = strategy.weights(bert, batch, 1.0)  # a = a_max: full ADM
+            weights = strategy.weights(bert, batch, 1.0, step=step)  # a = a_max: full ADM
             masked = mask_batch(batch, seed=0, epoch_key=counter["step"], rate=0.15, info=info,
                                 corruption=Corruption(), weights=weights)
             result = pretraining_loss(bert, masked)

@@ -350,7 +350,7 @@ def test_stats_report_a_scores_cost_and_frequency_shares():
 def test_score_every_and_fraction_control_cost():
     model, batch = tiny_model(), make_batch()
     strategy = build_strategy(adaptive(adapt_schedule="constant", score_every=3, score_fraction=0.5), info=INFO, vocab_size=V)
-    got = [strategy.weights(model, batch, 0.5) for _ in range(6)]
+    got = [strategy.weights(model, batch, 0.5, step=step) for step in range(1, 7)]
     assert [w is not None for w in got] == [True, False, False, True, False, False]
     uniform_rows = (got[0] == 1).all(dim=1)  # (B,) the rows not scored
     assert 0 < int(uniform_rows.sum()) < len(uniform_rows)
@@ -370,6 +370,21 @@ def test_the_scored_rows_do_not_depend_on_how_the_batch_is_split():
     assert not torch.equal(strategy._scored_rows(many, 0), strategy._scored_rows(many, 1))  # other rows each epoch
 
 
+def test_a_steps_micro_batches_are_scored_alike_whatever_the_split():
+    """score_every and grad_norm's masks follow the optimizer step, not how many micro-batches came before."""
+    model, batch = tiny_model(), make_batch(16)
+    cfg = adaptive(scorer="grad_norm", adapt_schedule="constant", score_every=2)
+    strategy = build_strategy(cfg, info=INFO, vocab_size=V)
+    halves = [{key: value[part] for key, value in batch.items()} for part in (slice(0, 8), slice(8, 16))]
+    scored = [strategy.weights(model, half, 0.5, step=step) is not None for step in (1, 2, 3) for half in halves]
+    assert scored == [True, True, False, False, True, True]  # two micro-batches per step: both or neither
+    whole = build_strategy(cfg, info=INFO, vocab_size=V).weights(model, batch, 0.5, step=3)
+    split = [build_strategy(cfg, info=INFO, vocab_size=V).weights(model, half, 0.5, step=3) for half in halves]
+    torch.testing.assert_close(torch.cat(split), whole, rtol=1e-5, atol=1e-6)
+    other_step = build_strategy(cfg, info=INFO, vocab_size=V).weights(model, batch, 0.5, step=5)
+    assert not torch.equal(other_step, whole)  # grad_norm's masked copy is drawn anew each step
+
+
 @pytest.mark.parametrize("scorer,extra", [("context", {}), ("loss_ema", {}), ("entropy", {"score_every": 2}),
                                           ("frequency", {}),
                                           ("loss_ema", {"frequency_neutral": True, "freq_buckets": "50,150"})])
@@ -382,7 +397,7 @@ def test_state_round_trip_reproduces_the_uninterrupted_run(scorer, extra):
         out = []
         for step in steps:
             batch = batches[step]
-            w = strategy.weights(model, batch, step / 6)
+            w = strategy.weights(model, batch, step / 6, step=step + 1)
             masked = mask_batch(batch, seed=0, epoch_key=strategy.epoch_key(0), rate=0.3, info=INFO, corruption=Corruption(),
                                 weights=w, groups=strategy.selection_groups(batch))
             strategy.observe(masked, pretraining_loss(model, masked))
@@ -404,6 +419,8 @@ def test_state_round_trip_reproduces_the_uninterrupted_run(scorer, extra):
         assert torch.equal(i1, i2) and torch.equal(l1, l2)
     if scorer != "entropy":
         assert any(w is not None and not torch.all(w == w[0, 1]) for w, _, _ in rest)  # the tables matter
+    legacy = {**first.state_dict(), "step": torch.tensor(3)}  # checkpoints from before the trainer's step drove scoring
+    build_strategy(cfg, info=INFO, vocab_size=V, token_counts=COUNTS).load_state_dict(legacy)
     with pytest.raises(UserError):
         build_strategy(adaptive(scorer="context", context_buckets=8), info=INFO, vocab_size=V).load_state_dict(
             copy.deepcopy(first.state_dict()) if scorer == "context" else {"step": torch.tensor(1)})
@@ -466,10 +483,10 @@ def test_cost_controls_fsdp_and_budget_spare_the_frequency_scorer():
     batch = make_batch()
     cfg = adaptive(scorer="frequency", adapt_schedule="constant", score_every=3, score_fraction=0.5)
     strategy = build_strategy(cfg, info=INFO, vocab_size=V, token_counts=COUNTS)
-    for _ in range(4):  # every step scored, every row: score_every and score_fraction price model passes only
-        w = strategy.weights(None, batch, 0.5)
+    for step in range(1, 5):  # every step scored, every row: score_every and score_fraction price model passes only
+        w = strategy.weights(None, batch, 0.5, step=step)
         assert w is not None and all(w[row, 1:-1].std() > 0 for row in range(len(w)))
-    assert set(strategy.state_dict()) == {"step", "score_seconds_total"}  # nothing learnt, nothing to checkpoint
+    assert set(strategy.state_dict()) == {"score_seconds_total"}  # nothing learnt, nothing to checkpoint
     with pytest.raises(ValueError):
         build_strategy(cfg, info=INFO, vocab_size=V)  # no corpus counts, no frequency scores
     fsdp = SimpleNamespace(distributed_type=DistributedType.FSDP, is_fsdp2=True)

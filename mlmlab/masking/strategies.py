@@ -21,7 +21,7 @@ apply at every step, also where the weights are uniform (a = 0, unscored steps).
 The training loop, per step (all randomness is counter-based, so resume is exact):
 
     key = strategy.epoch_key(epoch)
-    weights = strategy.weights(model, batch, progress, key)  # (B, T) or None = uniform
+    weights = strategy.weights(model, batch, progress, key, step)  # (B, T) or None = uniform; step: from 1
     groups = strategy.selection_groups(batch)                # (B, T) frequency buckets, or None
     masked = mask_batch(batch, seed=..., epoch_key=key, rate=rate_at(cfg, progress),
                         info=info, corruption=..., weights=weights, groups=groups, whole_word=cfg.whole_word,
@@ -45,6 +45,7 @@ from mlmlab.masking.select import Corruption, TokenInfo, eligible_positions, sel
 from mlmlab.model import IGNORE_INDEX
 from mlmlab.seeding import STREAM_SCORED_ROWS, row_uniforms
 
+LEGACY_STEP_KEY = "step"  # in the masking state of checkpoints made before the optimizer step drove scoring
 EVAL_SEED = 20190611  # evaluation masks: fixed, uniform, the same whatever trained the model
 EVAL_RATE = 0.15
 
@@ -73,7 +74,6 @@ class UniformStrategy:
 
     def __init__(self, cfg: MaskingConfig, vocab_size: int | None = None, token_counts=None):
         self.cfg = cfg
-        self.step = 0  # calls to weights(): the scoring clock
         self.bucket_of, self.bucket_names = None, []
         if token_counts is not None and vocab_size is not None:
             self.bucket_of, self.bucket_names = frequency_buckets(token_counts, cfg.freq_cuts, vocab_size)
@@ -88,8 +88,7 @@ class UniformStrategy:
         # Static: the key ignores the epoch beyond dupe_factor distinct versions.
         return epoch % self.cfg.dupe_factor if self.cfg.strategy == choices.STATIC else epoch
 
-    def weights(self, model, batch: dict, progress: float, epoch_key: int = 0):
-        self.step += 1
+    def weights(self, model, batch: dict, progress: float, epoch_key: int = 0, step: int = 1):
         return None  # uniform
 
     def selection_groups(self, batch: dict):
@@ -119,10 +118,10 @@ class UniformStrategy:
         return out
 
     def state_dict(self) -> dict:
-        return {"step": torch.tensor(self.step)}
+        return {}
 
     def load_state_dict(self, state: dict) -> None:
-        self.step = int(state["step"]) if "step" in state else 0
+        """Uniform strategies keep no state."""
 
 
 class AdaptiveStrategy(UniformStrategy):
@@ -147,14 +146,18 @@ class AdaptiveStrategy(UniformStrategy):
     def epoch_key(self, epoch: int) -> int:
         return epoch  # dynamic: new masks every epoch
 
-    def weights(self, model, batch: dict, progress: float, epoch_key: int = 0):
-        """(B, T) selection weights, or None for uniform; ``epoch_key``: the masks' (it draws score_fraction's rows)."""
+    def weights(self, model, batch: dict, progress: float, epoch_key: int = 0, step: int = 1):
+        """(B, T) selection weights, or None for uniform; ``epoch_key``: the masks' (it draws score_fraction's rows).
+
+        ``step``: the optimizer step (from 1) the batch trains. score_every and grad_norm's masks follow
+        it, not a count of calls, so every micro-batch and process of one step is scored alike, and a
+        run scores the same steps however its global batch is split.
+        """
         cfg = self.cfg
-        self.step += 1
         self.a = adapt_factor(cfg.adapt_schedule, progress, cfg.a_max)
         self._scores = None
         model_scorer = cfg.scorer in choices.MODEL_SCORERS  # only model passes cost enough to thin out
-        if self.a == 0.0 or (model_scorer and (self.step - 1) % cfg.score_every):
+        if self.a == 0.0 or (model_scorer and (step - 1) % cfg.score_every):
             return None  # uniform: exactly the dynamic masks, and no scoring cost
         input_ids = batch["input_ids"]  # (B, T)
         eligible = eligible_positions(input_ids, self.info.special_ids)  # (B, T)
@@ -165,7 +168,7 @@ class AdaptiveStrategy(UniformStrategy):
         head = batch if scored is None else {k: v[scored] if torch.is_tensor(v) and v.dim() else v
                                              for k, v in batch.items()}
         if len(head["input_ids"]):
-            raw[rows] = self._score(head, model, eligible[rows])
+            raw[rows] = self._score(head, model, eligible[rows], step)
         self._add_seconds(clock(input_ids.device) - start)
         scores = normalise(raw, eligible, cfg.normalize)  # (B, T)
         weights = blend(scores, self.a, cfg.floor)
@@ -187,7 +190,7 @@ class AdaptiveStrategy(UniformStrategy):
         draws = row_uniforms(self.cfg.seed, STREAM_SCORED_ROWS, ids, torch.full_like(ids, epoch_key))  # (B,)
         return draws < self.cfg.score_fraction
 
-    def _score(self, batch: dict, model, eligible: torch.Tensor) -> torch.Tensor:
+    def _score(self, batch: dict, model, eligible: torch.Tensor, step: int) -> torch.Tensor:
         cfg = self.cfg
         if self.loss_scorer is not None:
             return self.loss_scorer.scores(batch["input_ids"])
@@ -195,7 +198,7 @@ class AdaptiveStrategy(UniformStrategy):
             return self.frequency_scorer.scores(batch["input_ids"])
         if cfg.scorer == choices.GRAD_NORM:
             return scorers.grad_norm_scores(
-                model, batch, eligible, info=self.info, vocab_size=self.vocab_size, seed=cfg.seed, key=self.step
+                model, batch, eligible, info=self.info, vocab_size=self.vocab_size, seed=cfg.seed, key=step
             )
         over_vocab = {choices.ENTROPY: scorers.entropy_scores, choices.MAX_PROB: scorers.max_prob_scores}[cfg.scorer]
         return over_vocab(model, batch, eligible, self.vocab_size, cfg.score_chunk)
@@ -268,6 +271,7 @@ class AdaptiveStrategy(UniformStrategy):
         return state
 
     def load_state_dict(self, state: dict) -> None:
+        state = {key: value for key, value in state.items() if key != LEGACY_STEP_KEY}
         expected = set(self.state_dict())
         if set(state) != expected:
             raise UserError(
@@ -280,7 +284,6 @@ class AdaptiveStrategy(UniformStrategy):
                     f"the checkpoint's masking state '{key}' has shape {tuple(state[key].shape)}, expected "
                     f"{tuple(value.shape)}; resume with the same vocabulary and masking.context_buckets"
                 )
-        super().load_state_dict(state)
         self.score_seconds_total = float(state["score_seconds_total"])
         if self.loss_scorer is not None:
             self.loss_scorer.load_state_dict(state)

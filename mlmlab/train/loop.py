@@ -313,7 +313,7 @@ class Trainer:
         for _ in range(self.cfg.train.grad_accum):
             batch = {k: v.to(self.accelerator.device) for k, v in next(batches).items()}
             epoch_key = self.strategy.epoch_key(self.state.position.epoch)
-            weights = self.strategy.weights(self.model, batch, progress, epoch_key)
+            weights = self.strategy.weights(self.model, batch, progress, epoch_key, step=self.state.step + 1)
             micro.append(mask_batch(batch, seed=masking.seed, epoch_key=epoch_key,
                                     rate=rate_at(masking, progress), info=self.info, corruption=self.corruption,
                                     weights=weights, groups=self.strategy.selection_groups(batch),
