@@ -395,6 +395,8 @@ def test_target_shares_average_each_run_over_the_whole_run_and_its_last_tenth():
     # run 1: (9 * 0.6 + 0.2) / 10 = 0.56, late 0.2; run 2: (9 * 0.5 + 0.4) / 10 = 0.49, late 0.4
     assert "| adm | 0.525 / 0.300 | 0.475 / 0.700 |" in lines
     assert report.target_share_section({"dynamic": [({"steps": 100}, [{"step": 100, "loss": 3.0}])]}) == []
+    early_only = {"dynamic": [({"steps": 100}, [{"step": 50, "mask_share_freq_0_500": 0.6}])]}
+    assert "| dynamic | 0.600 / n/a |" in report.target_share_section(early_only)  # no share logged late
 
 
 def test_few_seeds_label_the_bootstrap_a_range_never_a_ci(tmp_path):

@@ -619,10 +619,9 @@ def target_share_section(curves) -> list[str]:
         cells = [arm]
         for key in keys:
             shares = [last_per_x(row, records, lambda r, key=key: r.get(key), progress_of) for row, records in runs]
-            whole = np.mean([np.mean(list(s.values())) for s in shares if s])
-            late = np.mean([np.mean([v for at, v in s.items() if at > LATE_PROGRESS]) for s in shares
-                            if any(at > LATE_PROGRESS for at in s)])
-            cells.append(f"{whole:.3f} / {late:.3f}")
+            whole = [np.mean(list(s.values())) for s in shares if s]
+            late = [np.mean(tail) for s in shares if (tail := [v for at, v in s.items() if at > LATE_PROGRESS])]
+            cells.append(" / ".join(f"{np.mean(part):.3f}" if part else "n/a" for part in (whole, late)))
         body.append(cells)
     header = ["arm"] + [f"freq {key.removeprefix('mask_share_freq_')}" for key in keys]
     return ["## Where the training targets went", "",
