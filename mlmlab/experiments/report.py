@@ -608,9 +608,9 @@ def target_share_section(curves) -> list[str]:
     """Each arm's share of training targets per frequency bucket: the target prior it trained on.
 
     The number behind a "prior shift": moving targets to rare ids lowers their held-out loss by
-    refitting the output bias, whatever chose the positions. Over the whole run and over its last
-    10% (ADM's weight on the scores grows with progress). Mean over seeds of each run's mean over
-    its logged windows (equal numbers of steps each)."""
+    refitting the output bias, whatever chose the positions. Over the whole run and past
+    LATE_PROGRESS of it (ADM's weight on the scores grows with progress). Mean over seeds of each
+    run's mean over its logged windows (equal numbers of steps each)."""
     keys = mask_share_keys(curves)
     if not keys:
         return []

@@ -284,6 +284,7 @@ class AdaptiveStrategy(UniformStrategy):
                     f"the checkpoint's masking state '{key}' has shape {tuple(state[key].shape)}, expected "
                     f"{tuple(value.shape)}; resume with the same vocabulary and masking.context_buckets"
                 )
+        super().load_state_dict(state)
         self.score_seconds_total = float(state["score_seconds_total"])
         if self.loss_scorer is not None:
             self.loss_scorer.load_state_dict(state)
