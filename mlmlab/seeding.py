@@ -64,15 +64,24 @@ def key_hash(seed: int, streams, example_ids: torch.Tensor, epoch_keys: torch.Te
 
 def uniforms(seed: int, streams, example_ids: torch.Tensor, epoch_keys: torch.Tensor, length: int) -> torch.Tensor:
     """Uniform floats strictly inside (0, 1): (S, B, T) float32, 24 random bits each."""
-    bits = key_hash(seed, streams, example_ids, epoch_keys, length) >> 8  # in [0, 2**24)
-    return (bits.float() + 0.5) / float(1 << 24)
+    return unit_floats(key_hash(seed, streams, example_ids, epoch_keys, length) >> 8, torch.float32)
 
 
 def row_uniforms(seed: int, stream: int, example_ids: torch.Tensor, epoch_keys: torch.Tensor) -> torch.Tensor:
     """One uniform per (seed, stream, example, epoch), strictly inside (0, 1): (B,) float64.
 
-    Position 0's hash of the stream, so it does not depend on the padded length. float64,
-    because float32 rounds the largest 24-bit value (2**24 - 0.5) / 2**24 up to exactly 1.
+    Position 0's hash of the stream, so it does not depend on the padded length; float64,
+    where every 24-bit draw keeps its own value (see ``unit_floats``).
     """
-    bits = key_hash(seed, [stream], example_ids, epoch_keys, 1)[0, :, 0] >> 8  # (B,) in [0, 2**24)
-    return (bits.double() + 0.5) / float(1 << 24)
+    return unit_floats(key_hash(seed, [stream], example_ids, epoch_keys, 1)[0, :, 0] >> 8, torch.float64)
+
+
+def unit_floats(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Integers in [0, 2**24) -> the centres of 2**24 equal bins of (0, 1), as ``dtype``.
+
+    float32 cannot hold the top bin's centre 1 - 2**-25: it rounds to exactly 1 (log(1) = 0
+    would turn a Gumbel key infinite), so that one value in 2**24 is clamped to the largest
+    float32 below 1. float64 holds every centre; its clamp (1 - 2**-53) changes nothing.
+    """
+    largest_below_one = 1 - torch.finfo(dtype).eps / 2
+    return ((bits.to(dtype) + 0.5) / float(1 << 24)).clamp_max(largest_below_one)

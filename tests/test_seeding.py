@@ -18,6 +18,17 @@ def test_uniform_and_strictly_inside_the_unit_interval():
     assert stats.kstest(u.flatten().numpy()[:200_000], "uniform").pvalue > 1e-3
 
 
+def test_every_24_bit_draw_maps_strictly_inside_the_unit_interval():
+    # The hash reaches the extreme bits once in 2**24 draws, too rarely for draw() to meet them.
+    extremes = torch.tensor([0, 1, 2**23, 2**24 - 2, 2**24 - 1])
+    for dtype in (torch.float32, torch.float64):
+        u = seeding.unit_floats(extremes, dtype)
+        assert (u > 0).all() and (u < 1).all(), dtype
+        assert torch.all(u[1:] > u[:-1]), dtype  # distinct draws stay distinct and ordered
+    exact = (extremes.double() + 0.5) / 2**24
+    assert torch.equal(seeding.unit_floats(extremes, torch.float64), exact)
+
+
 def test_independent_across_positions_examples_epochs_streams_and_seeds():
     base = draw().flatten().numpy()
     others = [draw(epoch=1), draw(stream=seeding.STREAM_ACTION), draw(seed=6)]
