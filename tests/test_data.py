@@ -20,7 +20,7 @@ from mlmlab.data.instances import (
     create_nsp_instances,
     truncate_seq_pair,
 )
-from mlmlab.data.store import TokenStore, dataset_hash, prepare
+from mlmlab.data.store import TokenStore, dataset_hash, prepare, prepared_hash
 from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer, ordinary_token_ids, train_tokenizer
 from mlmlab.errors import UserError
 
@@ -393,3 +393,22 @@ def test_hash_depends_on_corpus_content(vocab_dir, tmp_path):
     a.write_text("One.\n", encoding="utf-8")
     b.write_text("Two.\n", encoding="utf-8")
     assert dataset_hash([a], vocab_dir, config) != dataset_hash([b], vocab_dir, config)
+
+
+def test_a_corpus_unk_marker_becomes_the_unk_id_and_enters_the_hash(vocab_dir, tmp_path):
+    # WikiText writes <unk> for its rare words: as text it would be 3-4 ordinary, easily predicted wordpieces.
+    path = tmp_path / "wiki.txt"
+    path.write_text("The <unk> sat on the mat.\nIt was <unk>'s hat, <unk><unk>.\n\nAnother text here.\n",
+                    encoding="utf-8")
+    settings = dict(max_seq_length=64, objective="mlm", num_workers=1)
+    as_text = TokenStore(prepare(path, vocab_dir, out_dir=tmp_path / "text", **settings))
+    as_unk = TokenStore(prepare(path, vocab_dir, out_dir=tmp_path / "unk", unk_marker="<unk>", **settings))
+    tokenizer = load_tokenizer(vocab_dir)
+    unk, lt = tokenizer.unk_token_id, tokenizer.convert_tokens_to_ids("<")
+    assert as_text.token_counts[unk] == 0 and as_text.token_counts[lt] == 4
+    assert as_unk.token_counts[unk] == 4 and as_unk.token_counts[lt] == 0
+    ids = as_unk[0]["input_ids"].tolist()
+    assert tokenizer.convert_ids_to_tokens(ids[:4]) == ["[CLS]", "the", "[UNK]", "sat"]
+    assert as_unk.meta["unk_marker"] == "<unk>" and "unk_marker" not in as_text.meta
+    assert prepared_hash(path, vocab_dir, 64, "mlm") == as_text.meta["hash"] != as_unk.meta["hash"]
+    assert prepared_hash(path, vocab_dir, 64, "mlm", unk_marker="<unk>") == as_unk.meta["hash"]

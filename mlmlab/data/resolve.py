@@ -13,7 +13,7 @@ from mlmlab.config import DataConfig
 from mlmlab.data.records import Columns
 from mlmlab.data.store import TokenStore, cache_root, prepare, prepared_hash
 from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer, vocab_hash
-from mlmlab.data.wikitext import is_wikitext, write_plain
+from mlmlab.data.wikitext import UNK_MARKER, is_wikitext, write_plain
 from mlmlab.errors import UserError
 from mlmlab.files import building, file_sha256
 
@@ -62,13 +62,11 @@ def held_out_store(data: list[str], model_dir: Path, max_seq_length: int, column
     paths = [Path(p) for p in data]
     if len(paths) == 1 and (paths[0] / "meta.json").is_file():
         return TokenStore(paths[0])
-    corpus = []
-    for path in paths:
-        if is_wikitext(path) and path.is_file():
-            path = write_plain(path, cache_root().parent / "wikitext" / f"{path.stem}-{file_sha256(path)[:16]}.txt")
-        corpus.append(path)
+    wikitext = [path for path in paths if is_wikitext(path) and path.is_file()]
+    corpus = [write_plain(path, cache_root().parent / "wikitext" / f"{path.stem}-{file_sha256(path)[:16]}.txt")
+              if path in wikitext else path for path in paths]
     return TokenStore(prepare(corpus, tokenizer_dir=standalone_tokenizer(model_dir), max_seq_length=max_seq_length,
-                              columns=columns))
+                              columns=columns, unk_marker=UNK_MARKER if wikitext else ""))
 
 
 def _corpora_and_settings(data: DataConfig, model_dir: str) -> tuple[dict, dict]:

@@ -142,47 +142,52 @@ def prepare(
     num_workers: int | None = None,
     docs_per_shard: int = 2000,
     columns: Columns = Columns(),
+    unk_marker: str = "",
 ) -> Path:
     """Build (or reuse) the prepared dataset for these inputs and settings; return its folder.
 
-    ``columns``: the text and document-id fields of JSONL and table inputs.
+    ``columns``: the text and document-id fields of JSONL and table inputs. ``unk_marker``:
+    the corpus's own word for an unknown word (WikiText's ``<unk>``), encoded as the [UNK] id.
     """
     config = _validated_config(objective, max_seq_length, short_seq_prob, seed, docs_per_shard)
     num_workers = _validated_workers(num_workers)
     paths = resolve_paths(corpus_paths)
     tokenizer_dir = Path(tokenizer_dir)
     tokenizer = load_tokenizer(tokenizer_dir)
-    digest = dataset_hash(paths, tokenizer_dir, config, columns)
+    digest = dataset_hash(paths, tokenizer_dir, config, columns, unk_marker)
     target = Path(out_dir) if out_dir is not None else cache_root() / digest[:16]
     if _holds_dataset(target, digest):
         log.info("reusing prepared dataset %s", target)
         return target
     with building(target) as staging:
-        _build(paths, columns, tokenizer, tokenizer_dir, config, digest, staging, num_workers)
+        _build(paths, columns, unk_marker, tokenizer, tokenizer_dir, config, digest, staging, num_workers)
     _holds_dataset(target, digest)  # refuses a different dataset that a concurrent writer published there
     return target
 
 
 def prepared_hash(corpus_paths, tokenizer_dir: str | Path, max_seq_length: int, objective: str = choices.NSP,
                   short_seq_prob: float = 0.1, seed: int = 12345, docs_per_shard: int = 2000,
-                  columns: Columns = Columns()) -> str:
+                  columns: Columns = Columns(), unk_marker: str = "") -> str:
     """The hash ``prepare`` would give these inputs and settings, without preparing anything."""
     config = _validated_config(objective, max_seq_length, short_seq_prob, seed, docs_per_shard)
-    return dataset_hash(resolve_paths(corpus_paths), Path(tokenizer_dir), config, columns)
+    return dataset_hash(resolve_paths(corpus_paths), Path(tokenizer_dir), config, columns, unk_marker)
 
 
-def dataset_hash(paths: list[Path], tokenizer_dir: Path, config: _BuildConfig, columns: Columns = Columns()) -> str:
-    """sha256 over format version, config, corpus contents, the columns read (if not the default) and tokenizer files.
+def dataset_hash(paths: list[Path], tokenizer_dir: Path, config: _BuildConfig, columns: Columns = Columns(),
+                 unk_marker: str = "") -> str:
+    """sha256 over format version, config, corpus contents, how it is read (if not the default) and tokenizer files.
 
     A folder given as the corpus hashes as the files in it, in the order they are read: the
-    same as naming those files. Default columns add nothing, so the hashes of every
-    corpus prepared before columns could be chosen are unchanged.
+    same as naming those files. Default columns and no unk marker add nothing, so the hashes
+    of every corpus prepared before either could be chosen are unchanged.
     """
     digest = hashlib.sha256(json.dumps({"format": FORMAT_VERSION, **asdict(config)}, sort_keys=True).encode())
     for path in paths:
         digest.update(_source_sha256(path).encode())
     if not columns.is_default:
         digest.update(json.dumps({"columns": asdict(columns)}, sort_keys=True).encode())
+    if unk_marker:
+        digest.update(json.dumps({"unk_marker": unk_marker}).encode())
     digest.update(_tokenizer_sha256(tokenizer_dir).encode())
     return digest.hexdigest()
 
@@ -254,12 +259,13 @@ def _holds_dataset(target: Path, digest: str) -> bool:
     return False
 
 
-def _build(paths, columns, tokenizer, tokenizer_dir, config, digest, staging: Path, num_workers: int) -> None:
+def _build(paths, columns, unk_marker, tokenizer, tokenizer_dir, config, digest, staging: Path,
+           num_workers: int) -> None:
     shutil.copytree(tokenizer_dir, staging / "tokenizer")
     vocab_size = len(tokenizer)
     spec = _ShardSpec(config, str(staging), tokenizer.cls_token_id, tokenizer.sep_token_id, vocab_size)
     context = multiprocessing.get_context()
-    initargs = (tokenizer.backend_tokenizer.to_str(),)
+    initargs = (tokenizer.backend_tokenizer.to_str(), unk_marker, tokenizer.unk_token_id)
     with context.Pool(num_workers, initializer=_init_worker, initargs=initargs) as pool:
         summaries = _built_shards(pool, _chunks(paths, columns, config.docs_per_shard), spec, pieces=num_workers)
         totals = _accumulate(summaries, vocab_size)
@@ -276,6 +282,7 @@ def _build(paths, columns, tokenizer, tokenizer_dir, config, digest, staging: Pa
         "config": asdict(config),
         "corpus": [str(p.resolve()) for p in paths],
         **({} if columns.is_default else {"columns": asdict(columns)}),
+        **({"unk_marker": unk_marker} if unk_marker else {}),
         "vocab_size": vocab_size,
         "vocab_hash": vocab_hash(tokenizer.get_vocab()),
         "token_dtype": _token_dtype(vocab_size).__name__,
@@ -383,15 +390,17 @@ def _token_dtype(vocab_size: int) -> type:
 # Worker side. Each worker process parses the tokenizer once (initializer), then tokenizes
 # parts of chunks and builds shards; a shard's summary is all that travels back from a build.
 _worker_tokenizer: Tokenizer | None = None
+_worker_unk: tuple[str, int] = ("", 0)  # (the corpus's unknown-word marker, the [UNK] id)
 
 
-def _init_worker(tokenizer_json: str) -> None:
-    global _worker_tokenizer
+def _init_worker(tokenizer_json: str, unk_marker: str, unk_id: int) -> None:
+    global _worker_tokenizer, _worker_unk
     # The pool already uses every worker core; nested Rust threads would oversubscribe.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _worker_tokenizer = Tokenizer.from_str(tokenizer_json)
     # Corpus text that literally says "[MASK]" or "[SEP]" is text, not a special token.
     _worker_tokenizer.encode_special_tokens = True
+    _worker_unk = (unk_marker, unk_id)
 
 
 def _without_gc(function):
@@ -450,12 +459,11 @@ def _tokenize(paragraph_docs: list[list[str]], first_doc: int) -> _TokenizedPart
     """Sentence-split and tokenize; drop sentences with no tokens and documents with none left."""
     sentence_docs = [document_sentences(paragraphs) for paragraphs in paragraph_docs]
     flat = [sentence for sentences in sentence_docs for sentence in sentences]
-    # _fast: the same ids without character offsets, which nothing here reads.
-    encodings = iter(_worker_tokenizer.encode_batch_fast(flat, add_special_tokens=False))
+    encoded = iter(_encoded(flat))
     kept: list[list[int]] = []
     document_sizes, doc_ids = [], []
     for position, sentences in enumerate(sentence_docs):
-        segments = [ids for ids in (next(encodings).ids for _ in sentences) if ids]
+        segments = [ids for ids in (next(encoded) for _ in sentences) if ids]
         if segments:
             kept += segments
             document_sizes.append(len(segments))
@@ -466,6 +474,33 @@ def _tokenize(paragraph_docs: list[list[str]], first_doc: int) -> _TokenizedPart
         document_sizes=np.array(document_sizes, dtype=np.int64),
         doc_ids=np.array(doc_ids, dtype=np.int64),
     )
+
+
+def _encoded(sentences: list[str]) -> list[list[int]]:
+    """Each sentence's ids, the corpus's unknown-word marker (if it has one) as the [UNK] id.
+
+    The marker cannot be left to the tokenizer: as text, WikiText's ``<unk>`` (or a literal
+    "[UNK]", since special tokens in corpus text are text) becomes 3-4 ordinary wordpieces, and
+    a perplexity would score the model on predicting a placeholder that no real text holds.
+    """
+    marker, unk_id = _worker_unk
+    if not marker:
+        return _ids(sentences)
+    pieces = [sentence.split(marker) for sentence in sentences]
+    ids = iter(_ids(list(chain.from_iterable(pieces))))
+    return [_joined([next(ids) for _ in parts], unk_id) for parts in pieces]
+
+
+def _ids(texts: list[str]) -> list[list[int]]:
+    # _fast: the same ids without character offsets, which nothing here reads.
+    return [encoding.ids for encoding in _worker_tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def _joined(piece_ids: list[list[int]], separator: int) -> list[int]:
+    """The pieces' ids with ``separator`` between consecutive pieces."""
+    if len(piece_ids) == 1:
+        return piece_ids[0]
+    return [*piece_ids[0], *chain.from_iterable((separator, *ids) for ids in piece_ids[1:])]
 
 
 def _write_shard(shard_dir: Path, instances, token_dtype: type) -> None:

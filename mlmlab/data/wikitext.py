@@ -3,10 +3,12 @@
 The files are word-tokenised (spaces around punctuation, ``@-@`` for an intra-word
 hyphen, ``<unk>`` for rare words). A WordPiece model must see text as it was written,
 or its perplexity measures the tokenisation artefacts, so the text is detokenised
-first (the Moses-style rules used for WikiText by e.g. Megatron-LM's evaluation).
+first (the Moses-style rules used for WikiText by e.g. Megatron-LM's evaluation), and
+``<unk>`` becomes the [UNK] id, which held-out evaluation never selects for masking.
 Documents start at top-level `` = Title = `` lines with a blank line on both sides.
 """
 
+import os
 import re
 from pathlib import Path
 
@@ -19,8 +21,8 @@ _RULES = [
     (re.compile(r"([(\[{$]) "), r"\1"),
     (re.compile(r" (n't|'s|'re|'ve|'m|'ll|'d)\b"), r"\1"),
     (re.compile(r'" (.*?) "'), r'"\1"'),
-    (re.compile(r"<unk>"), "[UNK]"),
 ]
+UNK_MARKER = "<unk>"  # kept as it is: prepare(unk_marker=...) encodes it as the [UNK] id
 
 
 def is_wikitext(path: Path) -> bool:
@@ -56,5 +58,8 @@ def write_plain(path: Path, out: Path) -> Path:
     if not documents:
         raise UserError(f"{path} holds no WikiText article (no ' = Title = ' line); is it a wiki.*.tokens file?")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n\n".join("\n".join(doc) for doc in documents) + "\n", encoding="utf-8")
+    # Written beside its name and renamed into it: two runs evaluating at once never read half a file.
+    staging = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    staging.write_text("\n\n".join("\n".join(doc) for doc in documents) + "\n", encoding="utf-8")
+    os.replace(staging, out)
     return out

@@ -143,6 +143,7 @@ def evaluate_model(model_dir, data, *, batch_size: int = 32, max_batches: int | 
     report = evaluate_mlm(bert.to(device), store, token_info_for(tokenizer), batch_size=batch_size,
                           max_batches=max_batches, device=device, token_counts=counts, freq_cuts=freq_cuts)
     report["frequency_source"] = "pretraining corpus" if counts_path.is_file() else "evaluated data"
+    report["dataset"] = store.meta["hash"][:16]  # what was evaluated: rows made before a data fix differ here
     return report
 
 
