@@ -10,7 +10,7 @@ import yaml
 from scipy import stats
 
 from mlmlab.cli import main
-from mlmlab.config import to_dict
+from mlmlab.config import ModelConfig, to_dict
 from mlmlab.data.resolve import SAMPLE_VALID
 from mlmlab.errors import UserError
 from mlmlab.experiments import identity, report, runner
@@ -24,6 +24,7 @@ TINY_BASE = {
 }
 DYNAMIC = {"name": "dynamic", "masking.strategy": "dynamic"}
 ENTROPY = {"name": "adm-entropy", "masking.strategy": "adaptive", "masking.scorer": "entropy"}
+DEFAULT_DROPOUT = ModelConfig().dropout
 
 
 def write_study(tmp_path, **fields):
@@ -142,7 +143,7 @@ def test_run_keys_follow_what_the_study_sets_not_mlmlab_defaults(tmp_path):
     run = runner.plan_runs(study)[0]
     explicit = study.explicit | set(run.arm.overrides)
     settings = identity.settings_of(study)
-    redefaulted = dataclasses.replace(run.config, model=dataclasses.replace(run.config.model, dropout=0.0))
+    redefaulted = dataclasses.replace(run.config, model=dataclasses.replace(run.config.model, dropout=0.3))
     assert "model.dropout" not in explicit
     assert identity.identity_hash(redefaulted, explicit, run.datasets, settings) == run.key.rsplit("/", 1)[1]
     set_by_study = dataclasses.replace(run.config, train=dataclasses.replace(run.config.train, batch_size=4))
@@ -171,17 +172,17 @@ def test_finished_runs_made_under_other_defaults_or_data_are_refused_not_mixed(t
     old = _row_as_made(runs[0])
     del old["config"]["model"]["attention_dropout"]  # a key the old mlmlab did not have: fine
     runner.refuse_incomparable(runs, [old])
-    with pytest.raises(UserError, match=r"model.dropout: 0.3 -> 0.1"):
+    with pytest.raises(UserError, match=rf"model.dropout: 0.3 -> {DEFAULT_DROPOUT}"):
         runner.refuse_incomparable(runs, [_row_as_made(runs[0], dropout=0.3)])
     with pytest.raises(UserError, match="prepared data"):
         runner.refuse_incomparable(runs, [{**_row_as_made(runs[0]), "datasets": {"train": "x", "valid": "y"}}])
 
 
 def test_a_changed_default_is_pinned_under_pinned_without_changing_run_keys(tmp_path):
-    """Finished under dropout 0.3 (then mlmlab's default, say); the default is now 0.1."""
+    """Finished under dropout 0.3 (then mlmlab's default, say); the default is now another."""
     finished = runner.plan_runs(study_file.load_study(write_study(tmp_path)))[0]
     row = _row_as_made(finished, dropout=0.3)
-    with pytest.raises(UserError, match=r"model.dropout: 0.3 -> 0.1.*pinned:"):
+    with pytest.raises(UserError, match=rf"model.dropout: 0.3 -> {DEFAULT_DROPOUT}.*pinned:"):
         runner.refuse_incomparable([finished], [row])
     in_base = {**TINY_BASE, "model": {**TINY_BASE["model"], "dropout": 0.3}}
     rekeyed = runner.plan_runs(study_file.load_study(write_study(tmp_path, base=in_base)))
