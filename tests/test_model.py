@@ -20,5 +20,5 @@ def test_attention_dropout_follows_dropout_unless_set():
     assert not train_mode_outputs_differ("model.dropout=0")  # null attention_dropout: off with dropout
     assert train_mode_outputs_differ("model.dropout=0", "model.attention_dropout=0.5")
     assert train_mode_outputs_differ("model.dropout=0.1", "model.attention_dropout=0")
-    config = build_model(load_config(None, ["model.attention_dropout=0"]).model, 100, 0).config
+    config = build_model(load_config(None, ["model.dropout=0.1", "model.attention_dropout=0"]).model, 100, 0).config
     assert (config.hidden_dropout_prob, config.attention_probs_dropout_prob) == (0.1, 0.0)

@@ -219,7 +219,8 @@ def test_grad_norm_scores_are_positive_where_eligible_and_leave_parameter_grads_
 
 
 def test_scoring_restores_training_mode_and_leaves_the_global_rng_alone():
-    model = build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), V, 0).train()
+    model = build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, dropout=0.1),
+                        V, 0).train()  # dropout on: a training-mode forward would draw from the global RNG
     batch = make_batch(4, 20)
     state = torch.get_rng_state()
     strategy = build_strategy(adaptive(adapt_schedule="constant"), info=INFO, vocab_size=V)
