@@ -466,6 +466,21 @@ def test_the_recorded_decision_rule_is_applied_to_every_arm_as_written(tmp_path)
     assert "a guard failed: glue.tasks.STS-B.dev.pearson fell by 0.02 > 0.01" in text
 
 
+def test_held_out_figures_from_different_prepared_data_are_flagged_not_silently_averaged():
+    def row(arm, seed, dataset=None):
+        held_out = {"mlm_loss": 6.0, "mlm_accuracy": 0.15, **({"dataset": dataset} if dataset else {})}
+        return {**synthetic_row(arm, seed, 400.0, 900.0), "eval_data": {"wikitext": held_out,
+                                                                        "gone": {"skipped": "x not found"}}}
+
+    old = [row("dynamic", 0), row("dynamic", 1)]
+    assert report.held_out_data_notes(old) == []  # made before datasets were recorded: nothing to compare
+    same = [row("dynamic", 0, "aaaa"), row("adm", 0, "aaaa")]
+    assert report.held_out_data_notes(same) == []
+    notes = report.held_out_data_notes([*old, row("adm", 0, "aaaa")])
+    assert len(notes) == 2 and "wikitext was evaluated on different prepared data" in notes[0]
+    assert "not recorded (2 rows), aaaa (1 row)" in notes[0] and "gone" not in notes[0]
+
+
 def test_a_decision_rule_with_a_bad_field_is_refused_in_one_line(tmp_path):
     for decision, message in [({"metric": "eval.mlm_loss", "min_effect": -0.01}, "must be numbers >= 0"),
                               ({"metric": "eval.mlm_loss", "margin": 0.01}, "unknown decision key 'margin'"),

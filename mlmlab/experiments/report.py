@@ -654,6 +654,26 @@ def thread_counts(rows: list[dict]) -> str:
     return ", ".join(sorted({str(row.get("torch_threads", "?")) for row in rows}))
 
 
+def held_out_data_notes(rows: list[dict]) -> list[str]:
+    """A warning for each further held-out set whose rows were evaluated on different prepared data.
+
+    Rows record the prepared dataset's hash since WikiText's <unk> became the [UNK] id
+    (2026-12-01); rows from before record none. A study whose rows all lack it is not flagged.
+    """
+    notes = []
+    for name in dict.fromkeys(name for row in rows for name in (row.get("eval_data") or {})):
+        reports = [row["eval_data"][name] for row in rows if "mlm_loss" in (row.get("eval_data") or {}).get(name, {})]
+        counts = defaultdict(int)
+        for held_out in reports:
+            counts[held_out.get("dataset", "not recorded")] += 1
+        if len(counts) > 1:
+            kinds = ", ".join(f"{dataset} ({n} row{'s' * (n != 1)})" for dataset, n in counts.items())
+            notes.append(f"**{name} was evaluated on different prepared data in different rows** ({kinds}): its "
+                         "figures compare only between rows of the same data. Rows that record none were made "
+                         "before 2026-12-01, when WikiText's <unk> became the [UNK] id.")
+    return [*notes, ""] if notes else []
+
+
 def glue_notes(rows: list[dict]) -> list[str]:
     skipped = sorted({row["glue"]["skipped"] for row in rows if "skipped" in (row.get("glue") or {})})
     return [f"GLUE skipped: {reason}." for reason in skipped]
@@ -700,7 +720,7 @@ def write_report(results: Path, out: Path) -> Path:
     further = [m for m in metrics if m.path[0] == "eval_data"]
     if further:
         lines += metric_table("Further held-out sets (the study's eval_data; same fixed masks)", groups, baseline,
-                              further)
+                              further) + held_out_data_notes(rows)
     glue = [m for m in metrics if m.label.startswith("GLUE")]
     lines += metric_table("GLUE dev scores (x100; median over fine-tuning seeds, then over pretraining seeds "
                           "as mean ± std)", groups, baseline, glue) + glue_notes(rows) + [""]
