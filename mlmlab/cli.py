@@ -102,7 +102,8 @@ def cmd_glue(args) -> None:
 
     tasks = "all" if args.task == ["all"] else args.task
     results = run_glue(args.model, tasks, args.data_dir, args.out, seeds=tuple(args.seeds),
-                       learning_rates=args.lr, epochs=args.epochs, max_train_examples=args.max_train_examples,
+                       learning_rates=args.lr, epochs=args.epochs, dropout=args.dropout,
+                       max_train_examples=args.max_train_examples,
                        init=args.init, write_test_predictions=args.test_predictions)
     print(format_glue_table(results))
 
@@ -222,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="fine-tuning seeds; the median is reported")
     p.add_argument("--lr", type=float, nargs="+", default=None, help="learning-rate grid (default: per task)")
     p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--dropout", type=float, default=None,
+                   help="hidden and attention dropout while fine-tuning (default 0.1, BERT's, whatever the pretraining's)")
     p.add_argument("--max-train-examples", type=int, default=None,
                    help="a fixed random sample of N training rows (the same for every seed and model)")
     p.add_argument("--init", choices=["pretrained", "random"], default="pretrained",

@@ -14,8 +14,10 @@ from mlmlab import jsonio
 from mlmlab.errors import UserError
 from mlmlab.evaluate.glue import (
     check_only_head_is_new,
+    checked_settings,
     compute_metrics,
     format_glue_table,
+    load_model,
     resolve_task_names,
     run_glue,
     task_score,
@@ -163,6 +165,24 @@ def tiny_model_dir(tmp_path_factory):
     return folder
 
 
+def test_fine_tuning_dropout_is_berts_whatever_the_pretrainings(tiny_model_dir, tmp_path):
+    """mlmlab pretrains without dropout by default; GLUE must not fine-tune such models without it too."""
+    from transformers import AutoConfig
+
+    dropout_free = tmp_path / "pretrained-without-dropout"
+    shutil.copytree(tiny_model_dir, dropout_free)
+    config = AutoConfig.from_pretrained(dropout_free)
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    config.save_pretrained(dropout_free)
+    default = checked_settings(["STS-B"], seeds=[0])["STS-B"].dropout
+    assert default == 0.1
+    assert checked_settings(["STS-B"], seeds=[0], dropout=0.0)["STS-B"].dropout == 0.0
+    for folder, dropout in [(dropout_free, default), (tiny_model_dir, 0.0)]:  # pretrained with none / with 0.1
+        model = load_model(folder, TASKS["STS-B"], "pretrained", dropout)
+        assert (model.config.hidden_dropout_prob, model.config.attention_probs_dropout_prob) == (dropout, dropout)
+        assert model.bert.encoder.layer[0].output.dropout.p == dropout and model.dropout.p == dropout
+
+
 def tiny_run(model_dir, out_dir, tasks, seeds=(0,), **overrides):
     settings = dict(learning_rates=[1e-3], epochs=1, batch_size=8, max_length=32, max_train_examples=48, show_progress=False)
     return run_glue(model_dir, tasks, GLUE_DIR, out_dir, seeds=seeds, **(settings | overrides))
@@ -215,6 +235,7 @@ def test_every_requested_task_missing_is_an_error_not_an_empty_success(tiny_mode
     [
         ({"init": "scratch"}, "init='scratch' is not known"),
         ({"epochs": 0}, "epochs=0 must be a whole number >= 1"),
+        ({"dropout": 1.0}, r"dropout=1.0 is outside \[0, 1\)"),
         ({"seeds": ()}, "seeds .* must be a non-empty list"),
         ({"model_dir": GLUE_DIR}, "has no config.json"),
     ],

@@ -52,6 +52,10 @@ class FineTuneSettings:
     max_length: int  # longer inputs are truncated (longest segment first); batches pad to their longest
     warmup_ratio: float = 0.1  # linear warmup over this fraction of steps, then linear decay to zero (BERT)
     weight_decay: float = 0.01  # AdamW decay, not applied to biases and LayerNorm weights (BERT)
+    # Hidden and attention dropout while fine-tuning (BERT's 0.1), whatever the model was pretrained
+    # with: mlmlab pretrains without dropout by default, and GLUE should compare pretrained models,
+    # not fine-tuning recipes.
+    dropout: float = 0.1
 
 
 # Small tasks (<10k examples) get batch 16 and 5 epochs as in cramming; large ones 2 epochs
@@ -91,6 +95,7 @@ def run_glue(
     epochs: int | None = None,
     batch_size: int | None = None,
     max_length: int | None = None,
+    dropout: float | None = None,
     init: str = "pretrained",
     max_train_examples: int | None = None,
     write_test_predictions: bool = False,
@@ -98,8 +103,8 @@ def run_glue(
 ) -> dict:
     """Fine-tune model_dir on each GLUE task and write glue_results.json and glue_results.md to out_dir.
 
-    tasks: "all", one task name, or a list of names. learning_rates/epochs/batch_size/max_length
-    override every task's default. init="random" fine-tunes the same architecture from fresh
+    tasks: "all", one task name, or a list of names. learning_rates/epochs/batch_size/max_length/
+    dropout override every task's default. init="random" fine-tunes the same architecture from fresh
     weights (the baseline showing what pretraining bought). Tasks whose files are absent are
     reported with status "missing". Returns the dict written to glue_results.json.
     """
@@ -107,7 +112,7 @@ def run_glue(
     # Every argument is checked before the first task trains, not minutes later.
     check_arguments(model_dir, data_dir, init)
     settings = checked_settings(tasks, seeds=seeds, learning_rates=learning_rates, epochs=epochs, batch_size=batch_size,
-                                max_length=max_length, max_train_examples=max_train_examples)
+                                max_length=max_length, dropout=dropout, max_train_examples=max_train_examples)
     refuse_all_missing(list(settings), data_dir)
     context = RunContext(model_dir, load_model_tokenizer(model_dir), init, tuple(seeds), max_train_examples,
                          write_test_predictions, show_progress, compute_device())
@@ -147,7 +152,7 @@ def check_arguments(model_dir: Path, data_dir: Path, init: str) -> None:
 
 
 def checked_settings(tasks, *, seeds, learning_rates=None, epochs=None, batch_size=None, max_length=None,
-                     max_train_examples=None) -> dict[str, FineTuneSettings]:
+                     dropout=None, max_train_examples=None) -> dict[str, FineTuneSettings]:
     """Each task's fine-tuning settings with the overrides applied, or a UserError naming the bad one.
 
     Also what a study checks when it is read, so a bad setting fails before hours of pretraining.
@@ -162,8 +167,10 @@ def checked_settings(tasks, *, seeds, learning_rates=None, epochs=None, batch_si
     if learning_rates is not None and (not isinstance(learning_rates, (list, tuple)) or
                                        not all(isinstance(lr, (int, float)) and lr > 0 for lr in learning_rates)):
         raise UserError(f"learning_rates {learning_rates!r} must be a list of positive numbers")
+    if dropout is not None and not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
+        raise UserError(f"dropout={dropout!r} is outside [0, 1); BERT fine-tunes with 0.1")
     overrides = {"learning_rates": tuple(learning_rates) if learning_rates is not None else None,
-                 "epochs": epochs, "batch_size": batch_size, "max_length": max_length}
+                 "epochs": epochs, "batch_size": batch_size, "max_length": max_length, "dropout": dropout}
     return {name: with_overrides(DEFAULT_SETTINGS[name], overrides) for name in resolve_task_names(tasks)}
 
 
@@ -254,7 +261,7 @@ def fine_tune_and_score(
     # torch's global RNG: transformers takes no generator for either, so seeding it is
     # unavoidable. Data order uses its own generator (see train_model).
     transformers.set_seed(seed)
-    model = load_model(context.model_dir, task, context.init).to(context.device)
+    model = load_model(context.model_dir, task, context.init, settings.dropout).to(context.device)
     train_model(model, train, settings, learning_rate, seed, context.device)
     metrics = dev_metrics(task, model, devs, context.device)
     test_outputs = {name: predict(model, split, task, context.device) for name, split in tests.items()}
@@ -354,10 +361,12 @@ def load_model_tokenizer(model_dir: Path):
     return tokenizer
 
 
-def load_model(model_dir: Path, task: GlueTask, init: str) -> torch.nn.Module:
+def load_model(model_dir: Path, task: GlueTask, init: str, dropout: float) -> torch.nn.Module:
     num_labels = 1 if task.is_regression else len(task.labels)
     problem_type = "regression" if task.is_regression else "single_label_classification"
-    config = AutoConfig.from_pretrained(model_dir, num_labels=num_labels, problem_type=problem_type)
+    # classifier_dropout stays unset: BERT's head then takes hidden_dropout_prob too.
+    config = AutoConfig.from_pretrained(model_dir, num_labels=num_labels, problem_type=problem_type,
+                                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     with quiet_transformers():
         if init == "random":
             return AutoModelForSequenceClassification.from_config(config)

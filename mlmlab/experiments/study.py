@@ -78,6 +78,7 @@ class GlueSettings:
     batch_size: int | None = None
     max_length: int | None = None
     max_train_examples: int | None = None  # fine-tune on a fixed random sample of N examples (CPU budgets)
+    dropout: float | None = None  # fine-tuning dropout (evaluate.glue: BERT's 0.1 whatever the pretraining's)
 
 
 @dataclass(frozen=True)
