@@ -77,7 +77,7 @@ def row_uniforms(seed: int, stream: int, example_ids: torch.Tensor, epoch_keys: 
 
 
 def unit_floats(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Integers in [0, 2**24) -> the centres of 2**24 equal bins of (0, 1), as ``dtype``.
+    """Integers in [0, 2**24) -> the centres of 2**24 equal bins of (0, 1), as ``dtype`` (rounded to it).
 
     float32 cannot hold the top bin's centre 1 - 2**-25: it rounds to exactly 1 (log(1) = 0
     would turn a Gumbel key infinite), so that one value in 2**24 is clamped to the largest
