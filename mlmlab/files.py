@@ -121,6 +121,16 @@ def _sync_folder(folder: Path) -> None:
         os.close(descriptor)
 
 
+def write_text_atomically(target: Path, text: str) -> None:
+    """``target`` holds ``text`` after one rename of a staging file beside it: a reader sees the old or the new, never half."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, staging = tempfile.mkstemp(prefix=f"{_staging_prefix(target)}{_HOST}-{os.getpid()}-", dir=target.parent)
+    with os.fdopen(handle, "w", encoding="utf-8") as file:
+        file.write(text)
+    os.replace(staging, target)
+
+
 @contextmanager
 def building(target: Path, *, replace: bool = False) -> Iterator[Path]:
     """``with building(target) as staging:`` fill ``staging``; it becomes ``target`` if the block succeeds."""

@@ -8,11 +8,11 @@ first (the Moses-style rules used for WikiText by e.g. Megatron-LM's evaluation)
 Documents start at top-level `` = Title = `` lines with a blank line on both sides.
 """
 
-import os
 import re
 from pathlib import Path
 
 from mlmlab.errors import UserError
+from mlmlab.files import write_text_atomically
 
 _TITLE = re.compile(r"^ = [^=].* = $")
 _RULES = [
@@ -57,9 +57,6 @@ def write_plain(path: Path, out: Path) -> Path:
     documents = wikitext_documents(path)
     if not documents:
         raise UserError(f"{path} holds no WikiText article (no ' = Title = ' line); is it a wiki.*.tokens file?")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Written beside its name and renamed into it: two runs evaluating at once never read half a file.
-    staging = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-    staging.write_text("\n\n".join("\n".join(doc) for doc in documents) + "\n", encoding="utf-8")
-    os.replace(staging, out)
+    # Two runs evaluating at once may write it together: neither may read the other's half.
+    write_text_atomically(out, "\n\n".join("\n".join(doc) for doc in documents) + "\n")
     return out

@@ -16,7 +16,7 @@ baseline's in every seed ran the same computation, and is reported as such, not 
 
 import json
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -661,11 +661,9 @@ def held_out_data_notes(rows: list[dict]) -> list[str]:
     (2026-12-01); rows from before record none. A study whose rows all lack it is not flagged.
     """
     notes = []
-    for name in dict.fromkeys(name for row in rows for name in (row.get("eval_data") or {})):
-        reports = [row["eval_data"][name] for row in rows if "mlm_loss" in (row.get("eval_data") or {}).get(name, {})]
-        counts = defaultdict(int)
-        for held_out in reports:
-            counts[held_out.get("dataset", "not recorded")] += 1
+    evaluated = [report for row in rows for report in (row.get("eval_data") or {}).items() if "mlm_loss" in report[1]]
+    for name in dict.fromkeys(name for name, _ in evaluated):
+        counts = Counter(held_out.get("dataset", "not recorded") for each, held_out in evaluated if each == name)
         if len(counts) > 1:
             kinds = ", ".join(f"{dataset} ({n} row{'s' * (n != 1)})" for dataset, n in counts.items())
             notes.append(f"**{name} was evaluated on different prepared data in different rows** ({kinds}): its "
