@@ -7,6 +7,7 @@ is refused in one line.
 
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedDataParallelKwargs, DistributedType, parse_flag_from_env
 
 from mlmlab import choices
@@ -28,8 +29,9 @@ def make_accelerator(cfg: Config) -> Accelerator:
     # The mlm objective leaves the NSP head without gradients, which DDP must be told about.
     ddp_kwargs = DistributedDataParallelKwargs(find_unused_parameters=cfg.data.objective == choices.MLM)
     # cpu=True is what makes accelerate run several CPU processes (gloo) under torchrun.
-    accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.precision), kwargs_handlers=[ddp_kwargs],
-                              cpu=not torch.cuda.is_available())
+    precision = mixed_precision(cfg.train.precision)
+    release_other_precision(precision)
+    accelerator = Accelerator(mixed_precision=precision, kwargs_handlers=[ddp_kwargs], cpu=not torch.cuda.is_available())
     if accelerator.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -38,6 +40,20 @@ def make_accelerator(cfg: Config) -> Accelerator:
         accelerator.print(f"precision {used} (train.precision={cfg.train.precision}) on {describe_cpu()}")
     check_fsdp(accelerator, cfg)
     return accelerator
+
+
+def release_other_precision(precision: str) -> None:
+    """Let one process build Accelerators of different precisions, one after another.
+
+    accelerate keeps one AcceleratorState per process, shared by every Accelerator, and refuses a
+    new Accelerator whose mixed_precision differs ("restart your runtime"): a study whose arms
+    differ in precision (precision-bf16-cpu) could then neither run unsharded nor be probed.
+    Clearing that state (PartialState, which holds the process group, stays) lets the next one
+    start afresh. An earlier Accelerator then reads the new precision, so a Trainer checks its
+    own before every step (Trainer.train_step).
+    """
+    if AcceleratorState._shared_state.get("_mixed_precision", precision) != precision:
+        AcceleratorState._reset_state(reset_partial_state=False)
 
 
 def refuse_fp16_without_cuda(precision: str) -> None:
