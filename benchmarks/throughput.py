@@ -150,7 +150,7 @@ def _differs(a: Trainer, b: Trainer) -> bool:
     """Whether two trainers would train differently: model (dropout included), masking, data or precision."""
     def resolved(trainer: Trainer) -> tuple:
         cfg = trainer.cfg
-        return trainer.model.config.to_dict(), cfg.masking, cfg.data, trainer.accelerator.mixed_precision
+        return trainer.model.config.to_dict(), cfg.masking, cfg.data, trainer.precision
     return resolved(a) != resolved(b)
 
 
@@ -164,7 +164,7 @@ def benchmark_preset(preset: str, args) -> dict:
         for _ in range(args.rounds):  # interleaved: every arm sees the same machine load
             for name, step in arms.items():
                 totals[name] = [a + b for a, b in zip(totals[name], time_arm(step, args.steps, device))]
-        peak = peak_matmul_flops(device, matmul_dtype(trainer.accelerator.mixed_precision))
+        peak = peak_matmul_flops(device, matmul_dtype(trainer.precision))
     return {"preset": preset, "device": str(device), "peak": peak,
             "arms": {name: {"tokens_per_s": t[0] / t[3], "padding": 1 - t[0] / t[1], "mfu": t[2] / t[3] / peak}
                      for name, t in totals.items()}}

@@ -49,8 +49,9 @@ def release_other_precision(precision: str) -> None:
     new Accelerator whose mixed_precision differs ("restart your runtime"): a study whose arms
     differ in precision (precision-bf16-cpu) could then neither run unsharded nor be probed.
     Clearing that state (PartialState, which holds the process group, stays) lets the next one
-    start afresh. An earlier Accelerator then reads the new precision, so a Trainer checks its
-    own before every step (Trainer.train_step).
+    start afresh. An earlier Accelerator still trains in its own precision (its ``native_amp`` and
+    its prepared model's autocast are its own; tested), but its ``mixed_precision`` property then
+    reads the new one: ``Trainer.precision`` keeps each run's.
     """
     if AcceleratorState._shared_state.get("_mixed_precision", precision) != precision:
         AcceleratorState._reset_state(reset_partial_state=False)

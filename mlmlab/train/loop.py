@@ -219,7 +219,7 @@ class Trainer:
         cfg = resolve_init(cfg)  # train.init: checked, and the model section taken from it, before anything else
         self.cfg, self.validate, self.show_progress = cfg, validate, show_progress
         self.accelerator = make_accelerator(cfg)
-        self.precision = self.accelerator.mixed_precision  # accelerate's is per process: see train_step
+        self.precision = self.accelerator.mixed_precision  # this run's; accelerate's property is per process (launch.py)
         self.run_dir = checkpoint.run_dir_for(cfg)
         # Before the slow set-up: an unwritable run folder or a refused resume stops here.
         folder = checkpoint.open_run(self.run_dir, cfg, resume, self.accelerator.is_main_process)
@@ -237,7 +237,7 @@ class Trainer:
         self.continuation = continuation_table(self.tokenizer) if cfg.masking.whole_word else None
         # MFU denominator of every process together; fewer rounds than the benchmark's (~0.5 s on 2 CPU cores).
         self.peak_flops = self.accelerator.num_processes * peak_matmul_flops(
-            self.accelerator.device, matmul_dtype(self.accelerator.mixed_precision), repeats=2, rounds=3)
+            self.accelerator.device, matmul_dtype(self.precision), repeats=2, rounds=3)
         self.state = TrainerState()
         if folder is not None:
             say(self.accelerator, f"resuming from {folder}")
@@ -327,10 +327,6 @@ class Trainer:
         Its "clock" (the main process's training seconds at the step's collective) and "stop"
         (whether any process was asked to stop) are the same on every process.
         """
-        if self.accelerator.mixed_precision != self.precision:
-            raise RuntimeError(f"this run trains in {self.precision}, but a later Trainer in this process set accelerate's "
-                               f"process-wide precision to {self.accelerator.mixed_precision}: run trainers of different "
-                               "precisions one after another, or in separate processes")
         started = time.perf_counter()
         micro = self._masked_micro_batches(batches)
         mlm_denominator, nsp_denominator = global_denominators(self.accelerator, micro)
