@@ -116,7 +116,7 @@ class TrainConfig:
     save_every: int = 200  # steps between checkpoints; the final one is always written
     keep_last: int = 2  # newest checkpoints kept on disk; 0 keeps every one
     seed: int = 0  # model initialisation, dropout and data order
-    precision: str = choices.AUTO  # "auto": bf16 autocast on CUDA, fp32 on CPU (bf16 is 10-100x slower on CPUs without AMX)
+    precision: str = choices.AUTO  # "auto": bf16 autocast on CUDA and on CPUs with AMX, else fp32 (train/launch.py)
     compile: bool = False  # torch.compile the encoder and MLM head; no gain measured on CPU after 40-75 s of compiling
     max_bad_steps: int = 5  # consecutive non-finite losses (each skipped) before training aborts
     out_dir: str = ""  # empty: runs/<hash of the resolved config>, so a rerun resumes the same run

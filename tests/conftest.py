@@ -18,6 +18,17 @@ def isolated_cache(tmp_path_factory):
     os.environ["MLMLAB_CACHE"] = str(tmp_path_factory.mktemp("mlmlab-cache") / "prepared")
 
 
+@pytest.fixture(autouse=True)
+def fp32_on_every_host(monkeypatch):
+    """train.precision=auto picks bf16 on CPUs with AMX: here every CPU reads as one without, so what
+    the tests check does not depend on the host (the commands test_distributed starts pin fp32 instead).
+    The detection itself is tested with its own patch."""
+    from mlmlab.devices import cpu_features
+    from mlmlab.train import launch
+
+    monkeypatch.setattr(launch, "cpu_features", lambda: {**cpu_features(), "amx_bf16": False})
+
+
 @pytest.fixture(scope="module")
 def no_progress_bars():
     """As on a command line: there mlmlab.cli sets HF_HUB_DISABLE_PROGRESS_BARS before transformers is

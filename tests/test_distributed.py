@@ -17,7 +17,8 @@ from mlmlab.train import checkpoint
 from mlmlab.train.checkpoint import load_torch
 
 COMMON = ["--no-progress", "train.max_steps=4", "train.log_every=1", "train.eval_every=0", "train.save_every=0",
-          "train.eval_batches=1", "model.dropout=0.0", "data.loader_workers=0", "train.warmup_steps=2"]
+          "train.eval_batches=1", "model.dropout=0.0", "data.loader_workers=0", "train.warmup_steps=2",
+          "train.precision=fp32"]  # auto would be bf16 on AMX hosts
 # What `accelerate launch` sets for an FSDP config (fsdp_version 2, per-layer auto wrap).
 FSDP_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP"}
 FSDP_LAUNCHER = Path(__file__).with_name("fsdp_on_cpu.py")

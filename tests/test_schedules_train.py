@@ -107,36 +107,57 @@ def test_the_linear_schedule_is_the_default_and_unchanged():
     assert learning_rate(cfg, 87, 0.87, 0.1) == 1e-3 * ((1.0 - 0.87) / max(1e-12, 1.0 - 0.8))
 
 
+def small_trainer(tmp_path, precision: str, name: str):
+    from mlmlab.config import load_config
+    from mlmlab.train.loop import Trainer
+
+    cfg = load_config("tiny", [f"train.out_dir={tmp_path / name}", "data.loader_workers=0", "model.hidden_size=32",
+                               "model.num_layers=1", "model.intermediate_size=64", "train.batch_size=4",
+                               f"train.precision={precision}"])
+    return Trainer(cfg, validate=None, show_progress=False)
+
+
+def matmul_dtypes(trainer) -> set:
+    """The dtypes of the model's linear outputs during one training step."""
+    import torch
+
+    seen = set()
+    hook = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, output: seen.add(output.dtype) if isinstance(module, torch.nn.Linear) else None)
+    try:
+        trainer.train_step(trainer.batches())
+    finally:
+        hook.remove()
+    return seen
+
+
 def test_runs_of_different_precisions_train_side_by_side_in_one_process(tmp_path):
     """accelerate allows one precision per process; a study's fp32 and bf16 arms run in one (unsharded, or
     probed), and a benchmark interleaves trainers of both."""
     import torch
 
-    from mlmlab.config import load_config
-    from mlmlab.train.loop import Trainer
-
-    def trainer(precision: str, name: str) -> Trainer:
-        cfg = load_config("tiny", [f"train.out_dir={tmp_path / name}", "data.loader_workers=0",
-                                   "model.hidden_size=32", "model.num_layers=1", "model.intermediate_size=64",
-                                   "train.batch_size=4", f"train.precision={precision}"])
-        return Trainer(cfg, validate=None, show_progress=False)
-
-    def matmul_dtypes(trainer: Trainer) -> set:
-        """The dtypes of the model's linear outputs during one training step."""
-        seen = set()
-        hook = torch.nn.modules.module.register_module_forward_hook(
-            lambda module, args, output: seen.add(output.dtype) if isinstance(module, torch.nn.Linear) else None)
-        try:
-            trainer.train_step(trainer.batches())
-        finally:
-            hook.remove()
-        return seen
-
-    fp32 = trainer("fp32", "a")
-    bf16 = trainer("bf16", "b")  # accelerate alone refuses this Accelerator: "restart your runtime"
+    fp32 = small_trainer(tmp_path, "fp32", "a")
+    bf16 = small_trainer(tmp_path, "bf16", "b")  # accelerate alone refuses this Accelerator: "restart your runtime"
     assert matmul_dtypes(fp32) == {torch.float32}  # the earlier run keeps its own precision ...
-    later_fp32 = trainer("fp32", "c")
+    later_fp32 = small_trainer(tmp_path, "fp32", "c")
     assert matmul_dtypes(bf16) == {torch.bfloat16}  # ... and so does this one
     assert all(p.dtype == torch.float32 for p in bf16.model.parameters())  # autocast: fp32 weights
     assert matmul_dtypes(later_fp32) == {torch.float32}
     assert (fp32.precision, bf16.precision, later_fp32.precision) == ("no", "bf16", "no")
+
+
+def test_auto_precision_is_bf16_on_cpus_with_amx_and_fp32_on_others(tmp_path, monkeypatch):
+    """Where bf16 autocast measured faster and ended where fp32 does (docs/precision-bf16-cpu)."""
+    import torch
+
+    from mlmlab.devices import cpu_features
+    from mlmlab.train import launch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for amx, expected in ((True, "bf16"), (False, "no")):
+        monkeypatch.setattr(launch, "cpu_features", lambda amx=amx: {**cpu_features(), "amx_bf16": amx})
+        assert launch.mixed_precision("auto") == expected
+        assert (launch.mixed_precision("fp32"), launch.mixed_precision("bf16")) == ("no", "bf16")
+    monkeypatch.setattr(launch, "cpu_features", lambda: {**cpu_features(), "amx_bf16": True})
+    on_amx = small_trainer(tmp_path, "auto", "amx")
+    assert on_amx.precision == "bf16" and matmul_dtypes(on_amx) == {torch.bfloat16}
