@@ -59,7 +59,7 @@ def main(argv=None) -> None:
     args.set = []
     print(f"{describe_cpu()}; torch {torch.__version__}, threads {torch.get_num_threads()}")
     with tempfile.TemporaryDirectory() as folder:
-        arms, trainer = build_arms(args.preset, args, folder)
+        arms, trainer, _ = build_arms(args.preset, args, folder)
         label_phases(trainer)
         for name in ("hf-sparse", "mlmlab"):
             time_arm(arms[name], args.warmup, trainer.accelerator.device)

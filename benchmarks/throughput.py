@@ -128,8 +128,12 @@ def time_arm(step, steps: int, device) -> list:
     return totals
 
 
-def build_arms(preset: str, args, folder: str) -> tuple[dict, Trainer]:
-    """{arm name: step function}; equal settings: every arm with the anchor's settings plus --set."""
+def build_arms(preset: str, args, folder: str) -> tuple[dict, Trainer, dict]:
+    """{arm name: step function}, the equal-settings trainer, and {arm name: its precision}.
+
+    Equal settings: every arm with the anchor's settings plus --set. The as-shipped arm may train in
+    another precision (auto is bf16 on CPUs with AMX), so its MFU needs that precision's peak.
+    """
     equal = [*ANCHOR_SETTINGS, *args.set]
     shipped = make_trainer(preset, args, f"{folder}/shipped", args.set)
     trainer = make_trainer(preset, args, f"{folder}/equal", equal)
@@ -141,9 +145,10 @@ def build_arms(preset: str, args, folder: str) -> tuple[dict, Trainer]:
         "mlmlab-unbucketed": mlmlab_step(unbucketed),
         "mlmlab": mlmlab_step(trainer),
     }
+    precisions = dict.fromkeys(arms, trainer.precision)
     if _differs(shipped, trainer):  # else the mlmlab arm is also the as-shipped one
-        arms["mlmlab-as-shipped"] = mlmlab_step(shipped)
-    return arms, trainer
+        arms["mlmlab-as-shipped"], precisions["mlmlab-as-shipped"] = mlmlab_step(shipped), shipped.precision
+    return arms, trainer, precisions
 
 
 def _differs(a: Trainer, b: Trainer) -> bool:
@@ -156,7 +161,7 @@ def _differs(a: Trainer, b: Trainer) -> bool:
 
 def benchmark_preset(preset: str, args) -> dict:
     with tempfile.TemporaryDirectory() as folder:
-        arms, trainer = build_arms(preset, args, folder)
+        arms, trainer, precisions = build_arms(preset, args, folder)
         device = trainer.accelerator.device
         for step in arms.values():
             time_arm(step, args.warmup, device)
@@ -164,18 +169,25 @@ def benchmark_preset(preset: str, args) -> dict:
         for _ in range(args.rounds):  # interleaved: every arm sees the same machine load
             for name, step in arms.items():
                 totals[name] = [a + b for a, b in zip(totals[name], time_arm(step, args.steps, device))]
-        peak = peak_matmul_flops(device, matmul_dtype(trainer.precision))
-    return {"preset": preset, "device": str(device), "peak": peak,
-            "arms": {name: {"tokens_per_s": t[0] / t[3], "padding": 1 - t[0] / t[1], "mfu": t[2] / t[3] / peak}
-                     for name, t in totals.items()}}
+        peaks = {precision: peak_matmul_flops(device, matmul_dtype(precision)) for precision in set(precisions.values())}
+    return {"preset": preset, "device": str(device), "peaks": peaks,
+            "arms": {name: {"tokens_per_s": t[0] / t[3], "padding": 1 - t[0] / t[1], "precision": precisions[name],
+                            "mfu": t[2] / t[3] / peaks[precisions[name]]} for name, t in totals.items()}}
+
+
+def dtype_name(precision: str) -> str:
+    """accelerate's precision name ("no", "bf16") as the dtype the matmuls run in ("float32", "bfloat16")."""
+    return str(matmul_dtype(precision)).removeprefix("torch.")
 
 
 def print_preset(result: dict) -> None:
-    print(f"\n{result['preset']} on {result['device']}: measured matmul peak {result['peak'] / 1e12:.2f} TFLOP/s "
+    peaks = ", ".join(f"{dtype_name(precision)} {peak / 1e12:.2f} TFLOP/s" for precision, peak in result["peaks"].items())
+    print(f"\n{result['preset']} on {result['device']}: measured matmul peak {peaks} "
           f"({peak_matmul_size(result['device'])}^2 matmuls)")
-    print(f"  {'arm':<20} {'tokens/s':>10} {'padding':>8} {'MFU (of measured matmul peak)':>30}")
+    print(f"  {'arm':<20} {'tokens/s':>10} {'padding':>8} {'precision':>10} {'MFU (of measured matmul peak)':>30}")
     for name, arm in result["arms"].items():
-        print(f"  {name:<20} {arm['tokens_per_s']:>10.0f} {arm['padding']:>8.1%} {arm['mfu']:>30.1%}", flush=True)
+        print(f"  {name:<20} {arm['tokens_per_s']:>10.0f} {arm['padding']:>8.1%} {dtype_name(arm['precision']):>10} "
+              f"{arm['mfu']:>30.1%}", flush=True)
 
 
 def print_verdicts(results: list[dict]) -> None:
