@@ -32,7 +32,7 @@ def staging_folder(target: Path) -> Path:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(target)
-    return Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(target)}{_HOST}-{os.getpid()}-", dir=target.parent))
+    return Path(tempfile.mkdtemp(prefix=_writer_prefix(target), dir=target.parent))
 
 
 _HOST = socket.gethostname().replace("-", "_")  # "-" separates the name's fields
@@ -40,6 +40,11 @@ _HOST = socket.gethostname().replace("-", "_")  # "-" separates the name's field
 
 def _staging_prefix(target: Path) -> str:
     return f"{STAGING_PREFIX}{target.name}-"
+
+
+def _writer_prefix(target: Path) -> str:
+    """This process's staging names for ``target``: the host and pid tell remove_stale_staging whose they are."""
+    return f"{_staging_prefix(target)}{_HOST}-{os.getpid()}-"
 
 
 def remove_stale_staging(target: Path) -> None:
@@ -125,7 +130,7 @@ def write_text_atomically(target: Path, text: str) -> None:
     """``target`` holds ``text`` after one rename of a staging file beside it: a reader sees the old or the new, never half."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(prefix=f"{_staging_prefix(target)}{_HOST}-{os.getpid()}-", dir=target.parent)
+    handle, staging = tempfile.mkstemp(prefix=_writer_prefix(target), dir=target.parent)
     with os.fdopen(handle, "w", encoding="utf-8") as file:
         file.write(text)
     os.replace(staging, target)

@@ -66,14 +66,10 @@ def test_non_finite_loss_skips_the_step_then_aborts(tmp_path):
 
 def test_compiled_training_follows_the_eager_one(tmp_path):
     """train.compile=true (torch.compile of encoder and head) trains the same model, within float tolerance."""
-    from mlmlab.config import load_config
-    from mlmlab.train.loop import Trainer
 
     def run(compile_flag: bool) -> list[float]:
-        cfg = load_config("tiny", [f"train.out_dir={tmp_path / str(compile_flag)}", "data.loader_workers=0",
-                                   "model.hidden_size=32", "model.num_layers=1", "model.intermediate_size=64",
-                                   "model.dropout=0.0", "train.batch_size=8", f"train.compile={compile_flag}"])
-        trainer = Trainer(cfg, validate=None, show_progress=False)
+        trainer = small_trainer(tmp_path, str(compile_flag), "model.dropout=0.0", "train.batch_size=8",
+                                f"train.compile={compile_flag}")
         batches = trainer.batches()
         return [trainer.train_step(batches)["loss"] for _ in range(3)]
 
@@ -107,13 +103,13 @@ def test_the_linear_schedule_is_the_default_and_unchanged():
     assert learning_rate(cfg, 87, 0.87, 0.1) == 1e-3 * ((1.0 - 0.87) / max(1e-12, 1.0 - 0.8))
 
 
-def small_trainer(tmp_path, precision: str, name: str):
+def small_trainer(tmp_path, name: str, *overrides: str):
+    """A Trainer of a one-layer H32 model, batch 4 unless overridden, in tmp_path / name."""
     from mlmlab.config import load_config
     from mlmlab.train.loop import Trainer
 
     cfg = load_config("tiny", [f"train.out_dir={tmp_path / name}", "data.loader_workers=0", "model.hidden_size=32",
-                               "model.num_layers=1", "model.intermediate_size=64", "train.batch_size=4",
-                               f"train.precision={precision}"])
+                               "model.num_layers=1", "model.intermediate_size=64", "train.batch_size=4", *overrides])
     return Trainer(cfg, validate=None, show_progress=False)
 
 
@@ -136,10 +132,10 @@ def test_runs_of_different_precisions_train_side_by_side_in_one_process(tmp_path
     probed), and a benchmark interleaves trainers of both."""
     import torch
 
-    fp32 = small_trainer(tmp_path, "fp32", "a")
-    bf16 = small_trainer(tmp_path, "bf16", "b")  # accelerate alone refuses this Accelerator: "restart your runtime"
+    fp32 = small_trainer(tmp_path, "a", "train.precision=fp32")
+    bf16 = small_trainer(tmp_path, "b", "train.precision=bf16")  # accelerate alone refuses this Accelerator: "restart your runtime"
     assert matmul_dtypes(fp32) == {torch.float32}  # the earlier run keeps its own precision ...
-    later_fp32 = small_trainer(tmp_path, "fp32", "c")
+    later_fp32 = small_trainer(tmp_path, "c", "train.precision=fp32")
     assert matmul_dtypes(bf16) == {torch.bfloat16}  # ... and so does this one
     assert all(p.dtype == torch.float32 for p in bf16.model.parameters())  # autocast: fp32 weights
     assert matmul_dtypes(later_fp32) == {torch.float32}
@@ -159,5 +155,5 @@ def test_auto_precision_is_bf16_on_cpus_with_amx_and_fp32_on_others(tmp_path, mo
         assert launch.mixed_precision("auto") == expected
         assert (launch.mixed_precision("fp32"), launch.mixed_precision("bf16")) == ("no", "bf16")
     monkeypatch.setattr(launch, "cpu_features", lambda: {**cpu_features(), "amx_bf16": True})
-    on_amx = small_trainer(tmp_path, "auto", "amx")
+    on_amx = small_trainer(tmp_path, "amx", "train.precision=auto")
     assert on_amx.precision == "bf16" and matmul_dtypes(on_amx) == {torch.bfloat16}
