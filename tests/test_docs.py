@@ -1,0 +1,120 @@
+"""The documentation: a short README as the front door, pages under docs/ with no dead links.
+
+Reads files only: no package import, no training.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+README_MAX_LINES = 200
+
+FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)  # fenced code blocks
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+INLINE_LINK = re.compile(r"!?\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")  # [text](target "title")
+REFERENCE_LINK = re.compile(r"^\s{0,3}\[[^\]\n]+\]:\s*<?(\S+?)>?(?:\s+.*)?$", re.M)
+HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
+
+
+def pages() -> list[Path]:
+    """The README, the top-level pages under docs/, and every README.md in docs/'s folders (study pages)."""
+    return [README, *sorted(DOCS.glob("*.md")), *sorted(DOCS.glob("*/**/README.md"))]
+
+
+def prose(text: str) -> str:
+    """The text without fenced code blocks or code spans, where brackets and parentheses are not links."""
+    return CODE_SPAN.sub("", FENCE.sub("", text))
+
+
+def relative_links(text: str) -> list[str]:
+    """Link targets that point into this repository (no scheme such as https: or mailto:)."""
+    body = prose(text)
+    targets = INLINE_LINK.findall(body) + REFERENCE_LINK.findall(body)
+    return [t for t in targets if not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", t)]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lowercase, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading: its text
+    text = re.sub(r"[^\w\- ]", "", text.replace("`", "").lower())
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every heading's anchor in a markdown page, with GitHub's -1, -2 suffixes for repeats."""
+    seen: dict[str, int] = {}
+    found = set()
+    for heading in HEADING.findall(FENCE.sub("", page.read_text(encoding="utf-8"))):
+        base = slug(heading)
+        count = seen.get(base, 0)
+        found.add(base if count == 0 else f"{base}-{count}")
+        seen[base] = count + 1
+    return found
+
+
+def dead_link(page: Path, target: str) -> str | None:
+    """Why this link from page leads nowhere, or None when it resolves (file, folder, and heading anchor)."""
+    path, _, anchor = target.partition("#")
+    resolved = (page.parent / path).resolve() if path else page
+    if not resolved.exists():
+        return f"{page}: {target} (no such file or folder)"
+    if anchor and resolved.is_file() and resolved.suffix == ".md" and anchor not in anchors(resolved):
+        return f"{page}: {target} (no heading #{anchor} in {resolved})"
+    return None
+
+
+def test_readme_is_a_front_door():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines, at most {README_MAX_LINES}: move detail to a page under docs/ and link it")
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_dead_relative_links(page):
+    dead = [why for target in relative_links(page.read_text(encoding="utf-8"))
+            if (why := dead_link(page, target)) is not None]
+    assert not dead, "dead links:\n" + "\n".join(dead)
+
+
+def test_every_top_level_page_is_linked_from_the_readme():
+    linked = {(ROOT / target.partition("#")[0]).resolve() for target in relative_links(README.read_text(encoding="utf-8"))}
+    orphans = [str(page.relative_to(ROOT)) for page in sorted(DOCS.glob("*.md")) if page.resolve() not in linked]
+    assert not orphans, f"pages under docs/ that the README does not link: {orphans}"
+
+
+def readme_test_command() -> str:
+    """The command under "Set up and run the tests:" in the README's "The two commands" section."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## The two commands", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"Set up and run the tests:\s*```bash\n(.*?)\n```", section, re.S)
+    assert block, "README.md: no bash block under 'Set up and run the tests:' in 'The two commands'"
+    return block.group(1).strip()
+
+
+def ci_test_command() -> str:
+    """The line after .ci/run's '# --- README test command' marker."""
+    lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    marker = next(i for i, line in enumerate(lines) if line.startswith("# --- README test command"))
+    return lines[marker + 1].strip()
+
+
+def test_readme_test_command_is_the_one_ci_runs():
+    assert readme_test_command() == ci_test_command()
+
+
+def test_link_checker_sees_dead_links_and_ignores_code(tmp_path):
+    """The checker itself: a dead file, a dead anchor and a live link told apart; code is not read as links."""
+    (tmp_path / "there.md").write_text("# A heading, with `code`\n\n## Again\n\n## Again\n", encoding="utf-8")
+    page = tmp_path / "page.md"
+    page.write_text("[ok](there.md#a-heading-with-code) [ok](there.md#again-1) [web](https://example.org/x)\n"
+                    "[gone](missing.md) [bad anchor](there.md#nowhere) `[not](a-link.md)`\n"
+                    "```\n[nor](this.md)\n```\n[ref]: also-missing/\n", encoding="utf-8")
+    targets = relative_links(page.read_text(encoding="utf-8"))
+    assert targets == ["there.md#a-heading-with-code", "there.md#again-1", "missing.md", "there.md#nowhere",
+                       "also-missing/"]
+    dead = [target for target in targets if dead_link(page, target)]
+    assert dead == ["missing.md", "there.md#nowhere", "also-missing/"]
