@@ -4,6 +4,7 @@ import gzip
 import json
 import logging
 import pickle
+import time
 from itertools import islice
 from pathlib import Path
 
@@ -45,6 +46,41 @@ def test_split_sentences_keeps_abbreviations_and_initials():
         '"Why?" she asked.',
         "See e.g. Fig. 3 now.",
     ]
+
+
+SHARED_WIKI = ROOT.parent / "shared" / "data" / "enwiki_sample" / "train.txt.gz"
+
+
+@pytest.mark.parametrize("corpus, documents", [(SAMPLE / "train.txt.gz", None), (SHARED_WIKI, 3000)],
+                         ids=["bundled sample", "enwiki sample"])
+def test_linear_splitter_splits_as_the_quadratic_one_did(corpus, documents):
+    """Prepared data is named by a hash of its inputs, not of its sentences: the split must not change."""
+    from reference import quadratic_split_sentences
+
+    if not corpus.is_file():
+        pytest.skip(f"{corpus} not present")
+    paragraphs = [p for document in islice(read_paragraph_documents(corpus), documents) for p in document]
+    assert len(paragraphs) > 10_000
+    for paragraph in paragraphs:
+        assert split_sentences(paragraph) == quadratic_split_sentences(paragraph), paragraph
+
+
+@pytest.mark.parametrize("run", ["Dr. Smith ", "J. R. ", "See e.g. "])
+def test_splitting_a_run_of_abbreviations_takes_linear_time(run):
+    """A line of 80,000 abbreviations took 2.5 s and 2.8x as long per doubling (issue 32).
+
+    Best of five, the two sizes alternating, so a busy moment of a shared machine counts against neither.
+    """
+    small, large = run * 20_000, run * 200_000
+    timings = [(_timed(split_sentences, small), _timed(split_sentences, large)) for _ in range(5)]
+    best_small, best_large = (min(column) for column in zip(*timings))
+    assert best_large <= 15 * best_small, (best_small, best_large)
+
+
+def _timed(function, *args) -> float:
+    started = time.perf_counter()
+    function(*args)
+    return time.perf_counter() - started
 
 
 def test_plain_text_blank_line_separates_documents(tmp_path):

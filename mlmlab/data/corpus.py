@@ -55,7 +55,10 @@ def split_sentences(paragraph: str) -> list[str]:
     sentences = []
     start = 0
     for boundary in _BOUNDARY.finditer(paragraph):
-        if _ends_with_abbreviation(paragraph[start : boundary.start() + 1]):
+        # Only the sentence's last few characters are read: slicing it from its start would copy
+        # the whole run so far at each boundary, quadratic in runs of abbreviations ("Dr. Smith Dr. ...").
+        tail = paragraph[max(start, boundary.start() + 1 - _TAIL) : boundary.start() + 1]
+        if _ends_with_abbreviation(tail):
             continue
         sentences.append(paragraph[start : boundary.end()].strip())
         start = boundary.end()
@@ -63,9 +66,11 @@ def split_sentences(paragraph: str) -> list[str]:
     return [s for s in sentences if s]
 
 
-def _ends_with_abbreviation(text: str) -> bool:
-    # Only the tail matters; searching the whole prefix each time is quadratic per paragraph.
-    match = _LAST_WORD.search(text[-40:])
+_TAIL = 40  # characters before a boundary that decide whether it ends an abbreviation
+
+
+def _ends_with_abbreviation(tail: str) -> bool:
+    match = _LAST_WORD.search(tail)
     if match is None:
         return False
     word = match.group(1)
