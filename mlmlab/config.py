@@ -138,39 +138,19 @@ class Config:
 
 def validate(cfg: Config) -> None:
     """Refuse values that cannot train, with a message that says what to change."""
-    _check_counts(cfg)
+    for key, allowed, example in _RANGES:
+        check_range(key, _dotted(cfg, key), allowed, example)
     m = cfg.masking
-    if not 0.0 < m.rate < 1.0:
-        raise UserError(f"masking.rate={m.rate} is outside (0, 1); use e.g. masking.rate=0.15")
-    if m.mask_prob < 0 or m.random_prob < 0 or m.mask_prob + m.random_prob > 1.0:
-        raise UserError(
-            f"masking.mask_prob + masking.random_prob = {m.mask_prob + m.random_prob} must be within [0, 1]"
-        )
+    if m.mask_prob + m.random_prob > 1.0:
+        raise UserError(f"masking.mask_prob + masking.random_prob = {m.mask_prob + m.random_prob:g} exceeds 1 (they "
+                        "share the selected positions); use e.g. masking.mask_prob=0.8 masking.random_prob=0.1")
     _check_choice("masking.strategy", m.strategy, choices.STRATEGIES)
-    if m.dupe_factor < 1:
-        raise UserError(f"masking.dupe_factor={m.dupe_factor} must be at least 1")
     _check_choice("masking.rate_schedule", m.rate_schedule, choices.RATE_SCHEDULES)
-    if not 0.0 < m.rate_start < 1.0:
-        raise UserError(f"masking.rate_start={m.rate_start} is outside (0, 1); use e.g. masking.rate_start=0.3")
     _check_choice("masking.scorer", m.scorer, choices.SCORERS)
     _check_choice("masking.adapt_schedule", m.adapt_schedule, choices.ADAPT_SCHEDULES)
-    if not 0.0 <= m.a_max <= 1.0:
-        raise UserError(f"masking.a_max={m.a_max} is outside [0, 1]; use e.g. masking.a_max=1.0")
-    if m.floor <= 0.0:
-        raise UserError(f"masking.floor={m.floor} must be positive so every eligible position can be drawn; use e.g. 0.1")
     _check_choice("masking.normalize", m.normalize, choices.NORMALIZATIONS)
-    if m.score_every < 1 or m.score_chunk < 1 or m.context_buckets < 1:
-        raise UserError("masking.score_every, masking.score_chunk and masking.context_buckets must be at least 1")
-    if not 0.0 < m.score_fraction <= 1.0:
-        raise UserError(f"masking.score_fraction={m.score_fraction} is outside (0, 1]; use e.g. 0.25")
-    if not 0.0 <= m.ema_decay < 1.0:
-        raise UserError(f"masking.ema_decay={m.ema_decay} is outside [0, 1); use e.g. 0.95")
     m.freq_cuts  # parsing it is the check: a bad value raises the one-line UserError
     _check_frequency_neutral(m)
-    for name in ("dropout", "attention_dropout"):
-        p = getattr(cfg.model, name)
-        if p is not None and not 0.0 <= p < 1.0:
-            raise UserError(f"model.{name}={p} is outside [0, 1); use e.g. model.{name}=0.1")
     _check_choice("data.objective", cfg.data.objective, choices.OBJECTIVES)
     if not cfg.data.text_column:
         raise UserError("data.text_column is empty; name the field that holds the text, e.g. data.text_column=text")
@@ -183,13 +163,6 @@ def validate(cfg: Config) -> None:
         raise UserError(f"model.hidden_size={cfg.model.hidden_size} is not divisible by model.num_heads={cfg.model.num_heads}")
     _check_choice("train.precision", cfg.train.precision, choices.PRECISIONS)
     _check_choice("train.lr_schedule", cfg.train.lr_schedule, choices.LR_SCHEDULES)
-    if cfg.train.max_minutes < 0:
-        raise UserError(f"train.max_minutes={cfg.train.max_minutes} must be >= 0 (0: use train.max_steps)")
-    if not 0.0 < cfg.train.decay_fraction <= 1.0:
-        raise UserError(f"train.decay_fraction={cfg.train.decay_fraction} is outside (0, 1]; use e.g. 0.2 (1.0: BERT's linear decay)")
-    for name in ("batch_size", "grad_accum", "max_steps"):
-        if getattr(cfg.train, name) < 1:
-            raise UserError(f"train.{name} must be at least 1")
 
 
 def _check_frequency_neutral(m: MaskingConfig) -> None:
@@ -203,36 +176,79 @@ def _check_frequency_neutral(m: MaskingConfig) -> None:
                         "set one of them to false")
 
 
-# Counts and sizes that fail deep inside training (a division by zero, a deleted checkpoint) if
-# out of range: (key, least value, what to write instead).
-_LEAST = (
-    ("model.hidden_size", 1, 128), ("model.num_layers", 1, 2), ("model.num_heads", 1, 2),
-    ("model.intermediate_size", 1, 512), ("model.max_position_embeddings", 1, 512),
-    ("model.pad_vocab_multiple", 1, 64), ("data.max_seq_length", 8, 128), ("data.prepare_seed", 0, 12345),
-    ("data.prepare_workers", 0, 2), ("data.loader_workers", 0, 1), ("data.bucket_batches", 0, 50), ("train.warmup_steps", 0, 100),
-    ("train.log_every", 1, 20), ("train.eval_every", 0, 200), ("train.eval_batches", 1, 20), ("train.eval_batch_size", 1, 32),
-    ("train.save_every", 0, 200), ("train.keep_last", 0, 2), ("train.max_bad_steps", 1, 5),
+@dataclass(frozen=True)
+class Allowed:
+    """The values a number may take: an interval, finite whatever its bounds.
+
+    A check written ``x < 0`` lets NaN through (every comparison with NaN is false): NaN mask
+    probabilities trained a model to copy its input, and a NaN weight decay wrote NaN weights.
+    """
+
+    low: float
+    high: float = math.inf  # inf: no upper bound (the value must still be finite)
+    low_open: bool = False
+    high_open: bool = False
+    why: str = ""  # said in the refusal when the range is not self-explanatory
+
+    def admits(self, value) -> bool:
+        if not (isinstance(value, int) or math.isfinite(value)):  # a huge int has no float, and needs none
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def describe(self, value) -> str:
+        if self.high == math.inf:
+            text = "positive" if (self.low, self.low_open) == (0, True) else f"at least {self.low:g}"
+            text += "" if isinstance(value, int) else " and finite"
+        else:
+            text = f"within {'[('[self.low_open]}{self.low:g}, {self.high:.10g}{'])'[self.high_open]}"
+        return f"{text} ({self.why})" if self.why else text
+
+
+def check_range(key: str, value, allowed: Allowed, example) -> None:
+    """A one-line UserError naming ``key``, its value and what is allowed, unless ``allowed`` admits it."""
+    if value is not None and not allowed.admits(value):
+        raise UserError(f"{key}={value!r} must be {allowed.describe(value)}; use e.g. {key}={example}")
+
+
+PROBABILITY = Allowed(0.0, 1.0)
+RATE = Allowed(0.0, 1.0, low_open=True, high_open=True)
+FRACTION = Allowed(0.0, 1.0, low_open=True)  # (0, 1]: a share of something, all of it allowed
+BELOW_ONE = Allowed(0.0, 1.0, high_open=True)  # [0, 1): dropout 1 would zero every activation, a beta 1 never forget
+POSITIVE = Allowed(0.0, low_open=True)
+NON_NEGATIVE = Allowed(0.0)
+# numpy's legacy seeding (accelerate's and transformers' set_seed) takes only 32-bit seeds, and the masks'
+# counter-based hash (seeding.py) folds a seed to 32 bits: a larger one would repeat a smaller one's masks.
+SEEDS = Allowed(0, 2**32 - 1, why="seeds are 32-bit")
+
+
+def at_least(least: int) -> Allowed:
+    return Allowed(least)
+
+
+# Every number of the config: (key, allowed values, an example to write instead). Counts and sizes
+# out of range fail deep inside training (a division by zero, a deleted checkpoint); a negative
+# learning rate ascends the loss; a NaN anywhere trains something other than asked, silently.
+_RANGES = (
+    ("model.hidden_size", at_least(1), 128), ("model.num_layers", at_least(1), 2), ("model.num_heads", at_least(1), 2),
+    ("model.intermediate_size", at_least(1), 512), ("model.max_position_embeddings", at_least(1), 512),
+    ("model.dropout", BELOW_ONE, 0.1), ("model.attention_dropout", BELOW_ONE, 0.1), ("model.pad_vocab_multiple", at_least(1), 64),
+    ("data.max_seq_length", at_least(8), 128), ("data.short_seq_prob", PROBABILITY, 0.1), ("data.prepare_seed", SEEDS, 12345),
+    ("data.prepare_workers", at_least(0), 2), ("data.loader_workers", at_least(0), 1), ("data.bucket_batches", at_least(0), 50),
+    ("masking.rate", RATE, 0.15), ("masking.mask_prob", PROBABILITY, 0.8), ("masking.random_prob", PROBABILITY, 0.1),
+    ("masking.dupe_factor", at_least(1), 10), ("masking.seed", SEEDS, 0), ("masking.rate_start", RATE, 0.3),
+    ("masking.a_max", PROBABILITY, 1.0), ("masking.floor", POSITIVE, 0.1),  # positive: every eligible position can be drawn
+    ("masking.score_every", at_least(1), 1), ("masking.score_fraction", FRACTION, 0.25), ("masking.score_chunk", at_least(1), 2048),
+    ("masking.ema_decay", BELOW_ONE, 0.95), ("masking.context_buckets", at_least(1), 1048576),
+    ("train.batch_size", at_least(1), 32), ("train.grad_accum", at_least(1), 1), ("train.lr", POSITIVE, 1e-3),
+    ("train.weight_decay", NON_NEGATIVE, 0.01), ("train.adam_beta1", BELOW_ONE, 0.9), ("train.adam_beta2", BELOW_ONE, 0.98),
+    ("train.adam_eps", POSITIVE, 1e-6), ("train.warmup_steps", at_least(0), 100), ("train.decay_fraction", FRACTION, 0.2),
+    ("train.max_steps", at_least(1), 1000), ("train.max_minutes", NON_NEGATIVE, 60), ("train.max_grad_norm", POSITIVE, 1.0),
+    ("train.log_every", at_least(1), 20), ("train.eval_every", at_least(0), 200), ("train.eval_batches", at_least(1), 20),
+    ("train.eval_batch_size", at_least(1), 32), ("train.save_every", at_least(0), 200), ("train.keep_last", at_least(0), 2),
+    ("train.seed", SEEDS, 0), ("train.max_bad_steps", at_least(1), 5),
 )
-# Optimizer values that must be positive and finite (a negative LR ascends the loss): (key, example).
-_POSITIVE = (("train.lr", 1e-3), ("train.adam_eps", 1e-6), ("train.max_grad_norm", 1.0))
-
-
-def _check_counts(cfg: Config) -> None:
-    """The sizes, counts and optimizer values above, each refused with its key."""
-    for key, least, example in _LEAST:
-        value = _dotted(cfg, key)
-        if value < least:
-            raise UserError(f"{key}={value} must be at least {least}; use e.g. {key}={example}")
-    for key, example in _POSITIVE:
-        value = _dotted(cfg, key)
-        if not 0.0 < value < math.inf:
-            raise UserError(f"{key}={value} must be positive and finite; use e.g. {key}={example}")
-    t = cfg.train
-    if t.weight_decay < 0 or not (0.0 <= t.adam_beta1 < 1.0 and 0.0 <= t.adam_beta2 < 1.0):
-        raise UserError("train.weight_decay must be >= 0 and train.adam_beta1, train.adam_beta2 within [0, 1); "
-                        "use e.g. 0.01, 0.9, 0.98")
-    if not 0.0 <= cfg.data.short_seq_prob <= 1.0:
-        raise UserError(f"data.short_seq_prob={cfg.data.short_seq_prob} is outside [0, 1]; use e.g. 0.1")
 
 
 def _dotted(cfg: Config, key: str):

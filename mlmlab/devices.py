@@ -1,7 +1,9 @@
 """What code that times or places work needs to know about devices."""
 
+import os
 import platform
 import time
+from pathlib import Path
 
 import torch
 
@@ -9,6 +11,34 @@ import torch
 def compute_device() -> torch.device:
     """Where a single-process job (evaluation, fine-tuning, export) runs: the GPU when there is one."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def memory_capacity(device: torch.device) -> tuple[int, str] | None:
+    """(bytes one process may hold on ``device``, the device in words), or None where it is not known.
+
+    A GPU's whole memory; on CPU the host's memory (a container's limit if lower) shared by
+    the processes launched on this host (torchrun sets LOCAL_WORLD_SIZE).
+    """
+    if device.type == "cuda":
+        properties = torch.cuda.get_device_properties(device)
+        return properties.total_memory, f"this GPU ({properties.name})"
+    if device.type == "cpu":
+        processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        share = f" split between {processes} processes" if processes > 1 else ""
+        return _host_memory() // processes, f"this host's memory{share}"
+    return None
+
+
+def _host_memory() -> int:
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):  # cgroup v2, v1
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max": no limit
+            return min(physical, int(text))
+    return physical
 
 
 def synchronize(device: torch.device | str) -> None:

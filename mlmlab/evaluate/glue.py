@@ -26,6 +26,7 @@ from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from mlmlab import jsonio, markdown
+from mlmlab.config import BELOW_ONE, POSITIVE, SEEDS, check_range
 from mlmlab.data.tokenizer import vocab_hash
 from mlmlab.devices import compute_device
 from mlmlab.errors import UserError
@@ -159,16 +160,21 @@ def checked_settings(tasks, *, seeds, learning_rates=None, epochs=None, batch_si
     """
     if not isinstance(seeds, (list, tuple)) or not seeds or not all(_is_int(seed) for seed in seeds):
         raise UserError(f"seeds {seeds!r} must be a non-empty list of integers, e.g. --seeds 0 1 2")
+    for seed in seeds:  # transformers.set_seed seeds numpy, which takes only 32-bit seeds
+        check_range("seeds", seed, SEEDS, 0)
     counts = {"epochs": epochs, "batch_size": batch_size, "max_length": max_length,
               "max_train_examples": max_train_examples}
     for name, value in counts.items():
         if value is not None and not (_is_int(value) and value >= 1):
             raise UserError(f"{name}={value!r} must be a whole number >= 1")
     if learning_rates is not None and (not isinstance(learning_rates, (list, tuple)) or
-                                       not all(isinstance(lr, (int, float)) and lr > 0 for lr in learning_rates)):
+                                       not all(_is_number(lr) for lr in learning_rates)):
         raise UserError(f"learning_rates {learning_rates!r} must be a list of positive numbers")
-    if dropout is not None and not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
-        raise UserError(f"dropout={dropout!r} is outside [0, 1); BERT fine-tunes with 0.1")
+    for learning_rate in learning_rates or ():  # an infinite one trained to a constant prediction, reported as a score
+        check_range("learning_rates", learning_rate, POSITIVE, 1e-4)
+    if dropout is not None and not _is_number(dropout):
+        raise UserError(f"dropout={dropout!r} must be a number; BERT fine-tunes with 0.1")
+    check_range("dropout", dropout, BELOW_ONE, 0.1)
     overrides = {"learning_rates": tuple(learning_rates) if learning_rates is not None else None,
                  "epochs": epochs, "batch_size": batch_size, "max_length": max_length, "dropout": dropout}
     return {name: with_overrides(DEFAULT_SETTINGS[name], overrides) for name in resolve_task_names(tasks)}
@@ -176,6 +182,10 @@ def checked_settings(tasks, *, seeds, learning_rates=None, epochs=None, batch_si
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def refuse_all_missing(names: list[str], data_dir: Path) -> None:

@@ -41,12 +41,13 @@ against the finished runs' recorded configs.
 
 import dataclasses
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlmlab import choices
-from mlmlab.config import load_config, read_yaml, set_dotted, to_dict
+from mlmlab.config import NON_NEGATIVE, SEEDS, check_range, load_config, read_yaml, set_dotted, to_dict
 from mlmlab.errors import UserError
 from mlmlab.evaluate import perplexity
 from mlmlab.evaluate.glue import checked_settings, resolve_task_names
@@ -238,9 +239,12 @@ def _gates(value) -> Gates | None:
                         "e.g. {arm: dynamic, min: {eval.mlm_accuracy: 0.14}}")
     _refuse_unknown(value, GATE_KEYS, "gates key")
     try:
-        return Gates(str(value["arm"]), {str(path): float(least) for path, least in minimum.items()})
+        bounds = {str(path): float(least) for path, least in minimum.items()}
     except (TypeError, ValueError):
-        raise UserError(f"gates min: values must be numbers, got {minimum!r}") from None
+        bounds = {}
+    if not bounds or not all(map(math.isfinite, bounds.values())):  # a NaN bound would fail its gate, silently
+        raise UserError(f"gates min: values must be finite numbers, got {minimum!r}")
+    return Gates(str(value["arm"]), bounds)
 
 
 def _decision(value) -> Decision | None:
@@ -253,13 +257,13 @@ def _decision(value) -> Decision | None:
     guard, min_effect, lower = value.get("guard") or {}, value.get("min_effect", 0.0), value.get("lower_is_better", True)
     if not isinstance(guard, dict) or not isinstance(lower, bool) or \
             not all(_non_negative_number(v) for v in [min_effect, *guard.values()]):
-        raise UserError("decision: min_effect and the guard's tolerances must be numbers >= 0, guard a mapping of "
+        raise UserError("decision: min_effect and the guard's tolerances must be numbers >= 0 (finite), guard a mapping of "
                         f"row paths, lower_is_better true or false; {example}")
     return Decision(value["metric"], lower, float(min_effect), {str(path): float(tol) for path, tol in guard.items()})
 
 
 def _non_negative_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and NON_NEGATIVE.admits(value)
 
 
 def _check_reserved(key: str, where: str, allow_steps: bool = False) -> None:
@@ -271,6 +275,8 @@ def _seeds(value) -> list[int]:
     integers = isinstance(value, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in value)
     if not integers or not value or len(set(value)) != len(value):
         raise UserError(f"study key 'seeds' must be a non-empty list of distinct integers, got {value!r}")
+    for seed in value:  # each becomes train.seed and masking.seed: refused now, not when its run starts
+        check_range("seeds", seed, SEEDS, 0)
     return value
 
 

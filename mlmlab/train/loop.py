@@ -40,6 +40,7 @@ from mlmlab.model import IGNORE_INDEX, SparsePretraining
 from mlmlab.train import checkpoint
 from mlmlab.train.init import initial_model, resolve_init
 from mlmlab.train.launch import concat_over_processes, make_accelerator, sum_over_processes
+from mlmlab.train.memory import refuse_unfitting
 from mlmlab.train.metrics import MetricsWriter
 from mlmlab.train.model_card import export_model_folder
 from mlmlab.train.mfu import matmul_dtype, peak_matmul_flops, rates, training_flops
@@ -227,6 +228,7 @@ class Trainer:
         with self.accelerator.main_process_first():
             self.train_store, self.valid_store, self.tokenizer = prepare_datasets(cfg.data, cfg.train.init)
         self.info = token_info_for(self.tokenizer, cfg.masking.mask_unk)
+        refuse_unfitting(cfg, len(self.tokenizer), self.accelerator)  # before allocating any of it
         self.corruption = Corruption(cfg.masking.mask_prob, cfg.masking.random_prob)
         self.model = initial_model(cfg, self.tokenizer, resuming=folder is not None,
                                    log=partial(say, self.accelerator))
