@@ -45,6 +45,7 @@ from mlmlab.train.loop import Trainer
 from mlmlab.train.mfu import matmul_dtype, peak_matmul_flops, peak_matmul_size, training_flops
 
 ANCHOR_SETTINGS = ["train.precision=fp32", "model.dropout=0.1", "model.attention_dropout=0.1"]  # transformers' defaults
+PEAK_SECONDS = 2.0  # how long each precision's matmul peak is timed
 
 
 def make_trainer(preset: str, args, run_dir: str, overrides=()) -> Trainer:
@@ -169,7 +170,9 @@ def benchmark_preset(preset: str, args) -> dict:
         for _ in range(args.rounds):  # interleaved: every arm sees the same machine load
             for name, step in arms.items():
                 totals[name] = [a + b for a, b in zip(totals[name], time_arm(step, args.steps, device))]
-        peaks = {precision: peak_matmul_flops(device, matmul_dtype(precision)) for precision in set(precisions.values())}
+        # Longer than training's start-up timing and up to the largest size: the benchmark can afford it.
+        peaks = {precision: peak_matmul_flops(device, matmul_dtype(precision), seconds=PEAK_SECONDS, big_enough=0.1)
+                 for precision in set(precisions.values())}
     return {"preset": preset, "device": str(device), "peaks": peaks,
             "arms": {name: {"tokens_per_s": t[0] / t[3], "padding": 1 - t[0] / t[1], "precision": precisions[name],
                             "mfu": t[2] / t[3] / peaks[precisions[name]]} for name, t in totals.items()}}
@@ -183,7 +186,7 @@ def dtype_name(precision: str) -> str:
 def print_preset(result: dict) -> None:
     peaks = ", ".join(f"{dtype_name(precision)} {peak / 1e12:.2f} TFLOP/s" for precision, peak in result["peaks"].items())
     print(f"\n{result['preset']} on {result['device']}: measured matmul peak {peaks} "
-          f"({peak_matmul_size(result['device'])}^2 matmuls)")
+          f"(the fastest of {PEAK_SECONDS:.0f} s of matmuls up to {peak_matmul_size(result['device'])}^2)")
     print(f"  {'arm':<20} {'tokens/s':>10} {'padding':>8} {'precision':>10} {'MFU (of measured matmul peak)':>30}")
     for name, arm in result["arms"].items():
         print(f"  {name:<20} {arm['tokens_per_s']:>10.0f} {arm['padding']:>8.1%} {dtype_name(arm['precision']):>10} "

@@ -97,7 +97,7 @@ def pretrain_summary(summary: dict, cfg: Config) -> str:
     model = f"{summary['run_dir']}/model"
     held_out = summary.get("eval") or {}
     lines = [f"pretrained {summary['steps']:,} steps, {summary['tokens_seen']:,} tokens, "
-             f"{_duration(summary['train_seconds'])} of training ({summary.get('tokens_per_s', 0):,.0f} tokens/s)",
+             f"{_duration(summary['train_seconds'])} of training ({summary.get('tokens_per_s', 0):,.0f} tokens/s{_mfu(summary)})",
              f"model: {model} (model card: {model}/README.md; run folder: {summary['run_dir']})"]
     if held_out:
         nsp = held_out.get("nsp_accuracy")
@@ -113,6 +113,13 @@ def pretrain_summary(summary: dict, cfg: Config) -> str:
               f"  python -c {fill}",
               "(--json: this summary as JSON)"]
     return "\n".join(lines)
+
+
+def _mfu(summary: dict) -> str:
+    """", MFU 31% of a measured 0.11 TFLOP/s matmul peak": which peak the figure is of, as it varies by host and load."""
+    if not summary.get("peak_flops"):
+        return ""
+    return f", MFU {summary['mfu']:.0%} of a measured {summary['peak_flops'] / 1e12:.2f} TFLOP/s matmul peak"
 
 
 def _duration(seconds: float) -> str:

@@ -43,7 +43,7 @@ from mlmlab.train.launch import concat_over_processes, make_accelerator, sum_ove
 from mlmlab.train.memory import refuse_unfitting
 from mlmlab.train.metrics import MetricsWriter
 from mlmlab.train.model_card import export_model_folder
-from mlmlab.train.mfu import matmul_dtype, peak_matmul_flops, rates, training_flops
+from mlmlab.train.mfu import MeasuredPeak, matmul_dtype, rates, training_flops
 from mlmlab.train.optim import build_optimizer, learning_rate, set_lr, training_progress
 
 # Checkpoints hold the whole model and optimizer state, keyed by parameter name, whatever the
@@ -97,12 +97,12 @@ class _Window:
         self.flops += out.get("flops", 0.0)
         self.seconds += seconds
 
-    def rates(self, peak_flops: float) -> dict:
-        return rates(self.tokens, self.flops, self.seconds, peak_flops)
+    def rates(self, peak: MeasuredPeak) -> dict:
+        return rates(self.tokens, self.flops, self.seconds, peak.covering(self.flops / max(self.seconds, 1e-9)))
 
-    def postfix(self, peak_flops: float) -> dict:
+    def postfix(self, peak: MeasuredPeak) -> dict:
         """The progress bar's speed figures."""
-        speed = self.rates(peak_flops)
+        speed = self.rates(peak)
         return {"tok_s": f"{speed['tokens_per_s']:.0f}", "mfu": f"{speed['mfu']:.0%}"}
 
 
@@ -202,11 +202,11 @@ def load_optimizer_state(module, optimizer, state: dict) -> None:
                         "resume with the mlmlab version that wrote it, or start a new train.out_dir") from None
 
 
-def run_summary(state: "TrainerState", peak_flops: float, accelerator, final_eval: dict, run_dir: Path) -> dict:
-    """What a finished run returns and writes to summary.json."""
+def run_summary(state: "TrainerState", peak: MeasuredPeak, accelerator, final_eval: dict, run_dir: Path) -> dict:
+    """What a finished run returns and writes to summary.json; MFU is of ``peak_flops``, the peak it was read against."""
+    speed = rates(state.tokens, state.flops, state.seconds, peak.covering(state.flops / max(state.seconds, 1e-9)))
     return {"steps": state.step, "tokens_seen": state.tokens, "train_seconds": state.seconds,
-            "wall_seconds": state.elapsed,
-            **rates(state.tokens, state.flops, state.seconds, peak_flops), "eval": final_eval,
+            "wall_seconds": state.elapsed, **speed, "peak_flops": peak.flops, "eval": final_eval,
             "distributed": accelerator.distributed_type.value, "processes": accelerator.num_processes,
             "run_dir": str(run_dir)}
 
@@ -237,9 +237,8 @@ class Trainer:
         self.strategy = build_strategy(cfg.masking, info=self.info, vocab_size=len(self.tokenizer),
                                        token_counts=self.train_store.token_counts)
         self.continuation = continuation_table(self.tokenizer) if cfg.masking.whole_word else None
-        # MFU denominator of every process together; fewer rounds than the benchmark's (~0.5 s on 2 CPU cores).
-        self.peak_flops = self.accelerator.num_processes * peak_matmul_flops(
-            self.accelerator.device, matmul_dtype(self.precision), repeats=2, rounds=3)
+        # MFU denominator of every process together (~0.25 s; timed again as the run goes, mfu.MeasuredPeak).
+        self.peak = MeasuredPeak(self.accelerator.device, matmul_dtype(self.precision), self.accelerator.num_processes)
         self.state = TrainerState()
         if folder is not None:
             say(self.accelerator, f"resuming from {folder}")
@@ -400,7 +399,7 @@ class Trainer:
                 self.state.advance(out.pop("clock"), self.cfg.train)
                 window.add(out, elapsed)
                 bar.update(1)
-                bar.set_postfix(loss=f"{out['loss']:.3f}", **window.postfix(self.peak_flops))
+                bar.set_postfix(loss=f"{out['loss']:.3f}", **window.postfix(self.peak))
                 window = self._after_step(out, window)
         return stopping
 
@@ -409,9 +408,10 @@ class Trainer:
         cfg, step = self.cfg.train, self.state.step
         if step % cfg.log_every == 0 or out.get("skipped"):
             self.metrics.write({"step": step, "lr": self.optimizer.param_groups[0]["lr"], **out,
-                                **window.rates(self.peak_flops), "tokens_seen": self.state.tokens,
+                                **window.rates(self.peak), "tokens_seen": self.state.tokens,
                                 **self.strategy.stats(partial(sum_over_processes, self.accelerator))})
             window = _Window()
+            self.peak.refresh_if_due()  # outside the timed steps
         unfinished = self.progress() < 1.0
         if cfg.eval_every and step % cfg.eval_every == 0 and unfinished:
             self.metrics.write({"step": step, "eval": self.evaluate(cfg.eval_batches)})
@@ -435,7 +435,7 @@ class Trainer:
             raise SystemExit(143)
         final_eval = self.evaluate(self.cfg.train.eval_batches)
         self._update_elapsed()
-        summary = run_summary(self.state, self.peak_flops, self.accelerator, final_eval, self.run_dir)
+        summary = run_summary(self.state, self.peak, self.accelerator, final_eval, self.run_dir)
         self.metrics.write({"step": self.state.step, "eval": final_eval})
         if self.accelerator.is_main_process:  # the final model is the last checkpoint's: copied, with its model card
             export_model_folder(saved, self.run_dir / checkpoint.MODEL_DIR, self.cfg, final_eval,

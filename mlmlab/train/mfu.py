@@ -4,9 +4,10 @@ The numerator counts only the model's own work (mlmlab/flops.py's FLOP model on 
 real, unpadded tokens and the positions the MLM head projects); padding, the ADM scorer's
 extra passes and recomputation are not model FLOPs. The denominator is measured, not taken
 from a spec sheet: the best dense-matmul rate of this device at the training precision,
-reported as "of measured matmul peak". Training and the throughput benchmark measure it
-with matmuls of one size per device type (peak_matmul_size).
+reported as "of measured matmul peak" (peak_matmul_flops; MeasuredPeak keeps a run's).
 """
+
+import time
 
 import torch
 
@@ -21,7 +22,7 @@ def matmul_dtype(mixed_precision: str) -> torch.dtype:
 
 
 def peak_matmul_size(device: torch.device | str) -> int:
-    """Square matmuls big enough to reach the device's dense peak.
+    """The largest square matmul a peak measurement grows to.
 
     2048^2 saturates a few CPU cores. A GPU needs at least 8192^2: smaller ones leave it
     partly idle, under-measure the peak and so inflate MFU several times.
@@ -29,26 +30,77 @@ def peak_matmul_size(device: torch.device | str) -> int:
     return 8192 if torch.device(device).type == "cuda" else 2048
 
 
-def peak_matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.float32, repeats: int = 5,
-                      rounds: int = 4) -> float:
-    """Best-case dense matmul FLOP/s of ``device``: the MFU denominator.
+# A matmul this long is big enough that call overheads no longer count (256^2 fp32 on 2 cores: ~0.3 ms).
+BIG_ENOUGH_SECONDS = 0.01
+FIRST_SIZE = 256
 
-    The best of ``rounds`` timings of ``repeats`` matmuls: a shared machine only ever makes
-    a round slower, so the fastest one is the closest to the device's peak. The operands
-    are constants, not random: drawing them would advance torch's global RNG and shift
-    dropout, breaking bitwise resume. GEMM speed does not depend on the values.
+
+def peak_matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.float32, seconds: float = 0.25,
+                      big_enough: float = BIG_ENOUGH_SECONDS) -> float:
+    """Best-case dense matmul FLOP/s of ``device`` in ``dtype``: the MFU denominator, in about ``seconds``.
+
+    The square size doubles from 256 until one matmul takes ``big_enough`` seconds (or reaches
+    peak_matmul_size), then that matmul repeats until ``seconds`` have passed; the fastest one
+    counts, since a shared machine only ever makes a matmul slower. A fixed 2048^2 cost 17 GFLOP
+    a matmul: ~40 s in bf16 on a CPU without bf16 units (issue 33); this costs ``seconds`` plus at
+    most two matmuls of the chosen size on any host, in any precision. The operands are constants,
+    not random: drawing them would advance torch's global RNG and shift dropout, breaking bitwise
+    resume. GEMM speed does not depend on the values.
     """
-    size = peak_matmul_size(device)
+    deadline = time.perf_counter() + seconds
+    size, best = FIRST_SIZE, 0.0
+    while True:
+        rate, took = _time_matmul(device, dtype, size, warm_up=True)
+        best = max(best, rate)
+        if took >= big_enough or size >= peak_matmul_size(device) or time.perf_counter() >= deadline:
+            break
+        size *= 2
+    while time.perf_counter() < deadline:
+        best = max(best, _time_matmul(device, dtype, size)[0])
+    return best
+
+
+def _time_matmul(device, dtype: torch.dtype, size: int, warm_up: bool = False) -> tuple[float, float]:
+    """(FLOP/s, seconds) of one size x size matmul; ``warm_up``: one untimed first (thread pools, kernel choice)."""
     a = torch.ones(size, size, device=device, dtype=dtype)
-    for _ in range(3):  # warm-up: thread pools, kernel selection
+    if warm_up:
         a @ a
-    best = float("inf")
-    for _ in range(rounds):
-        start = clock(device)
-        for _ in range(repeats):
-            a @ a
-        best = min(best, clock(device) - start)
-    return 2 * size**3 * repeats / best
+    start = clock(device)
+    a @ a
+    took = max(clock(device) - start, 1e-9)
+    return 2 * size**3 / took, took
+
+
+class MeasuredPeak:
+    """A run's MFU denominator: the best matmul rate measured so far, times the process count.
+
+    Timed at start-up, again every ``refresh_seconds``, and at once whenever training itself
+    goes faster than it: a peak timed while another job shared the cores is too low and would
+    inflate MFU for the whole run (70-100% on a loaded host, issue 29). The best of several
+    timings is the closest to the device's own; and since a step cannot run its matmuls faster
+    than the device can, a rate above every timing raises the peak to it, so MFU never exceeds 1.
+    """
+
+    def __init__(self, device: torch.device | str, dtype: torch.dtype, processes: int = 1,
+                 refresh_seconds: float = 300.0):
+        self.device, self.dtype, self.processes, self.refresh_seconds = device, dtype, processes, refresh_seconds
+        self.flops = 0.0
+        self.measure()
+
+    def measure(self) -> None:
+        self.flops = max(self.flops, self.processes * peak_matmul_flops(self.device, self.dtype))
+        self._measured_at = time.monotonic()
+
+    def refresh_if_due(self) -> None:
+        if time.monotonic() - self._measured_at >= self.refresh_seconds:
+            self.measure()
+
+    def covering(self, achieved_flops: float) -> float:
+        """The peak to divide ``achieved_flops`` (FLOP/s of training) by: never below it."""
+        if achieved_flops > self.flops:
+            self.measure()
+            self.flops = max(self.flops, achieved_flops)
+        return self.flops
 
 
 def training_flops(model: ModelConfig, vocab: int, attention_mask: torch.Tensor, head_positions: int) -> torch.Tensor:
