@@ -16,6 +16,11 @@ files, and folders written by ``Dataset.save_to_disk``. In JSONL and tables, one
 one document, unless ``Columns.doc_id`` names a column: consecutive records with the same
 value there are then the paragraphs of one document.
 
+A file's format is read from its content, never its name: gzip by magic bytes; WikiExtractor
+and JSONL from its first non-blank lines (``_SNIFF_LINES``); archives and other compressions
+(zip, tar, tar.gz, 7z, bzip2, xz, zstd) are refused, and so is a folder `mlmlab prepare`
+wrote (data/resolve.py trains on one given as the whole corpus).
+
 Documents stream one at a time so memory does not grow with corpus size.
 """
 
@@ -26,6 +31,7 @@ import json
 import re
 import zlib
 from collections.abc import Iterable, Iterator
+from itertools import chain
 from pathlib import Path
 from typing import BinaryIO
 
@@ -120,6 +126,7 @@ def resolve_paths(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     resolved = []
     for path in given:
         if path.is_dir():
+            _refuse_prepared(path)
             files = [path] if is_saved_dataset(path) else _folder_files(path)
             if not files:
                 raise UserError(f"corpus folder {path} holds no corpus files (.txt .text .tokens .raw .jsonl, none, .gz, "
@@ -146,10 +153,27 @@ def _folder_files(folder: Path) -> list[Path]:
         if entry.name.startswith("."):  # .git, .DS_Store, editors' swap files: never corpus text
             continue
         if entry.is_dir():
+            _refuse_prepared(entry)
             found += [entry] if is_saved_dataset(entry) else _folder_files(entry)
         elif entry.is_file() and _is_corpus_file(entry):
             found.append(entry)
     return found
+
+
+def is_prepared_dataset(folder: Path) -> bool:
+    """A folder written by `mlmlab prepare` (data/store.py): meta.json beside the tokenizer copy.
+
+    Both, so that a corpus folder with a meta.json of its own is still read as text.
+    """
+    return (folder / "meta.json").is_file() and (folder / "tokenizer").is_dir()
+
+
+def _refuse_prepared(folder: Path) -> None:
+    """Read as text, a prepared folder's tokenizer/vocab.txt trained silently as if it were the corpus."""
+    if is_prepared_dataset(folder):
+        raise UserError(f"{folder} is a dataset `mlmlab prepare` wrote, not corpus text; train on it as the only "
+                        f"corpus (data.corpus={folder}), evaluate on it (mlmlab evaluate --data {folder}), or give "
+                        "the text it was prepared from")
 
 
 def _is_corpus_file(path: Path) -> bool:
@@ -170,24 +194,87 @@ def _read_source(path: Path, columns: Columns) -> Iterator[list[str]]:
 
 
 def _read_documents(path: Path, columns: Columns) -> Iterator[list[str]]:
+    _refuse_archive(path)
     with _open_binary(path) as raw:
-        lines = _decoded_lines(raw, path)
-        first = _first_nonblank(lines)
-        if first is None:
+        head, lines = _peeked(_decoded_lines(raw, path), _SNIFF_LINES)
+        texts = [text for _, text in head if text.strip()]
+        if not texts:
             return
-        lines = _chain_first(first, lines)
-        if first[1].lstrip().startswith("<doc"):
+        if _is_wikiextractor(texts):
             yield from _wikiextractor_documents(lines)
-        elif first[1].lstrip().startswith("{"):
+        elif _is_jsonl(texts):
             yield from record_documents(_jsonl_records(lines, path), columns, path)
         else:
             yield from _plain_documents(lines)
+
+
+# A file's format is decided by its first non-blank lines, this many, not by the first alone: a WikiExtractor
+# file cut mid-article, or a JSONL file whose first line is damaged, read as plain text before.
+_SNIFF_LINES = 100
+
+
+def _peeked(lines: Iterator[tuple[int, str]], nonblank: int) -> tuple[list, Iterator[tuple[int, str]]]:
+    """(the lines up to the ``nonblank``-th non-blank one, every line again from the first)."""
+    head, seen = [], 0
+    for line in lines:
+        head.append(line)
+        seen += bool(line[1].strip())
+        if seen == nonblank:
+            break
+    return head, chain(head, lines)
+
+
+def _is_wikiextractor(texts: list[str]) -> bool:
+    """The first line opens a <doc> block (as always), or any sampled line is a <doc ...> or </doc> tag line."""
+    return texts[0].lstrip().startswith("<doc") or any(_is_doc_tag(text.strip()) for text in texts)
+
+
+def _is_doc_tag(stripped: str) -> bool:
+    return stripped == "</doc>" or (stripped.startswith("<doc ") and stripped.endswith(">"))
+
+
+def _is_jsonl(texts: list[str]) -> bool:
+    """The first line starts an object (as always: a damaged one is then reported), or half the lines are objects."""
+    return texts[0].lstrip().startswith("{") or 2 * sum(map(_is_json_object, texts)) >= len(texts)
+
+
+def _is_json_object(text: str) -> bool:
+    if not text.lstrip().startswith("{"):
+        return False
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
 
 
 def _open_binary(path: Path) -> BinaryIO:
     with open(path, "rb") as probe:
         magic = probe.read(2)
     return gzip.open(path, "rb") if magic == GZIP_MAGIC else open(path, "rb")
+
+
+# Containers and compressions that are not corpus text, by their magic bytes (after gzip's, for a .tar.gz):
+# (offset, pattern, what the file is, what to do). Read as text they trained on their bytes, or failed as "not UTF-8".
+_EXTRACT = "and give the files it holds (or their folder) as the corpus"
+_RECOMPRESS = "or recompress it with gzip, which mlmlab reads"
+_FOREIGN = (
+    (0, re.compile(rb"PK\x03\x04|PK\x05\x06"), "a zip archive", f"unzip it {_EXTRACT}"),
+    (257, re.compile(rb"ustar[\x00 ]"), "a tar archive", f"extract it (tar -xf) {_EXTRACT}"),
+    (0, re.compile(rb"7z\xbc\xaf\x27\x1c"), "a 7z archive", f"extract it {_EXTRACT}"),
+    (0, re.compile(rb"BZh[1-9](1AY&SY|\x17rE8P\x90)"), "bzip2-compressed", f"decompress it (bunzip2) {_RECOMPRESS}"),
+    (0, re.compile(rb"\xfd7zXZ\x00"), "xz-compressed", f"decompress it (unxz) {_RECOMPRESS}"),
+    (0, re.compile(rb"\x28\xb5\x2f\xfd"), "zstd-compressed", f"decompress it (unzstd) {_RECOMPRESS}"),
+)
+_FOREIGN_HEAD = 512  # bytes read to recognise them: tar's magic sits at 257
+
+
+def _refuse_archive(path: Path) -> None:
+    with _open_binary(path) as raw:
+        head = raw.read(_FOREIGN_HEAD)
+    for offset, pattern, what, remedy in _FOREIGN:
+        if pattern.match(head, offset):
+            compressed = " (gzip-compressed)" if isinstance(raw, gzip.GzipFile) else ""
+            raise UserError(f"{path} is {what}{compressed}, not corpus text; {remedy}")
 
 
 def _decoded_lines(raw: BinaryIO, path: Path) -> Iterator[tuple[int, str]]:
@@ -206,18 +293,6 @@ def _decoded_lines(raw: BinaryIO, path: Path) -> Iterator[tuple[int, str]]:
         if number == 1:  # a byte-order mark (Windows editors write one) would hide a JSONL or <doc> file's format
             text = text.removeprefix("\ufeff")
         yield number, text.rstrip("\r\n")
-
-
-def _first_nonblank(lines: Iterator[tuple[int, str]]) -> tuple[int, str] | None:
-    for number, text in lines:
-        if text.strip():
-            return number, text
-    return None
-
-
-def _chain_first(first: tuple[int, str], rest: Iterator[tuple[int, str]]) -> Iterator[tuple[int, str]]:
-    yield first
-    yield from rest
 
 
 def _plain_documents(lines: Iterator[tuple[int, str]]) -> Iterator[list[str]]:

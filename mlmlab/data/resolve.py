@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from mlmlab.config import DataConfig
+from mlmlab.data.corpus import is_prepared_dataset
 from mlmlab.data.records import Columns
 from mlmlab.data.store import TokenStore, cache_root, prepare, prepared_hash
 from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer, vocab_hash
@@ -60,8 +61,8 @@ def _copy_files(files: list[Path], folder: Path) -> None:
 def held_out_store(data: list[str], model_dir: Path, max_seq_length: int, columns: Columns = Columns()) -> TokenStore:
     """A prepared dataset folder as is; a corpus (WikiText detokenised first) prepared with the model's tokenizer."""
     paths = [Path(p) for p in data]
-    if len(paths) == 1 and (paths[0] / "meta.json").is_file():
-        return TokenStore(paths[0])
+    if folder := prepared_folder(paths):
+        return TokenStore(folder)
     wikitext = [path for path in paths if is_wikitext(path) and path.is_file()]
     corpus = [write_plain(path, cache_root().parent / "wikitext" / f"{path.stem}-{file_sha256(path)[:16]}.txt")
               if path in wikitext else path for path in paths]
@@ -69,25 +70,36 @@ def held_out_store(data: list[str], model_dir: Path, max_seq_length: int, column
                               columns=columns, unk_marker=UNK_MARKER if wikitext else ""))
 
 
-def _corpora_and_settings(data: DataConfig, model_dir: str) -> tuple[dict, dict]:
-    """({"train": paths, "valid": paths}, prepare's settings) of a config's data section.
+def prepared_folder(corpus: list) -> Path | None:
+    """The folder, when a corpus is one folder `mlmlab prepare` wrote: used as it is, not read as text."""
+    return Path(corpus[0]) if len(corpus) == 1 and is_prepared_dataset(Path(corpus[0])) else None
 
-    ``model_dir``: the model a run starts from (train.init); its tokenizer is the run's
-    unless data.tokenizer names one (which must then be the same vocabulary: train/init.py).
-    """
-    tokenizer_dir = standalone_tokenizer(Path(model_dir)) if model_dir and not data.tokenizer \
-        else tokenizer_dir_for(data.tokenizer)
-    settings = dict(tokenizer_dir=tokenizer_dir, max_seq_length=data.max_seq_length,
+
+def _corpora_and_settings(data: DataConfig, model_dir: str) -> tuple[dict, dict]:
+    """({"train": paths, "valid": paths}, prepare's settings) of a config's data section."""
+    corpora = {"train": data.corpus or [SAMPLE_TRAIN], "valid": data.valid_corpus or [SAMPLE_VALID]}
+    settings = dict(tokenizer_dir=_tokenizer_dir(data, model_dir, corpora["train"]), max_seq_length=data.max_seq_length,
                     objective=data.objective, short_seq_prob=data.short_seq_prob, seed=data.prepare_seed,
                     columns=Columns(data.text_column, data.id_column))
-    return {"train": data.corpus or [SAMPLE_TRAIN], "valid": data.valid_corpus or [SAMPLE_VALID]}, settings
+    return corpora, settings
+
+
+def _tokenizer_dir(data: DataConfig, model_dir: str, train_corpus: list) -> Path:
+    """data.tokenizer if set; else the tokenizer of train.init's model (``model_dir``; the same vocabulary is
+    required if both are set: train/init.py); else a prepared training set's own; else the bundled vocabulary."""
+    if data.tokenizer:
+        return tokenizer_dir_for(data.tokenizer)
+    if model_dir:
+        return standalone_tokenizer(Path(model_dir))
+    folder = prepared_folder(train_corpus)
+    return TokenStore(folder).tokenizer_dir if folder else tokenizer_dir_for("")
 
 
 def prepare_datasets(data: DataConfig, model_dir: str = ""):
     """(train TokenStore, valid TokenStore, tokenizer) for a config's data section, preparing what is missing."""
     corpora, settings = _corpora_and_settings(data, model_dir)
     workers = data.prepare_workers or None  # None: every core
-    train, valid = (TokenStore(prepare(corpora[split], num_workers=workers, **settings)) for split in ("train", "valid"))
+    train, valid = (_token_store(corpora[split], settings, workers) for split in ("train", "valid"))
     tokenizer = load_tokenizer(settings["tokenizer_dir"])
     expected = vocab_hash(tokenizer.get_vocab())
     for store in (train, valid):
@@ -102,7 +114,36 @@ def require_vocab(store: TokenStore, expected: str, whose: str) -> None:
                         f"{store.vocab_hash}, expected {expected}); prepare the data again with that tokenizer")
 
 
+def _token_store(corpus: list, settings: dict, workers: int | None) -> TokenStore:
+    """A prepared folder given as the corpus, checked against the data section; else the corpus, prepared."""
+    folder = prepared_folder(corpus)
+    if folder is None:
+        return TokenStore(prepare(corpus, num_workers=workers, **settings))
+    store = TokenStore(folder)
+    _require_build_settings(store, settings)
+    return store
+
+
+# What a prepared folder was built with, and the data keys that must say the same: the run's recorded
+# config then describes the data it trained on (the objective and length also decide how it trains).
+_BUILD_KEYS = {"objective": "data.objective", "max_seq_length": "data.max_seq_length",
+               "short_seq_prob": "data.short_seq_prob", "seed": "data.prepare_seed"}
+
+
+def _require_build_settings(store: TokenStore, settings: dict) -> None:
+    built = store.meta["config"]
+    for name, key in _BUILD_KEYS.items():
+        if built[name] != settings[name]:
+            raise UserError(f"{store.path} was prepared with {name} {built[name]!r}, but {key}={settings[name]!r}; "
+                            f"set {key}={built[name]} to train on it, or give the corpus it was prepared from")
+
+
 def dataset_hashes(data: DataConfig, model_dir: str = "") -> dict:
     """{"train": hash, "valid": hash} of the datasets ``prepare_datasets`` would give, without preparing them."""
     corpora, settings = _corpora_and_settings(data, model_dir)
-    return {split: prepared_hash(paths, **settings)[:16] for split, paths in corpora.items()}
+    return {split: _dataset_hash(paths, settings) for split, paths in corpora.items()}
+
+
+def _dataset_hash(corpus: list, settings: dict) -> str:
+    folder = prepared_folder(corpus)
+    return (TokenStore(folder).meta["hash"] if folder else prepared_hash(corpus, **settings))[:16]

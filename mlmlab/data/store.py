@@ -124,6 +124,7 @@ class _ShardSummary:
     long_sentences: int  # sentences longer than an instance holds: cut (text without sentence ends?)
     one_sentence_documents: int  # nsp: never an A, so their text is only ever a random B
     token_counts: np.ndarray  # int64[vocab_size] over this chunk's corpus tokens
+    max_id: int  # the largest token id written (-1: none), checked again when the shard is loaded
 
 
 def cache_root() -> Path:
@@ -378,7 +379,8 @@ def _accumulate(summaries: Iterable[_ShardSummary], vocab_size: int) -> dict:
         for key in totals:
             totals[key] += getattr(summary, key)
         counts += summary.token_counts
-        shards.append({"name": summary.name, "num_instances": summary.num_instances})
+        # max_id is not part of the dataset's hash (dataset_hash): folders prepared before it was recorded keep theirs.
+        shards.append({"name": summary.name, "num_instances": summary.num_instances, "max_id": summary.max_id})
         log.info("shard %s: %d instances", summary.name, summary.num_instances)
     return {**totals, "num_corpus_tokens": int(counts.sum()), "shards": shards, "token_counts": counts}
 
@@ -443,6 +445,7 @@ def _build_shard(index: int, num_documents: int, parts: list[_TokenizedPart], sp
         long_sentences=int((chunk.sentence_lengths > room).sum()),
         one_sentence_documents=int((chunk.document_sizes == 1).sum()) if config.objective == choices.NSP else 0,
         token_counts=np.bincount(chunk.tokens, minlength=spec.vocab_size),
+        max_id=max((max(x.input_ids) for x in instances), default=-1),
     )
 
 
@@ -532,6 +535,8 @@ class TokenStore:
         self._len = int(sum(counts))
         self._shards: dict[int, dict[str, np.ndarray]] = {}
         self._lengths: np.ndarray | None = None
+        # Shards whose ids were checked (_check_ids); kept when pickled, so loader workers do not scan them again.
+        self._checked: set[int] = set()
 
     def __getstate__(self) -> dict:
         # DataLoader workers re-open memmaps themselves instead of receiving copies.
@@ -592,8 +597,29 @@ class TokenStore:
     def _shard(self, shard_index: int) -> dict[str, np.ndarray]:
         if shard_index not in self._shards:
             shard_dir = self.path / self.meta["shards"][shard_index]["name"]
-            self._shards[shard_index] = {f: np.load(shard_dir / f"{f}.npy", mmap_mode="r") for f in SHARD_FIELDS}
+            arrays = {f: np.load(shard_dir / f"{f}.npy", mmap_mode="r") for f in SHARD_FIELDS}
+            if shard_index not in self._checked:
+                self._check_ids(shard_index, arrays["input_ids"])
+                self._checked.add(shard_index)
+            self._shards[shard_index] = arrays
         return self._shards[shard_index]
+
+    def _check_ids(self, shard_index: int, input_ids: np.ndarray) -> None:
+        """Refuse a shard changed since prepare: an id the vocabulary lacks (a crash at step 1, or a wrong
+        embedding), or a largest id other than the one prepare recorded. One pass over its ids, once:
+        ``lengths`` opens every shard in the main process, and loader workers inherit ``_checked``."""
+        shard = self.meta["shards"][shard_index]
+        where = self.path / shard["name"] / "input_ids.npy"
+        vocab_size = self.meta["vocab_size"]
+        largest = int(input_ids.max()) if len(input_ids) else -1
+        smallest = int(input_ids.min()) if len(input_ids) and input_ids.dtype.kind == "i" else 0  # uint16: never < 0
+        if smallest < 0 or largest >= vocab_size:
+            outside = smallest if smallest < 0 else largest
+            raise UserError(f"{where} holds token id {outside}, outside the {vocab_size} ids of the vocabulary it was "
+                            f"prepared with: it was changed after `mlmlab prepare`; delete {self.path} and prepare again")
+        if shard.get("max_id", largest) != largest:  # folders prepared before max_id was recorded: the range check only
+            raise UserError(f"{where} was changed after `mlmlab prepare` (its largest token id is {largest}, prepare "
+                            f"recorded {shard['max_id']}); delete {self.path} and prepare again")
 
 
 def _read_meta(path: Path) -> dict:
