@@ -90,7 +90,8 @@ def cmd_evaluate(args) -> None:
 
     report = evaluate_model(args.model, args.data, batch_size=args.batch_size, max_batches=args.max_batches,
                             max_seq_length=args.max_seq_length, columns=columns_of(args),
-                            freq_cuts=frequency_cuts(args.freq_buckets, "--freq-buckets"))
+                            freq_cuts=frequency_cuts(args.freq_buckets, "--freq-buckets"),
+                            recalibrate=args.recalibrate)
     print(format_eval_table(report))
     if args.json:
         Path(args.json).write_text(jsonio.dumps(report, indent=1) + "\n")
@@ -212,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batches", type=int, default=None)
     p.add_argument("--freq-buckets", default=MaskingConfig.freq_buckets,
                    help="frequency-rank cut-offs of the per-bucket perplexities (default: %(default)s)")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="also the prior-free loss: the output bias refitted on half the targets, the other half scored")
     p.add_argument("--json", help="also write the report to this file")
     p.set_defaults(func=cmd_evaluate)
 

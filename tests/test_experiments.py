@@ -269,7 +269,8 @@ def test_gates_run_the_gate_arm_first_and_stop_the_others_when_they_fail(tmp_pat
     assert [row["arm"] for row in rows] == ["dynamic"]
     assert rows[0]["eval_data"]["valid-again"]["masked_tokens"] > 0  # the further held-out set was evaluated
     assert rows[0]["gates"] == {"arm": "dynamic", "min": {"eval.mlm_accuracy": 2.0}}
-    assert rows[0]["decision"] == {"metric": "eval.mlm_loss", "lower_is_better": True, "min_effect": 0.01, "guard": {}}
+    assert rows[0]["decision"] == {"metric": "eval.mlm_loss", "lower_is_better": True, "min_effect": 0.01, "guard": {},
+                                   "target": None}
     text = report.write_report(tmp_path / "out" / "results.jsonl", tmp_path / "report").read_text()
     assert "Validity gates" in text and "**failed**" in text and "no conclusion is drawn" in text
     assert "valid-again MLM loss (nats)" in text
@@ -457,7 +458,7 @@ def test_the_recorded_decision_rule_is_applied_to_every_arm_as_written(tmp_path)
     results.write_text("".join(json.dumps(row) + "\n" for row in rows))
     text = report.write_report(results, tmp_path / "report").read_text()
     assert "lies below 0, |mean Δ| ≥ 0.01, and mean Δ glue.tasks.STS-B.dev.pearson ≥ −0.01" in text
-    calls = {line.split("|")[1].strip(): line.split("|")[-3].strip() for line in text.splitlines()
+    calls = {line.split("|")[1].strip(): line.split("|")[-4].strip() for line in text.splitlines()
              if line.startswith("| ") and "**" in line}
     assert calls == {"better": "**win**", "worse": "**lose**", "slightly": "**inconclusive**",
                      "guarded": "**inconclusive**", "shift": "**inconclusive, prior shift**",
@@ -504,3 +505,82 @@ def test_downstream_section_ranks_runs_by_loss_against_their_glue_scores():
     assert "| GLUE STS-B | 3 | too few runs |  |" in "\n".join(report.downstream_section(few, report.metrics_of(few)))
     without_glue = seed_rows("dynamic", [100.0, 101.0, 102.0, 103.0])
     assert report.downstream_section(without_glue, report.metrics_of(without_glue)) == []
+
+
+def test_holm_adjusts_the_arms_p_values_together_step_down():
+    assert report.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert report.holm([0.2, math.nan, 0.01]) == pytest.approx([0.2, math.nan, 0.02], nan_ok=True)
+    assert report.holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])  # 2 x 0.8 capped at 1; monotone
+    base, arm = seed_rows("dynamic", [100.0, 100.0, 100.0]), seed_rows("adm", [101.0, 104.0, 102.5])
+    comparison = report.compare(arm, base, report.Metric("perplexity", ("eval", "perplexity"), True))
+    assert comparison.p == pytest.approx(stats.ttest_rel([101.0, 104.0, 102.5], [100.0] * 3).pvalue)
+
+
+def decided_rows(arm, losses, recalibrated=None, rare=None, rule=None):
+    """One row per seed with these held-out losses (and prior-free losses, rare-bucket perplexities)."""
+    rows = []
+    for seed, loss in enumerate(losses):
+        row = synthetic_row(arm, seed, math.exp(loss), (rare or [900.0] * len(losses))[seed])
+        if recalibrated is not None:
+            row["eval"]["recalibrated"] = {"mlm_loss": recalibrated[seed], "raw_mlm_loss": loss}
+        rows.append({**row, "decision": rule or {"metric": "eval.mlm_loss", "lower_is_better": True,
+                                                 "min_effect": 0.01, "guard": {}}})
+    return rows
+
+
+def decision_calls(tmp_path, rows) -> dict:
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    text = report.write_report(results, tmp_path / "report").read_text()
+    return {line.split("|")[1].strip(): (line.split("|")[-4].strip(), line.split("|")[-3].strip())
+            for line in text.splitlines() if line.startswith("| ") and "**" in line}
+
+
+def test_a_win_that_holm_does_not_keep_is_inconclusive_in_the_holm_column(tmp_path):
+    base = [6.00, 6.10, 5.90, 6.05]
+    rows = decided_rows("dynamic", base)
+    rows += decided_rows("strong", [b - 0.30 + d for b, d in zip(base, (0.001, -0.001, 0.002, 0.0))])
+    rows += decided_rows("weak", [b - 0.05 + d for b, d in zip(base, (0.025, -0.025, 0.02, -0.015))])
+    for name in ("null-a", "null-b"):
+        rows += decided_rows(name, [b + d for b, d in zip(base, (0.03, -0.02, -0.01, 0.01))])
+    calls = decision_calls(tmp_path, rows)
+    assert calls["strong"] == ("**win**", "**win**")
+    weak = report.compare(rows[8:12], rows[:4], report.Metric("l", ("eval", "mlm_loss"), True))
+    assert weak.significant and 0.05 / 3 < weak.p < 0.05  # a win alone; second smallest of four p-values: x3
+    assert calls["weak"] == ("**win**", "**inconclusive**")
+
+
+def test_a_rare_token_gain_is_a_prior_shift_unless_the_prior_free_loss_wins(tmp_path):
+    base, rare_base, rare_gain = [6.0, 6.1, 5.9], [900.0, 950.0, 880.0], [600.0, 640.0, 590.0]
+    rows = decided_rows("dynamic", base, recalibrated=[5.8, 5.9, 5.7], rare=rare_base)
+    # worse raw loss, better rare bucket; the refitted bias leaves it no better: only its prior moved
+    rows += decided_rows("shift", [6.2, 6.3, 6.1], recalibrated=[5.81, 5.89, 5.72], rare=rare_gain)
+    # the same raw figures, but with the prior refitted it is better: more than a prior shift
+    rows += decided_rows("learns", [6.2, 6.3, 6.1], recalibrated=[5.6, 5.72, 5.49], rare=rare_gain)
+    calls = decision_calls(tmp_path, rows)
+    assert calls["shift"][0] == "**lose, prior shift**"
+    assert calls["learns"][0] == "**lose**"
+
+
+def test_steps_to_target_is_the_first_evaluation_below_it_in_steps_and_flops():
+    records = [{"step": 50, "loss": 7.0}, {"step": 100, "eval": {"mlm_loss": 6.2}},
+               {"step": 200, "eval": {"mlm_loss": 5.9}}, {"step": 300, "eval": {"mlm_loss": 5.5}}]
+    assert report.steps_to_target({}, records, "mlm_loss", 6.0) == 200
+    assert report.steps_to_target({}, records, "mlm_loss", 5.0) is None
+    rule = {"metric": "eval.mlm_loss", "lower_is_better": True, "min_effect": 0.01, "guard": {}, "target": 6.0}
+    rows = [{"seed": 0, "decision": rule}]
+    late = [{"step": 100, "eval": {"mlm_loss": 6.5}}, {"step": 400, "eval": {"mlm_loss": 5.8}}]
+    curves = {"dynamic": [({"seed": 0, "flops_per_step": 1e9}, late), ({"seed": 1, "flops_per_step": 1e9}, late[:1])],
+              "adm": [({"seed": 0, "flops_per_step": 2e9}, records), ({"seed": 1, "flops_per_step": 2e9}, records)]}
+    text = "\n".join(report.steps_to_target_section(rows, curves, "dynamic"))
+    assert "| dynamic | 400 / never | 400 (n=1) | 4e+11 | 1 of 2 |  |" in text
+    assert "| adm | 200 / 200 | 200 ± 0 (n=2) | 4e+11 | 0 of 2 | -200 (1 seeds) |" in text
+    assert report.steps_to_target_section([{"seed": 0, "decision": {**rule, "target": None}}], curves, "dynamic") == []
+
+
+def test_a_decision_target_must_be_a_number_on_an_eval_figure(tmp_path):
+    decision = {"metric": "eval.mlm_loss", "min_effect": 0.01, "target": 5.5}
+    assert study_file.load_study(write_study(tmp_path, decision=decision)).decision.target == 5.5
+    for bad in ({**decision, "target": "low"}, {**decision, "metric": "glue.average"}):
+        with pytest.raises(UserError, match="target must be a finite number"):
+            study_file.load_study(write_study(tmp_path, decision=bad))

@@ -8,6 +8,7 @@ target token.
 """
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -67,17 +68,21 @@ def evaluate_mlm(model, store, info, *, batch_size: int = 32, max_batches: int |
     bucket_of, names = (frequency_buckets(token_counts, freq_cuts, len(token_counts))
                         if token_counts is not None else (None, []))
     totals = _Totals(len(names))
-    num_batches = evaluated_batches(len(store), batch_size, max_batches)
-    batches = iterate_batches(store, batch_size=min(batch_size, len(store)), seed=0, start=LoaderPosition(),
-                              pad_id=store.meta["special_token_ids"]["[PAD]"])
     with eval_mode(module):
-        for _ in range(num_batches):
-            _, batch = next(batches)
-            masked = {k: v.to(device) for k, v in eval_masks(batch, info).items()}
+        for masked in fixed_mask_batches(store, info, batch_size, max_batches, device):
             result = module(**masked)
             targets = masked["labels"].flatten().index_select(0, result["selected_index"])
             totals.add(result, targets, bucket_of, masked.get("next_sentence_label"))
     return _summarise(totals, names)
+
+
+def fixed_mask_batches(store, info, batch_size: int, max_batches: int | None, device) -> Iterator[dict]:
+    """The evaluated batches of ``store`` on ``device``, masked with the fixed uniform masks: the same every time."""
+    batches = iterate_batches(store, batch_size=min(batch_size, len(store)), seed=0, start=LoaderPosition(),
+                              pad_id=store.meta["special_token_ids"]["[PAD]"])
+    for _ in range(evaluated_batches(len(store), batch_size, max_batches)):
+        _, batch = next(batches)
+        yield {k: v.to(device) for k, v in eval_masks(batch, info).items()}
 
 
 def evaluated_batches(sequences: int, batch_size: int, max_batches: int | None = None) -> int:
@@ -124,11 +129,12 @@ def load_pretrained(model_dir):
 
 def evaluate_model(model_dir, data, *, batch_size: int = 32, max_batches: int | None = None,
                    max_seq_length: int = 128, freq_cuts: tuple[int, ...] = DEFAULT_BUCKETS,
-                   columns: Columns = Columns()) -> dict:
+                   columns: Columns = Columns(), recalibrate: bool = False) -> dict:
     """``mlmlab evaluate``: perplexity per frequency bucket + NSP accuracy on held-out data.
 
     ``data``: a prepared dataset folder, or a corpus (files, folders, tables; WikiText
     ``*.tokens`` included) that is prepared here with the model's own tokenizer.
+    ``recalibrate``: also the prior-free loss (recalibrate.py) as report["recalibrated"].
     """
     bert, tokenizer = load_pretrained(model_dir)
     store = held_out_store([data] if isinstance(data, (str, Path)) else list(data), Path(model_dir), max_seq_length,
@@ -142,12 +148,20 @@ def evaluate_model(model_dir, data, *, batch_size: int = 32, max_batches: int | 
     device = compute_device()
     report = evaluate_mlm(bert.to(device), store, token_info_for(tokenizer), batch_size=batch_size,
                           max_batches=max_batches, device=device, token_counts=counts, freq_cuts=freq_cuts)
+    if recalibrate:
+        from mlmlab.evaluate.recalibrate import recalibrated_loss  # it builds on this module
+
+        report["recalibrated"] = recalibrated_loss(bert, store, token_info_for(tokenizer), batch_size=batch_size,
+                                                   max_batches=max_batches, token_counts=counts, device=device,
+                                                   freq_cuts=freq_cuts)
     report["frequency_source"] = "pretraining corpus" if counts_path.is_file() else "evaluated data"
     report["dataset"] = store.meta["hash"][:16]  # what was evaluated: rows made before a data fix differ here
     return report
 
 
-def format_eval_table(report: dict) -> str:
-    rows = [f"{key:<32} {value:>12.4f}" if isinstance(value, float) else f"{key:<32} {value!s:>12}"
+def format_eval_table(report: dict, prefix: str = "") -> str:
+    """One line per figure; a nested report (recalibrated) as its own lines, its keys prefixed."""
+    rows = [format_eval_table(value, f"{prefix}{key}.") if isinstance(value, dict) else
+            f"{prefix + key:<40} {value:>12.4f}" if isinstance(value, float) else f"{prefix + key:<40} {value!s:>12}"
             for key, value in report.items()]
     return "\n".join(rows)

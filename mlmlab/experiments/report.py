@@ -43,6 +43,7 @@ class Comparison:
     n: int  # paired seeds
     boot_low: float = math.nan  # percentile bootstrap: secondary; a range, not a CI, below FEW_SEEDS
     boot_high: float = math.nan
+    p: float = math.nan  # two-sided paired t-test p-value (below 0.05 exactly when the t-interval excludes 0)
     all_zero: bool = False  # every paired difference is exactly 0 in this metric
     identical: bool = False  # every metric equals the baseline's in every seed: the same run, not a null
 
@@ -117,7 +118,41 @@ def metrics_of(rows: list[dict]) -> list[Metric]:
     if tasks:
         metrics.append(Metric("GLUE avg", ("glue", "average"), False, 100.0))
         metrics += [Metric(f"GLUE {task}", ("glue", "tasks", task, "score"), False, 100.0) for task in tasks]
+    return metrics + recalibrated_metrics(rows) + probe_metrics(rows)
+
+
+RECALIBRATED = ("eval", "recalibrated")  # evaluate/recalibrate.py's report in a row
+
+
+def recalibrated_metrics(rows: list[dict]) -> list[Metric]:
+    """The prior-free loss (output bias refitted on half the held-out targets) and the raw loss on the same
+    scored half, overall and per frequency bucket, in nats."""
+    keys = list(dict.fromkeys(key for row in rows for key in row_value_dict(row, RECALIBRATED)))
+    buckets = [key.removeprefix("mlm_loss_freq_") for key in keys if key.startswith("mlm_loss_freq_")]
+    metrics = []
+    for name in ([""] if "mlm_loss" in keys else []) + [f"_freq_{bucket}" for bucket in buckets]:
+        where = f" freq {name.removeprefix('_freq_')}" if name else ""
+        metrics += [Metric(f"recalibrated loss{where} (nats)", (*RECALIBRATED, f"mlm_loss{name}"), True),
+                    Metric(f"raw loss{where}, scored half (nats)", (*RECALIBRATED, f"raw_mlm_loss{name}"), True)]
     return metrics
+
+
+def probe_metrics(rows: list[dict]) -> list[Metric]:
+    """Each frozen linear probe's dev score and its gain over a random-init encoder (x100), and the mean gain."""
+    tasks = list(dict.fromkeys(t for row in rows for t in row_value_dict(row, ("probe", "tasks"))))
+    metrics = []
+    for task in tasks:
+        metrics += [Metric(f"probe {task}", ("probe", "tasks", task, "score"), False, 100.0),
+                    Metric(f"probe {task} gain", ("probe", "tasks", task, "gain"), False, 100.0)]
+    return metrics + ([Metric("probe avg gain", ("probe", "average_gain"), False, 100.0)] if tasks else [])
+
+
+def row_value_dict(row: dict, path: tuple) -> dict:
+    """The mapping at ``path`` of a row ({} when missing or not a mapping)."""
+    value = row
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value if isinstance(value, dict) else {}
 
 
 # ----- statistics --------------------------------------------------------------------------
@@ -143,13 +178,27 @@ def identical_runs(rows: list[dict], base_rows: list[dict]) -> bool:
     return all(by_seed(rows, metric) == by_seed(base_rows, metric) for metric in metrics_of(rows + base_rows))
 
 
-def t_interval(diffs: np.ndarray) -> tuple[float, float]:
-    """Paired t-interval of the mean difference, df = n - 1."""
+def t_interval(diffs: np.ndarray) -> tuple[float, float, float]:
+    """Paired t-interval of the mean difference, df = n - 1, and its two-sided p-value."""
     mean, sem = float(diffs.mean()), float(stats.sem(diffs))
     if sem == 0.0:  # the same difference in every seed (e.g. two classifiers stuck on constant predictions):
-        return math.nan, math.nan  # no spread to estimate an interval from, so no significance either
+        return math.nan, math.nan, math.nan  # no spread to estimate an interval from, so no significance either
     low, high = stats.t.interval(0.95, len(diffs) - 1, loc=mean, scale=sem)
-    return float(low), float(high)
+    return float(low), float(high), float(2 * stats.t.sf(abs(mean / sem), len(diffs) - 1))
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment of p-values tested together (NaN: not tested, left out of the count).
+
+    The i-th smallest of m p-values is multiplied by m - i + 1, then made monotone: calls at 0.05
+    on the adjusted values hold the chance of any false call across the arms at 5%.
+    """
+    tested = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    adjusted, running = [math.nan] * len(p_values), 0.0
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - rank) * p))
+        adjusted[i] = running
+    return adjusted
 
 
 def paired_bootstrap(diffs: np.ndarray) -> tuple[float, float]:
@@ -171,7 +220,8 @@ def compare(rows: list[dict], base_rows: list[dict], metric: Metric) -> Comparis
     identical = identical_runs(rows, base_rows)
     if len(seeds) < 2:
         return Comparison(float(diffs.mean()), math.nan, math.nan, 1, identical=identical)
-    return Comparison(float(diffs.mean()), *t_interval(diffs), len(seeds), *paired_bootstrap(diffs),
+    low, high, p = t_interval(diffs)
+    return Comparison(float(diffs.mean()), low, high, len(seeds), *paired_bootstrap(diffs), p=p,
                       all_zero=not diffs.any(), identical=identical)
 
 
@@ -510,24 +560,34 @@ def guard_failure(path: str, comparison: Comparison | None, tolerance: float) ->
     return f"{path} not measured" if comparison is None else f"{path} fell by {-comparison.diff:.3g} > {tolerance:g}"
 
 
-def prior_shift(primary: Comparison | None, rarest: Comparison | None, lower_is_better: bool) -> bool:
-    """A significant loss drop in the rarest frequency bucket without a significant overall gain: moving
-    targets towards rare ids refits the output prior by itself, which says nothing about masking."""
+def prior_shift(primary: Comparison | None, rarest: Comparison | None, lower_is_better: bool,
+                recalibrated_call: str | None = None) -> bool:
+    """A significant loss drop in the rarest frequency bucket that is no gain of the model's: moving targets
+    towards rare ids refits the output prior by itself, which says nothing about masking.
+
+    "No gain" is measured where the rows have the prior-free loss (the bias refitted, recalibrate.py):
+    it is not a win there. Rows without it fall back to "no significant overall gain".
+    """
     if rarest is None or not rarest.significant or rarest.diff >= 0:
         return False
+    if recalibrated_call is not None:
+        return recalibrated_call != WIN
     overall_gain = primary is not None and primary.significant and (primary.diff < 0) == lower_is_better
     return not overall_gain
 
 
-def rule_text(rule: dict, rarest: Metric | None) -> str:
+def rule_text(rule: dict, rarest: Metric | None, recalibrated: Metric | None) -> str:
     side, other = ("below", "above") if rule["lower_is_better"] else ("above", "below")
     guards = "".join(f", and mean Δ {path} ≥ −{tol:g}" for path, tol in rule["guard"].items())
     text = (f"An arm **wins** if the 95% paired t-interval of Δ {rule['metric']} lies {side} 0, |mean Δ| ≥ "
             f"{rule['min_effect']:g}{guards}; it **loses** if the interval lies {other} 0 and |mean Δ| ≥ "
-            f"{rule['min_effect']:g}; anything else is **inconclusive**.")
+            f"{rule['min_effect']:g}; anything else is **inconclusive**. The Holm column makes the same call with "
+            "the arms' p-values adjusted together (Holm's step-down, 5% for any false call across the arms).")
     if rarest is not None:
-        text += (f" A significant gain in the rarest frequency bucket ({rarest.label}) without a significant "
-                 "overall gain is called a **prior shift**.")
+        unexplained = ("the prior-free loss (bias refitted) is not a win" if recalibrated is not None
+                       else "no significant overall gain")
+        text += (f" A significant gain in the rarest frequency bucket ({rarest.label}) where {unexplained} is "
+                 "called a **prior shift**.")
     return text
 
 
@@ -541,24 +601,34 @@ def decision_section(rows: list[dict], groups, baseline: str, metrics: list[Metr
     guards = [Metric(path, tuple(path.split(".")), False) for path in rule["guard"]]
     buckets = [m for m in metrics if m.label.startswith("loss freq") and m.path[0] == "eval"]  # frequent first
     rarest = buckets[-1] if buckets else None
-    header = ["arm", "paired seeds", f"Δ {primary.label} [95% t-interval]"] + [f"Δ {m.label}" for m in guards]
-    header += ([f"Δ {rarest.label}"] if rarest else []) + ["call", "why"]
+    recalibrated = next((m for m in metrics if m.label == "recalibrated loss (nats)"), None)
+    arms = [arm for arm in groups if arm != baseline]
+    mains = {arm: compare(groups[arm], base_rows, primary) for arm in arms}
+    adjusted = dict(zip(arms, holm([c.p if c is not None else math.nan for c in mains.values()])))
+    header = ["arm", "paired seeds", f"Δ {primary.label} [95% t-interval]", "p", "p (Holm)"]
+    header += [f"Δ {m.label}" for m in guards] + ([f"Δ {rarest.label}"] if rarest else [])
+    header += (["Δ recalibrated loss (nats)"] if recalibrated else []) + ["call", "call (Holm)", "why"]
     body = []
-    for arm, arm_rows in groups.items():
-        if arm == baseline:
-            continue
-        main, checks = compare(arm_rows, base_rows, primary), [compare(arm_rows, base_rows, m) for m in guards]
+    for arm in arms:
+        main, checks = mains[arm], [compare(groups[arm], base_rows, m) for m in guards]
         call, why = decide(rule, main, dict(zip(rule["guard"], checks)))
-        rare = compare(arm_rows, base_rows, rarest) if rarest else None
-        if prior_shift(main, rare, rule["lower_is_better"]):
-            call += ", prior shift"
-        if main is not None and main.n < len(base_rows):
-            call += f" (provisional: {main.n} of {len(base_rows)} seeds)"
-        body.append([arm, str(main.n if main else 0), format_delta(main), *map(format_delta, checks),
-                     *([format_delta(rare)] if rarest else []), f"**{call}**", why])
+        holm_call = call if call not in (WIN, LOSE) or adjusted[arm] < 0.05 else INCONCLUSIVE
+        rare = compare(groups[arm], base_rows, rarest) if rarest else None
+        recal = compare(groups[arm], base_rows, recalibrated) if recalibrated else None
+        recal_call = decide({**rule, "guard": {}}, recal, {})[0] if recalibrated else None
+        shifted = ", prior shift" if prior_shift(main, rare, rule["lower_is_better"], recal_call) else ""
+        provisional = f" (provisional: {main.n} of {len(base_rows)} seeds)" if main and main.n < len(base_rows) else ""
+        body.append([arm, str(main.n if main else 0), format_delta(main), format_p(main.p if main else math.nan),
+                     format_p(adjusted[arm]), *map(format_delta, checks), *([format_delta(rare)] if rarest else []),
+                     *([format_delta(recal)] if recalibrated else []), f"**{call}{shifted}{provisional}**",
+                     f"**{holm_call}**", why])
     caveat = [] if gates_held else ["A validity gate failed: these calls are not conclusions.", ""]
     return (["## Pre-registered decision (the study's rule as its rows record it, applied as written)", "",
-             rule_text(rule, rarest), ""] + caveat + markdown.table(header, body) + [""])
+             rule_text(rule, rarest, recalibrated), ""] + caveat + markdown.table(header, body) + [""])
+
+
+def format_p(p: float) -> str:
+    return "–" if math.isnan(p) else f"{p:.2g}"
 
 
 def summary_section(groups, baseline, metrics) -> list[str]:
@@ -630,6 +700,40 @@ def target_share_section(curves) -> list[str]:
             f"run / over its last {100 * (1 - LATE_PROGRESS):.0f}% (mean over seeds, from metrics.jsonl). Uniform "
             "masking's shares are the corpus's; an arm that moves targets to rare ids lowers their held-out loss by "
             "that alone (a prior shift).", ""] + markdown.table(header, body) + [""]
+
+
+def steps_to_target(row: dict, records: list[dict], key: str, target: float) -> int | None:
+    """The first evaluation step at which the run's held-out ``key`` fell below ``target`` (None: never)."""
+    reached = [record["step"] for record in records
+               if isinstance(record.get("eval"), dict) and (record["eval"].get(key) or math.inf) < target]
+    return min(reached, default=None)
+
+
+def steps_to_target_section(rows: list[dict], curves, baseline: str) -> list[str]:
+    """When each run left the plateau: the first evaluation below the study's target (decision.target), in steps
+    and FLOPs, so "learns faster" is measured as well as "ends lower"; Δ steps paired by seed where both reached."""
+    rule = next((row["decision"] for row in rows if row.get("decision")), None) or {}
+    target, metric = rule.get("target"), rule.get("metric", "")
+    if target is None or not metric.startswith("eval.") or not curves:
+        return []
+    key = metric.removeprefix("eval.")
+    reached = {arm: {row["seed"]: (steps_to_target(row, records, key, target), row.get("flops_per_step", math.nan))
+                     for row, records in runs} for arm, runs in curves.items()}
+    base = {seed: steps for seed, (steps, _) in reached.get(baseline, {}).items() if steps is not None}
+    body = []
+    for arm, seeds in reached.items():
+        steps = {seed: at for seed, (at, _) in seeds.items() if at is not None}
+        flops = [at * per_step for at, per_step in seeds.values() if at is not None]
+        paired = [steps[seed] - base[seed] for seed in steps if seed in base]
+        delta = "" if arm == baseline or not paired else f"{np.mean(paired):+.0f} ({len(paired)} seeds)"
+        body.append([arm, " / ".join(str(seeds[seed][0] or "never") for seed in sorted(seeds)),
+                     mean_std({s: float(v) for s, v in steps.items()}), f"{np.mean(flops):.3g}" if flops else "–",
+                     f"{len(seeds) - len(steps)} of {len(seeds)}", delta])
+    return [f"## Steps to target (held-out {key} below {target:g}, the study's decision.target)", "",
+            "The first evaluation step at which each run's held-out figure fell below the target, read from its "
+            "metrics.jsonl (resolution: the evaluation interval); FLOPs = that step x the arm's FLOPs per step.", "",
+            *markdown.table(["arm", "step per seed", "mean ± std", "mean FLOPs", "never reached",
+                             f"Δ steps vs {baseline} (paired)"], body), ""]
 
 
 def cost_section(groups) -> list[str]:
@@ -713,6 +817,12 @@ def write_report(results: Path, out: Path) -> Path:
     lines += metric_table("Held-out perplexity, overall and per frequency bucket; differences in nats of MLM loss",
                           groups, baseline, [m for m in metrics if "ppl" in m.label or m.label == "perplexity"],
                           [m for m in metrics if m.label.endswith("(nats)") and m.path[0] == "eval"])
+    lines += steps_to_target_section(rows, curves, baseline)
+    recalibrated = recalibrated_metrics(rows)
+    if recalibrated:
+        lines += metric_table("Prior-free loss: the output bias refitted on half the held-out targets, the other "
+                              "half scored (nats; raw = the model's own bias on the same half)", groups, baseline,
+                              recalibrated)
     lines += target_share_section(curves)
     lines += metric_table("Held-out MLM and NSP accuracy", groups, baseline,
                           [m for m in metrics if m.label.endswith("accuracy") and m.path[0] == "eval"])
@@ -723,6 +833,10 @@ def write_report(results: Path, out: Path) -> Path:
     glue = [m for m in metrics if m.label.startswith("GLUE")]
     lines += metric_table("GLUE dev scores (x100; median over fine-tuning seeds, then over pretraining seeds "
                           "as mean ± std)", groups, baseline, glue) + glue_notes(rows) + [""]
+    probes = probe_metrics(rows)
+    if probes:
+        lines += metric_table("Frozen linear probes (dev, x100; gain = pretrained − a random-init encoder of the same "
+                              "architecture)", groups, baseline, probes)
     lines += downstream_section(rows, metrics)
     lines += cost_section(groups)
     lines += ["## Plots", ""] + [f"![{name}]({name})" for name in images] + [""]

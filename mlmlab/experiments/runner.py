@@ -27,7 +27,8 @@ from mlmlab.config import Config, DataConfig, config_text, from_dict, set_dotted
 from mlmlab.errors import UserError
 from mlmlab.data.resolve import dataset_hashes
 from mlmlab.evaluate.glue import run_glue
-from mlmlab.evaluate.perplexity import evaluate_mlm, evaluate_model
+from mlmlab.evaluate.perplexity import evaluate_mlm, evaluate_model, load_pretrained
+from mlmlab.evaluate.recalibrate import recalibrated_loss
 from mlmlab.experiments.budget import ASSUMED_MFU, CPU_FLOPS, H100_PEAK_FLOPS, apply_budget, run_cost
 from mlmlab.experiments.gates import describe, gate_results
 from mlmlab.experiments.identity import config_changes, identity_hash, settings_of
@@ -147,9 +148,15 @@ def refuse_incomparable(runs: list[Run], rows: list[dict]) -> None:
 
 
 def train_run(cfg: Config, show_progress: bool) -> tuple[dict, float]:
-    """Train (or resume) one run: the trainer's summary and the seconds spent scoring for ADM."""
+    """Train (or resume) one run: the trainer's summary, its final held-out evaluation with the prior-free
+    loss added (eval.recalibrated), and the seconds spent scoring for ADM."""
     trainer = Trainer(cfg, validate=evaluate_mlm, show_progress=show_progress)
     summary = trainer.train()
+    model, _ = load_pretrained(Path(cfg.train.out_dir) / "model")  # the saved model: whole on every process
+    summary["eval"]["recalibrated"] = recalibrated_loss(
+        model, trainer.valid_store, trainer.info, batch_size=cfg.train.eval_batch_size,
+        max_batches=cfg.train.eval_batches, token_counts=trainer.train_store.token_counts,
+        freq_cuts=cfg.masking.freq_cuts)
     return summary, float(getattr(trainer.strategy, "score_seconds_total", 0.0))
 
 
@@ -177,7 +184,8 @@ def held_out_reports(run: Run, study: Study) -> dict:
             reports[name] = {"skipped": f"{missing[0]} not found"}
             continue
         reports[name] = evaluate_model(Path(cfg.train.out_dir) / "model", paths, batch_size=cfg.train.eval_batch_size,
-                                       max_seq_length=cfg.data.max_seq_length, freq_cuts=cfg.masking.freq_cuts)
+                                       max_seq_length=cfg.data.max_seq_length, freq_cuts=cfg.masking.freq_cuts,
+                                       recalibrate=True)
     return reports
 
 

@@ -105,6 +105,7 @@ class Decision:
     lower_is_better: bool = True
     min_effect: float = 0.0  # the least |mean paired difference| that counts as a win or a loss
     guard: dict = field(default_factory=dict)  # row path -> the most a win may lower it (mean paired difference)
+    target: float | None = None  # held-out value of an eval.* metric that counts as "left the plateau": steps to it
 
 
 @dataclass
@@ -259,7 +260,12 @@ def _decision(value) -> Decision | None:
             not all(_non_negative_number(v) for v in [min_effect, *guard.values()]):
         raise UserError("decision: min_effect and the guard's tolerances must be numbers >= 0 (finite), guard a mapping of "
                         f"row paths, lower_is_better true or false; {example}")
-    return Decision(value["metric"], lower, float(min_effect), {str(path): float(tol) for path, tol in guard.items()})
+    target = value.get("target")
+    if target is not None and not (_non_negative_number(target) and value["metric"].startswith("eval.")):
+        raise UserError(f"decision: target must be a finite number >= 0 and the metric an eval.* figure (steps to "
+                        f"target are read from the runs' held-out evaluations); {example}")
+    return Decision(value["metric"], lower, float(min_effect), {str(path): float(tol) for path, tol in guard.items()},
+                    None if target is None else float(target))
 
 
 def _non_negative_number(value) -> bool:

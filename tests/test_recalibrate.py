@@ -1,0 +1,72 @@
+"""The prior-free held-out loss (issue 30): refitting the output bias removes a shifted prior, and only that."""
+
+import numpy as np
+import pytest
+import torch
+
+from mlmlab.evaluate.recalibrate import recalibrated_loss, refit_bias
+from test_schedules_train import small_trainer
+
+
+def test_with_uninformative_features_and_ample_targets_the_refit_bias_is_their_log_frequency():
+    """Features that say nothing leave only the bias: its likelihood optimum is the target frequencies
+    (with 1,000 targets per id the shrinkage towards the corpus prior is negligible)."""
+    targets = torch.tensor([0, 0, 0, 1, 1, 2, 3, 3, 3, 3]).repeat(1000)
+    weight = torch.randn(5, 4, dtype=torch.float64)
+    corpus = np.array([10.0, 20.0, 30.0, 40.0, 50.0])  # another prior than the targets': the data must win
+    bias = refit_bias(torch.zeros(len(targets), 4, dtype=torch.float64), targets, weight, corpus)
+    frequencies = torch.bincount(targets, minlength=5).double() / len(targets)
+    assert torch.allclose(bias.softmax(0)[:4], frequencies[:4], atol=2e-3)
+    assert bias.softmax(0)[4] < 2e-3  # never a target: pushed down, not to -inf
+    assert torch.isfinite(bias).all()
+
+
+def test_an_id_without_fit_targets_takes_its_rank_bins_level_not_minus_infinity():
+    """Per-id maximum likelihood would send an id absent from the fit half to -inf: ~20 nats wherever it is a
+    target in the scored half. Shrunk, a rare id lands near rare ids that were targets."""
+    vocab = 64
+    corpus = np.arange(vocab, 0, -1).astype(float)  # id 0 most frequent
+    targets = torch.cat([torch.arange(40), torch.arange(40), torch.arange(42, 64)])  # ids 40, 41 never
+    weight = torch.zeros(vocab, 4, dtype=torch.float64)
+    bias = refit_bias(torch.zeros(len(targets), 4, dtype=torch.float64), targets, weight, corpus)
+    assert bias[40] > bias[:40].min() - 3 and bias[41] > bias[:40].min() - 3
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    trainer = small_trainer(tmp_path_factory.mktemp("recal"), "run", "train.max_steps=30", "train.eval_every=0")
+    trainer.train()
+    return trainer
+
+
+def evaluate(trainer) -> dict:
+    return recalibrated_loss(trainer.model, trainer.valid_store, trainer.info, batch_size=16, max_batches=6,
+                             token_counts=trainer.train_store.token_counts, freq_cuts=(100, 1000))
+
+
+def test_a_per_token_bias_offset_raises_the_raw_loss_and_leaves_the_recalibrated_one(trained):
+    before = evaluate(trained)
+    bias = trained.model.get_output_embeddings().bias
+    saved = bias.detach().clone()
+    generator = torch.Generator().manual_seed(0)
+    try:
+        with torch.no_grad():
+            bias += 2.0 * torch.randn(bias.shape, generator=generator)  # a prior shifted token by token
+        after = evaluate(trained)
+    finally:
+        with torch.no_grad():
+            bias.copy_(saved)
+    assert after["raw_mlm_loss"] > before["raw_mlm_loss"] + 0.5
+    assert after["mlm_loss"] == pytest.approx(before["mlm_loss"], abs=1e-4)
+    for name in ("0_100", "100_1000", "1000_rest"):
+        assert after[f"mlm_loss_freq_{name}"] == pytest.approx(before[f"mlm_loss_freq_{name}"], abs=1e-3)
+
+
+def test_the_refit_fits_one_half_and_scores_the_other(trained):
+    report = evaluate(trained)
+    assert report["scored_targets"] > 0 and report["fit_targets"] > 0
+    assert report["scored_targets"] == sum(report[f"scored_targets_freq_{name}"]
+                                           for name in ("0_100", "100_1000", "1000_rest"))
+    # 30 steps of warmup leave the model near uniform over 30k ids (raw ~10.3 nats = log 30k): the bias that
+    # the refit gives it, the corpus prior and what the fit half adds, scores the other half far better.
+    assert report["mlm_loss"] < report["raw_mlm_loss"] - 1.0
