@@ -4,6 +4,8 @@ import gzip
 import json
 import logging
 import pickle
+import re
+import shutil
 import time
 from itertools import islice
 from pathlib import Path
@@ -71,7 +73,7 @@ def test_splitting_a_run_of_abbreviations_takes_linear_time(run):
 
     Best of five, the two sizes alternating, so a busy moment of a shared machine counts against neither.
     """
-    small, large = run * 20_000, run * 200_000
+    small, large = run * 10_000, run * 100_000
     timings = [(_timed(split_sentences, small), _timed(split_sentences, large)) for _ in range(5)]
     best_small, best_large = (min(column) for column in zip(*timings))
     assert best_large <= 15 * best_small, (best_small, best_large)
@@ -141,6 +143,57 @@ def test_jsonl_without_text_field_is_a_user_error(tmp_path):
     path.write_text('{"text": "ok."}\n{"body": "no text"}\n', encoding="utf-8")
     with pytest.raises(UserError, match="line 2 has no string 'text' field"):
         list(read_documents(path))
+
+
+def test_a_wikiextractor_file_cut_mid_article_is_read_as_one(tmp_path):
+    """Only the first line decided the format before: this file trained as plain text, tags and all."""
+    path = tmp_path / "wiki_01"
+    path.write_text("the end of an article. It was long.\n</doc>\n" + wiki_block("Next", "Body one. Body two."))
+    assert list(read_documents(path)) == [["Body one.", "Body two."]]
+
+
+def test_jsonl_is_recognised_past_a_damaged_first_line(tmp_path):
+    path = tmp_path / "records.jsonl"
+    path.write_text('ext": "cut"}\n' + "".join(json.dumps({"text": f"Doc {i}."}) + "\n" for i in range(5)))
+    with pytest.raises(UserError, match=r"records.jsonl line 1 is not valid JSON"):
+        list(read_documents(path))
+
+
+def test_plain_text_with_a_few_json_lines_stays_plain(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text('A first line. And more.\n{"text": "quoted"}\nA third line.\nA fourth line.\n')
+    assert list(read_documents(path)) == [["A first line.", "And more.", '{"text": "quoted"}', "A third line.",
+                                           "A fourth line."]]
+
+
+def archive(kind: str, folder: Path) -> Path:
+    """The same small text file inside a container or compression mlmlab does not read."""
+    import bz2
+    import lzma
+    import tarfile
+    import zipfile
+
+    text = folder / "a.txt"
+    text.write_text("One sentence. Another one.\n")
+    path = folder / f"corpus.{kind}"
+    if kind in ("tar", "tar.gz"):
+        with tarfile.open(path, "w:gz" if kind == "tar.gz" else "w") as packed:
+            packed.add(text, arcname="a.txt")
+    elif kind == "zip":
+        with zipfile.ZipFile(path, "w") as packed:
+            packed.write(text, "a.txt")
+    else:
+        path.write_bytes({"bz2": bz2, "xz": lzma}[kind].compress(text.read_bytes()))
+    return path
+
+
+@pytest.mark.parametrize("kind, words", [("tar", "a tar archive,"), ("tar.gz", "a tar archive (gzip-compressed)"),
+                                         ("zip", "a zip archive"), ("bz2", "bzip2-compressed"), ("xz", "xz-compressed")])
+def test_archives_and_other_compressions_are_refused_by_content(tmp_path, kind, words):
+    path = archive(kind, tmp_path)
+    renamed = path.rename(tmp_path / "corpus.txt")  # the name does not matter, the bytes do
+    with pytest.raises(UserError, match=re.escape(f"corpus.txt is {words}")):
+        list(read_documents(renamed))
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -406,6 +459,42 @@ def test_mlm_objective_blocks_fit_and_carry_no_nsp_label(vocab_dir, tmp_path):
     assert store.lengths.max() <= 64 and store.lengths.mean() > 0.7 * 64  # whole sentences, packed
     item = store[3]
     assert item["next_sentence_label"] == -1 and not item["token_type_ids"].any()
+
+
+def test_a_prepared_folder_is_not_read_as_corpus_text(nsp_store, tmp_path):
+    """Its tokenizer/vocab.txt was read as the corpus: named alone, or inside a corpus folder."""
+    with pytest.raises(UserError, match="`mlmlab prepare` wrote, not corpus text; train on it as the only corpus"):
+        list(read_documents([SAMPLE / "valid.txt.gz", nsp_store.path]))
+    shutil.copytree(nsp_store.path, tmp_path / "corpus" / "prepared")
+    with pytest.raises(UserError, match="corpus/prepared is a dataset `mlmlab prepare` wrote"):
+        list(read_documents(tmp_path / "corpus"))
+
+
+def test_each_shard_records_its_largest_id(nsp_store):
+    for shard in nsp_store.meta["shards"]:
+        assert shard["max_id"] == int(np.load(nsp_store.path / shard["name"] / "input_ids.npy").max()) < 30522
+
+
+@pytest.mark.parametrize("new_id, message", [(30_522, "token id 30522, outside the 30522 ids"),
+                                             (None, "largest token id is .* prepare recorded")])
+def test_a_shard_changed_after_prepare_is_refused_when_loaded(vocab_dir, tmp_path, new_id, message):
+    folder = prepare(SAMPLE / "valid.txt.gz", vocab_dir, 64, out_dir=tmp_path / "d", num_workers=1)
+    ids_path = folder / "shard_00000" / "input_ids.npy"
+    ids = np.load(ids_path)
+    ids[3] = ids.max() + 1 if new_id is None else new_id  # an ordinary id, or one the vocabulary lacks
+    np.save(ids_path, ids)
+    store = TokenStore(folder)
+    with pytest.raises(UserError, match=message):
+        store[0]
+    meta = json.loads((folder / "meta.json").read_text())
+    for shard in meta["shards"]:
+        del shard["max_id"]  # a folder prepared before it was recorded
+    (folder / "meta.json").write_text(json.dumps(meta))
+    if new_id is None:
+        assert len(TokenStore(folder)[0]["input_ids"]) > 0  # the range check alone: an in-vocabulary id passes
+    else:
+        with pytest.raises(UserError, match=message):
+            TokenStore(folder)[0]
 
 
 def test_token_store_errors_are_user_errors(vocab_dir, tmp_path):

@@ -28,6 +28,7 @@ from conftest import SAMPLE
 from mlmlab.cli import main
 from mlmlab.config import load_config
 from mlmlab.data.resolve import _cached_folder
+from mlmlab.data.store import TokenStore
 from mlmlab.files import staging_folder
 from mlmlab.train import checkpoint
 from mlmlab.train.loop import Trainer
@@ -168,6 +169,38 @@ def model_with(w: World, tmp: Path, change: Callable[[Path], object]) -> Path:
     return model
 
 
+def prepare_argv(w: World, tmp: Path, corpus: Path) -> list[str]:
+    return ["prepare", "--corpus", str(corpus), "--tokenizer", str(w.tokenizer), "--out", str(tmp / "p"), "--workers", "1"]
+
+
+def tar_gz_corpus(tmp: Path) -> Path:
+    """The text corpus packed as a .tar.gz: gzip's magic passes, and the tar inside read as text before."""
+    import tarfile
+
+    path = tmp / "corpus.tar.gz"
+    with tarfile.open(path, "w:gz") as archive:
+        archive.add(CORPUS, arcname="valid.txt.gz")
+    return path
+
+
+def jsonl_with_a_cut_first_line(tmp: Path) -> Path:
+    """Read as plain text before, JSON syntax and all, because only the first line decided the format."""
+    records = [json.dumps({"text": f"Record {i} says one thing. Then it says another."}) for i in range(20)]
+    path = tmp / "cut.jsonl"
+    path.write_text(records[0][12:] + "\n" + "\n".join(records[1:]) + "\n", encoding="utf-8")
+    return path
+
+
+def shard_with_an_id_beyond_the_vocabulary(w: World, tmp: Path) -> Path:
+    import numpy as np
+
+    data = copy_of(w.data, tmp)
+    ids = np.load(data / "shard_00000" / "input_ids.npy")
+    ids[5] = 40_000  # the vocabulary has 30,522 ids
+    np.save(data / "shard_00000" / "input_ids.npy", ids)
+    return data
+
+
 def swap_tokenizer(w: World) -> Callable[[Path], None]:
     def change(model: Path) -> None:
         for name in ("vocab.txt", "tokenizer.json"):
@@ -192,6 +225,23 @@ CASES = [
     Case("negative loader_workers", lambda w, t: pretrain_argv(t / "r", "data.loader_workers=-1"), ("data.loader_workers",)),
     Case("options after overrides still parse", lambda w, t: ["pretrain", "train.max_steps=3", "--no-progress",
                                                               "train.log_every=0"], ("train.log_every",)),
+    # NaN and inf passed checks written as `x < 0`; seeds beyond 32 bits crashed numpy or repeated smaller ones' masks.
+    Case("NaN mask_prob", lambda w, t: pretrain_argv(t / "r", "masking.mask_prob=.nan"), ("masking.mask_prob=nan", "[0, 1]")),
+    Case("NaN weight_decay", lambda w, t: pretrain_argv(t / "r", "train.weight_decay=.nan"),
+         ("train.weight_decay=nan", "finite")),
+    Case("infinite lr", lambda w, t: pretrain_argv(t / "r", "train.lr=.inf"), ("train.lr=inf", "finite")),
+    Case("infinite floor", lambda w, t: pretrain_argv(t / "r", "masking.floor=.inf"), ("masking.floor=inf", "finite")),
+    Case("NaN max_minutes", lambda w, t: pretrain_argv(t / "r", "train.max_minutes=.nan"),
+         ("train.max_minutes=nan", "finite")),
+    Case("negative train.seed", lambda w, t: pretrain_argv(t / "r", "train.seed=-1"), ("train.seed=-1", "32-bit")),
+    Case("masking.seed beyond 32 bits", lambda w, t: pretrain_argv(t / "r", "masking.seed=4294967296"),
+         ("masking.seed=4294967296", "[0, 4294967295]")),
+    # Sizes that cannot fit: refused with the estimate and the limit, before anything is allocated.
+    Case("a batch no memory holds", lambda w, t: pretrain_argv(t / "r", "train.batch_size=100000"),
+         ("needs at least", "MLM logits", "train.batch_size")),
+    Case("a context table no memory holds", lambda w, t: pretrain_argv(
+        t / "r", "masking.strategy=adaptive", "masking.scorer=context", "masking.context_buckets=1000000000000"),
+         ("needs at least", "context table")),
     # The run folder.
     Case("out_dir is a file", lambda w, t: pretrain_argv((t / "f").touch() or t / "f"), ("is a file",)),
     Case("out_dir under a file", lambda w, t: pretrain_argv((t / "f").touch() or t / "f" / "run"), ("cannot create",)),
@@ -217,6 +267,18 @@ CASES = [
     Case("truncated shard", lambda w, t: ["dump", "--data", str(
         truncated(copy_of(w.data, t) / "shard_00000" / "input_ids.npy").parent.parent)], ("truncated",)),
     Case("dump past the end", lambda w, t: ["dump", "--data", str(w.data), "--start", "1000000"], ("past the end",)),
+    # Corpus formats decided by content, not by the first line alone; prepared data as a corpus; changed shards.
+    Case("tar.gz corpus", lambda w, t: prepare_argv(w, t, tar_gz_corpus(t)), ("tar archive (gzip-compressed)", "extract")),
+    Case("JSONL with a damaged first line", lambda w, t: prepare_argv(w, t, jsonl_with_a_cut_first_line(t)),
+         ("cut.jsonl line 1 is not valid JSON",)),
+    Case("prepared folder given to prepare", lambda w, t: prepare_argv(w, t, w.data),
+         ("`mlmlab prepare` wrote", "data.corpus=", "evaluate --data")),
+    Case("prepared folder as corpus, other sequence length", lambda w, t: pretrain_argv(
+        t / "r", f"data.corpus={w.data}", "data.max_seq_length=64"), ("prepared with max_seq_length 128", "data.max_seq_length=128")),
+    Case("prepared folder as corpus, other vocabulary", lambda w, t: pretrain_argv(
+        t / "r", f"data.corpus={w.renumbered_data}", f"data.tokenizer={SAMPLE / 'vocab.txt'}"), ("another vocabulary",)),
+    Case("shard with an id beyond the vocabulary", lambda w, t: ["dump", "--data", str(
+        shard_with_an_id_beyond_the_vocabulary(w, t))], ("token id 40000", "changed after `mlmlab prepare`")),
     # Evaluation and GLUE.
     Case("evaluate data of a same-size other vocabulary",
          lambda w, t: ["evaluate", "--model", str(w.model), "--data", str(w.renumbered_data), "--max-batches", "1"],
@@ -230,6 +292,11 @@ CASES = [
          ("none of the requested GLUE tasks",)),
     Case("GLUE: model folder with another tokenizer", lambda w, t: glue_argv(model_with(w, t, swap_tokenizer(w)), w.glue),
          ("not the vocabulary the model was trained with",)),
+    Case("GLUE: infinite learning rate", lambda w, t: [*glue_argv(w.model, w.glue), "--lr", "inf"],
+         ("learning_rates=inf", "finite")),
+    Case("GLUE: seed beyond 32 bits", lambda w, t: [*glue_argv(w.model, w.glue), "--seeds", "4294967296"],
+         ("seeds=4294967296", "32-bit")),
+    Case("GLUE: negative seed", lambda w, t: [*glue_argv(w.model, w.glue), "--seeds", "-1"], ("seeds=-1", "32-bit")),
 ]
 
 
@@ -380,6 +447,14 @@ def test_one_weight_loader_allows_only_the_listed_missing_keys(tmp_path):
     wider = BertConfig(**{**config.to_dict(), "intermediate_size": 32})
     with pytest.raises(UserError, match="intermediate.dense.bias of shape \\[16\\], this model's is \\[32\\]"):
         load_weights(BertForPreTraining(wider), tmp_path / "model.safetensors", allowed_missing=MASKED_LM_MISSING)
+
+
+def test_a_prepared_folder_given_as_the_corpus_is_trained_on_with_its_own_tokenizer(world, tmp_path):
+    """Before, its tokenizer/vocab.txt was read as the corpus text."""
+    cfg = load_config("tiny", [*TINY, f"data.corpus={world.data}", f"train.out_dir={tmp_path / 'r'}"])
+    trainer = Trainer(cfg, validate=None, show_progress=False)
+    assert trainer.train_store.path == world.data and len(trainer.train_store) == len(TokenStore(world.data))
+    assert trainer.valid_store.vocab_hash == TokenStore(world.data).vocab_hash
 
 
 def test_pretrain_refuses_data_of_another_vocabulary_than_its_tokenizer(world):

@@ -1,8 +1,8 @@
 """Whether a run can fit: a lower bound on one training process's memory, checked before it trains.
 
-Without it a batch size or model that needs 36-128 GB was tried anyway, and ended in the
-allocator's traceback or the kernel's OOM killer minutes later. The estimate counts only
-what a training step must hold at once (per process; train.batch_size is per process):
+Without it, batch sizes that needed 36-128 GB were tried instead of refused (issue 32). The
+estimate counts only what a training step must hold at once (per process; train.batch_size
+is per process):
 
 - weights, gradients and AdamW's two moments: 16 bytes per parameter (fp32 each, whatever
   the autocast), a share of them under FSDP; parameters are counted as
