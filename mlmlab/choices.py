@@ -58,6 +58,11 @@ BF16 = "bf16"
 FP16 = "fp16"
 PRECISIONS = (AUTO, FP32, BF16, FP16)
 
+# probe pooling (evaluate.linear_probe): how a sentence's final hidden states become one feature vector
+MEAN_POOLING = "mean"  # the mean over the real tokens (padding excluded)
+CLS_POOLING = "cls"  # the [CLS] position's state
+POOLINGS = (MEAN_POOLING, CLS_POOLING)
+
 # a study's budget
 TOKEN_MATCHED = "token-matched"  # every arm sees as many sequences as the baseline
 COMPUTE_MATCHED = "compute-matched"  # every arm spends the baseline's FLOPs, scoring included

@@ -109,6 +109,14 @@ def cmd_glue(args) -> None:
     print(format_glue_table(results))
 
 
+def cmd_probe(args) -> None:
+    from mlmlab.evaluate.linear_probe import format_probe_table, run_probes
+
+    results = run_probes(args.model, args.task, args.data_dir, poolings=args.pooling, seed=args.seed, out_dir=args.out,
+                         show_progress=not args.no_progress)
+    print(jsonio.dumps(results, indent=1) if args.json else format_probe_table(results))
+
+
 def cmd_experiment(args) -> None:
     from mlmlab.experiments.runner import dry_run_text, parse_shard, run_study
     from mlmlab.experiments.study import load_study
@@ -129,6 +137,24 @@ def cmd_report(args) -> None:
 
 CORPUS_HELP = ("text files (plain, WikiExtractor <doc>, JSONL; .gz ok), .parquet / .arrow files, folders of any of "
                "these (every file under them, sorted) or folders written by datasets' save_to_disk")
+
+
+PROBE_DESCRIPTION = """\
+Frozen linear probes: what a model's frozen features say about GLUE tasks, a downstream
+measure that still ranks weak models. For each task the final hidden states are pooled
+(mean over the real tokens, and/or the [CLS] state) once per split; a logistic regression
+(ridge for STS-B) on standardised features has its C chosen on a fixed 20% of the training
+rows, is refit on all of them and scored once on the dev set. The same runs on a random-init
+model of the same config.json and vocabulary (weights from --seed). SST-2 trains on a fixed
+8,000-row sample. Scores are x100; gain = pretrained - random init in the task's score
+(MRPC: the mean of F1 and accuracy; CoLA: Matthews correlation; SST-2: accuracy).
+
+example:
+  mlmlab probe --model runs/tiny/model --data-dir ../shared/data/glue --out runs/tiny/probe
+
+In a study file: probe: {tasks: [SST-2, MRPC, CoLA], pooling: mean} (uses glue_dir) puts each
+run's figures in its row under probe, e.g. probe.tasks.SST-2.gain and probe.average_gain.
+"""
 
 
 def add_column_options(p: argparse.ArgumentParser) -> None:
@@ -234,6 +260,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="random: the same architecture from fresh weights, the no-pretraining baseline")
     p.add_argument("--test-predictions", action="store_true", help="also write GLUE submission files")
     p.set_defaults(func=cmd_glue)
+
+    p = sub.add_parser("probe", help="frozen linear probes on GLUE tasks, each beside a random-init baseline",
+                       description=PROBE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="a model folder written by mlmlab (config.json, weights, tokenizer)")
+    p.add_argument("--task", nargs="+", default=None,
+                   help="GLUE task names, each with train.tsv and dev.tsv (default: SST-2 MRPC CoLA)")
+    p.add_argument("--data-dir", required=True, help="GLUE folder with one subfolder per task")
+    p.add_argument("--out", default=None, help="also write probe_results.json / .md to this folder")
+    p.add_argument("--pooling", nargs="+", choices=choices.POOLINGS, default=list(choices.POOLINGS),
+                   help="features: mean over the real tokens and/or the [CLS] state (default: both, one forward pass)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="the random-init baseline's weights and the training rows held out to choose C")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    p.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
+    p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("experiment", help="run a study: pretraining runs over arms x seeds, each evaluated, one row each in results.jsonl")
     p.add_argument("study", help="study preset name (mlmlab/configs/studies/) or a study YAML file")

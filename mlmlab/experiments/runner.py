@@ -2,9 +2,9 @@
 
 Each run trains (the Trainer resumes an interrupted run from its checkpoints), takes the
 trainer's final held-out evaluation (fixed uniform masks, the same for every arm),
-fine-tunes on a GLUE subset and appends one row. A run whose key is already in
-results.jsonl is skipped, so rerunning an interrupted study finishes it. The study file
-itself is read by ``study.py``.
+fine-tunes on a GLUE subset, runs the study's frozen linear probes and appends one row.
+A run whose key is already in results.jsonl is skipped, so rerunning an interrupted
+study finishes it. The study file itself is read by ``study.py``.
 """
 
 import copy
@@ -27,6 +27,7 @@ from mlmlab.config import Config, DataConfig, config_text, from_dict, set_dotted
 from mlmlab.errors import UserError
 from mlmlab.data.resolve import dataset_hashes
 from mlmlab.evaluate.glue import run_glue
+from mlmlab.evaluate.linear_probe import check_task_files, run_probes
 from mlmlab.evaluate.perplexity import evaluate_mlm, evaluate_model, load_pretrained
 from mlmlab.evaluate.recalibrate import recalibrated_loss
 from mlmlab.experiments.budget import ASSUMED_MFU, CPU_FLOPS, H100_PEAK_FLOPS, apply_budget, run_cost
@@ -93,10 +94,16 @@ def _run(study: Study, index: int, arm: Arm, seed: int, cfg: Config) -> Run:
     cfg = dataclasses.replace(cfg, masking=dataclasses.replace(cfg.masking, seed=seed),
                               train=dataclasses.replace(cfg.train, seed=seed, out_dir=""))
     datasets = _dataset_hashes(json.dumps(dataclasses.asdict(cfg.data), sort_keys=True), cfg.train.init)
-    identity = identity_hash(cfg, study.explicit | set(arm.overrides), datasets, settings_of(study))
+    identity = identity_hash(cfg, study.explicit | set(arm.overrides), datasets, keyed_settings(study))
     run_dir = Path(study.out_dir) / "runs" / arm.name / f"seed{seed}"
     placed = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out_dir=str(run_dir)))
     return Run(index, arm, seed, placed, run_cost(cfg), config_hash(cfg), datasets, f"{arm.name}/seed{seed}/{identity}")
+
+
+def keyed_settings(study: Study) -> dict:
+    """identity.settings_of, and the probe block where the study has one: a study without one keeps its keys."""
+    settings = settings_of(study)
+    return settings if study.probe is None else {**settings, "probe": dataclasses.asdict(study.probe)}
 
 
 def config_hash(cfg: Config) -> str:
@@ -143,8 +150,9 @@ def refuse_incomparable(runs: list[Run], rows: list[dict]) -> None:
         if row["key"] != run.key:
             raise UserError(
                 f"{row['arm']} seed {row['seed']} in results.jsonl has another key than this study now gives it "
-                "(its preset or base gained or lost a key, or its GLUE or eval_data settings changed); a key that "
-                "only restates the finished runs' value belongs under pinned:, anything else needs a new study (--out)")
+                "(its preset or base gained or lost a key, or its GLUE, probe or eval_data settings changed); a key "
+                "that only restates the finished runs' value belongs under pinned:, anything else needs a new study "
+                "(--out)")
 
 
 def train_run(cfg: Config, show_progress: bool) -> tuple[dict, float]:
@@ -173,6 +181,17 @@ def glue_for(run: Run, study: Study, show_progress: bool) -> dict:
              for name, task in result["tasks"].items() if task["status"] == "ok"}
     missing = [name for name, task in result["tasks"].items() if task["status"] != "ok"]
     return {"average": result["average"], "tasks": tasks, **({"missing": missing} if missing else {})}
+
+
+def probe_for(run: Run, study: Study, show_progress: bool) -> dict:
+    """The study's linear probes of the run's model: {"pooling", "tasks", "average_gain", "seconds"}, or {"skipped"}."""
+    settings = study.probe
+    if settings is None:
+        return {"skipped": "no probe block in the study"}
+    run_dir = Path(run.config.train.out_dir)
+    result = run_probes(run_dir / "model", settings.tasks, study.glue_dir, poolings=[settings.pooling],
+                        seed=settings.seed, out_dir=run_dir / "probe", show_progress=show_progress)
+    return {"pooling": settings.pooling, **result["poolings"][settings.pooling], "seconds": result["seconds"]}
 
 
 def held_out_reports(run: Run, study: Study) -> dict:
@@ -207,11 +226,11 @@ def make_row(run: Run, study: Study, summary: dict, scorer_seconds: float, evalu
         "tokens_seen": summary["tokens_seen"],  # non-padding tokens actually trained on
         "train_seconds": summary["train_seconds"],  # scoring included (it happens inside the step)
         "scorer_seconds": scorer_seconds,
-        # Training (every process that worked on the run: resumes count), then the held-out sets and GLUE.
+        # Training (every process that worked on the run: resumes count), then the held-out sets, GLUE and probes.
         "wall_seconds": summary["wall_seconds"] + evaluation_seconds,
         "torch_threads": torch.get_num_threads(),  # the seconds above depend on it (and on runs sharing the cores)
         "eval": summary["eval"],
-        **evaluations,  # "glue" and "eval_data"
+        **evaluations,  # "eval_data", "glue" and "probe"
         "run_dir": str(Path(cfg.train.out_dir).relative_to(study.out_dir)),  # relative to results.jsonl
         "config_hash": run.config_hash,
         "datasets": run.datasets,
@@ -226,7 +245,8 @@ def make_row(run: Run, study: Study, summary: dict, scorer_seconds: float, evalu
 def execute(run: Run, study: Study, results: Path, show_progress: bool) -> dict:
     summary, scorer_seconds = train_run(run.config, show_progress)
     trained = time.perf_counter()
-    evaluations = {"eval_data": held_out_reports(run, study), "glue": glue_for(run, study, show_progress)}
+    evaluations = {"eval_data": held_out_reports(run, study), "glue": glue_for(run, study, show_progress),
+                   "probe": probe_for(run, study, show_progress)}  # in this order: the probes after GLUE
     row = make_row(run, study, summary, scorer_seconds, evaluations, time.perf_counter() - trained)
     append_row(results, row)
     return row
@@ -253,6 +273,7 @@ def run_study(study: Study, shard: tuple[int, int] = (0, 1), show_progress: bool
         raise UserError(f"the study fine-tunes on {', '.join(study.glue.tasks)} but glue_dir {study.glue_dir!r} is not "
                         "a folder; set glue_dir to the folder holding the tasks' folders (STS-B/, ...), or glue: "
                         "{tasks: []} to run without GLUE")
+    check_probe_data(study)
     results = Path(study.out_dir) / RESULTS_FILE
     results.parent.mkdir(parents=True, exist_ok=True)
     refuse_incomparable(planned, finished_rows(results))
@@ -268,13 +289,24 @@ def run_study(study: Study, shard: tuple[int, int] = (0, 1), show_progress: bool
             check_gates(study, planned, finished_rows(results), log)
         log(f"{label}: {run.cost['steps']} steps of batch {run.cost['sequences_per_step']} -> {run.config.train.out_dir}")
         row = execute(run, study, results, show_progress)
-        glue = row["glue"].get("average")
+        glue, gain = row["glue"].get("average"), row["probe"].get("average_gain")
         log(f"{label}: perplexity {row['eval']['perplexity']:.2f}"
             + (f", GLUE {100 * glue:.1f}" if glue is not None else f" ({row['glue'].get('skipped', 'GLUE incomplete')})")
+            + (f", probe gain {100 * gain:+.1f}" if gain is not None else "")
             + f", {row['wall_seconds'] / 60:.1f} min")
         rows.append(row)
     log(f"{len(rows)} runs finished, {len(runs) - len(rows)} skipped; results in {results}")
     return rows
+
+
+def check_probe_data(study: Study) -> None:
+    """Each probe task's files, before any training: a row without its probes would count as finished."""
+    if study.probe is None:
+        return
+    if not (study.glue_dir and Path(study.glue_dir).is_dir()):
+        raise UserError(f"the study probes {', '.join(study.probe.tasks)} but glue_dir {study.glue_dir!r} is not a "
+                        "folder; set glue_dir to the folder holding the tasks' folders (SST-2/, ...), or drop probe:")
+    check_task_files(study.probe.tasks, Path(study.glue_dir))
 
 
 def check_gates(study: Study, planned: list[Run], rows: list[dict], log=print) -> None:
@@ -314,7 +346,7 @@ def dry_run_text(study: Study, shard: tuple[int, int] = (0, 1), probe_steps: int
     lines += [
         f"this shard: {len(mine) - len(left)} of its {len(mine)} runs already in {Path(study.out_dir) / RESULTS_FILE}; "
         f"the {len(left)} left: {total:.3g} training FLOPs, {gpu:.3g} GPU-hours or {cpu:.3g} CPU-hours; "
-        "GLUE fine-tuning not included",
+        "GLUE fine-tuning and linear probes not included",
         f"assumptions: GPU-hours at {ASSUMED_MFU:.0%} MFU of an H100 SXM's ~{H100_PEAK_FLOPS / 1e12:.0f} TFLOP/s dense "
         f"bf16 peak (~{ASSUMED_MFU * H100_PEAK_FLOPS / 1e12:.0f} TFLOP/s achieved); CPU-hours (training + evaluation) "
         f"at ~{CPU_FLOPS / 1e9:.0f} GFLOP/s (a tiny-preset step, batch 32 x 128, takes ~0.5 s on 2 idle cores); "

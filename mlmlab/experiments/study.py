@@ -17,10 +17,11 @@ A study file (YAML; presets in configs/studies/) holds a base run config, named 
     baseline: dynamic                 # the arm every other is compared with
     glue: {tasks: [RTE, MRPC], seeds: [0], learning_rates: [1.0e-4]}   # tasks: [] skips GLUE
     glue_dir: ../shared/data/glue     # the runner refuses to start without it when glue tasks are set
+    probe: {tasks: [SST-2, MRPC, CoLA], pooling: mean}   # frozen linear probes after GLUE (glue_dir's files)
     eval_data: {wikitext103-valid: ../shared/data/wikitext103_eval/wiki.valid.tokens}  # more held-out sets
     gates:                            # validity gates: checked on one arm's runs before any other arm runs
       arm: dynamic
-      min: {eval.mlm_accuracy: 0.14, glue.tasks.STS-B.dev.pearson: 0.35}   # row paths -> least mean over seeds
+      min: {eval.mlm_accuracy: 0.14, probe.tasks.SST-2.gain: 0.03}   # row paths -> least mean over seeds
     decision:                         # the rule written before the runs; the report applies it to every arm
       metric: eval.mlm_loss           # a row path; Δ = arm − baseline, paired by seed, 95% t-interval
       lower_is_better: true
@@ -49,13 +50,13 @@ from pathlib import Path
 from mlmlab import choices
 from mlmlab.config import NON_NEGATIVE, SEEDS, check_range, load_config, read_yaml, set_dotted, to_dict
 from mlmlab.errors import UserError
-from mlmlab.evaluate import perplexity
+from mlmlab.evaluate import linear_probe, perplexity
 from mlmlab.evaluate.glue import checked_settings, resolve_task_names
 from mlmlab.evaluate.glue_data import TASKS
 
 STUDY_DIR = Path(__file__).resolve().parent.parent / "configs" / "studies"
 STUDY_KEYS = ("name", "description", "preset", "base", "pinned", "arms", "grid", "seeds", "budget", "baseline", "glue",
-              "glue_dir", "eval_data", "gates", "decision", "out_dir")
+              "glue_dir", "probe", "eval_data", "gates", "decision", "out_dir")
 GATE_KEYS = ("arm", "min")
 GRID_KEYS = ("prefix", "fixed", "vary")
 # Set by the study itself (seeds, budget, run folders), never by an arm.
@@ -65,6 +66,7 @@ ARM_NAME = re.compile(r"^[A-Za-z0-9._=+-]+$")  # names become folder names
 ROW_NUMBERS = ("steps", "tokens_seen", "flops", "train_seconds", "scorer_seconds", "wall_seconds")
 ROW_PATHS = ("row paths: eval.<figure> (mlm_loss, perplexity, mlm_accuracy, nsp_accuracy, perplexity_freq_<bucket>), "
              "eval_data.<name>.<figure>, glue.average, glue.tasks.<task>.dev.<metric> of the study's GLUE tasks, "
+             "probe.average_gain, probe.tasks.<task>.<metric, random_init_<metric>, score or gain> of its probe tasks, "
              + ", ".join(ROW_NUMBERS))
 
 
@@ -80,6 +82,15 @@ class GlueSettings:
     max_length: int | None = None
     max_train_examples: int | None = None  # fine-tune on a fixed random sample of N examples (CPU budgets)
     dropout: float | None = None  # fine-tuning dropout (evaluate.glue: BERT's 0.1 whatever the pretraining's)
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """Arguments of evaluate.linear_probe.run_probes; one pooling, as a row holds one set of figures."""
+
+    tasks: list = field(default_factory=lambda: list(linear_probe.DEFAULT_TASKS))  # canonical names once read
+    pooling: str = choices.MEAN_POOLING
+    seed: int = 0  # the random-init baseline's weights and the training rows held out to choose C
 
 
 @dataclass(frozen=True)
@@ -120,6 +131,7 @@ class Study:
     baseline: str
     glue: GlueSettings
     glue_dir: str
+    probe: ProbeSettings | None  # None: no probes
     eval_data: dict  # name -> path(s) of further held-out data, evaluated after each run
     gates: Gates | None
     decision: Decision | None
@@ -150,7 +162,8 @@ def load_study(source: str, out_dir: str | None = None) -> Study:
         name=name, source=source, base=_base_tree(tree), explicit=_explicit_keys(tree), arms=arms,
         seeds=_seeds(tree.get("seeds", [0])), budget=tree.get("budget", choices.TOKEN_MATCHED),
         baseline=tree.get("baseline", choices.DYNAMIC), glue=_glue_settings(tree.get("glue") or {}),
-        glue_dir=str(tree.get("glue_dir") or ""), eval_data=_eval_data(tree.get("eval_data") or {}),
+        glue_dir=str(tree.get("glue_dir") or ""), probe=_probe_settings(tree.get("probe")),
+        eval_data=_eval_data(tree.get("eval_data") or {}),
         gates=_gates(tree.get("gates")), decision=_decision(tree.get("decision")),
         out_dir=out_dir or str(tree.get("out_dir") or f"studies/{name}"),
     )
@@ -304,6 +317,20 @@ def _glue_settings(value) -> GlueSettings:
     return settings
 
 
+def _probe_settings(value) -> ProbeSettings | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise UserError("study key 'probe' must be a mapping, e.g. {tasks: [SST-2, MRPC, CoLA], pooling: mean}")
+    _refuse_unknown(value, [f.name for f in dataclasses.fields(ProbeSettings)], "probe key")
+    settings = ProbeSettings(**value)
+    try:  # a bad setting fails now, not after hours of pretraining
+        names = linear_probe.checked_arguments(settings.tasks, [settings.pooling], settings.seed)
+    except UserError as err:
+        raise UserError(f"study key 'probe': {err} (one pooling per study)") from None
+    return dataclasses.replace(settings, tasks=names)
+
+
 def _check_study(study: Study) -> None:
     if study.budget not in choices.BUDGETS:
         raise UserError(f"study budget {study.budget!r} is unknown; choose {choices.listed(choices.BUDGETS)}")
@@ -355,4 +382,9 @@ def _is_row_path(parts: list[str], study: Study) -> bool:
             return task in tasks
         case ["glue", "tasks", task, "dev", metric]:
             return task in tasks and metric in TASKS[task].metric_names
+        case ["probe", "average_gain" | "seconds"]:
+            return study.probe is not None
+        case ["probe", "tasks", task, figure]:
+            probed = study.probe.tasks if study.probe else []
+            return task in probed and figure in linear_probe.figure_names(TASKS[task])
     return False
