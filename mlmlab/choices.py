@@ -5,6 +5,11 @@ tables by these constants), the CLI's ``choices=``, budgets and reports. A new s
 strategy, schedule or objective is added here first.
 """
 
+# model.architecture: each is transformers' model_type of the class it builds (a saved config.json says which)
+BERT = "bert"  # the seed's: BertForPreTraining, post-LayerNorm, learned positions, MLM + NSP heads
+MODERNBERT = "modernbert"  # ModernBertForMaskedLM: pre-norm, RoPE, GeGLU, no biases, local/global attention; MLM only
+ARCHITECTURES = (BERT, MODERNBERT)
+
 # masking.strategy
 STATIC = "static"  # BERT: dupe_factor fixed masks per example, cycled over epochs
 DYNAMIC = "dynamic"  # RoBERTa: new masks every epoch

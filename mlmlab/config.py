@@ -22,6 +22,8 @@ PRESET_DIR = Path(__file__).parent / "configs"
 
 @dataclass
 class ModelConfig:
+    # "bert": the seed's BertForPreTraining; "modernbert": transformers' ModernBertForMaskedLM (MLM only, no NSP head)
+    architecture: str = choices.BERT
     hidden_size: int = 128  # tiny by default: runs on a laptop CPU in minutes
     num_layers: int = 2
     num_heads: int = 2
@@ -36,6 +38,12 @@ class ModelConfig:
     attention_dropout: float | None = None
     attention: str = "sdpa"  # "sdpa" measured faster than "eager" (benchmarks/throughput.py)
     pad_vocab_multiple: int = 64  # matmul-friendly vocab size; padded ids are never targets
+    # modernbert only (defaults: the published ModernBERT's). Local layers attend within this window
+    # (local_attention // 2 tokens each side); layers 0, n, 2n, ... attend globally; RoPE bases of each.
+    local_attention: int = 128
+    global_attention_every: int = 3
+    rope_theta_global: float = 160000.0
+    rope_theta_local: float = 10000.0
 
 
 @dataclass
@@ -161,8 +169,31 @@ def validate(cfg: Config) -> None:
         )
     if cfg.model.hidden_size % cfg.model.num_heads:
         raise UserError(f"model.hidden_size={cfg.model.hidden_size} is not divisible by model.num_heads={cfg.model.num_heads}")
+    _check_architecture(cfg)
     _check_choice("train.precision", cfg.train.precision, choices.PRECISIONS)
     _check_choice("train.lr_schedule", cfg.train.lr_schedule, choices.LR_SCHEDULES)
+
+
+# model.* settings only ModernBERT reads: with BERT they would be ignored without a word.
+_MODERNBERT_ONLY = ("local_attention", "global_attention_every", "rope_theta_global", "rope_theta_local")
+
+
+def _check_architecture(cfg: Config) -> None:
+    model = cfg.model
+    _check_choice("model.architecture", model.architecture, choices.ARCHITECTURES)
+    if model.architecture == choices.BERT:
+        changed = [name for name in _MODERNBERT_ONLY if getattr(model, name) != getattr(ModelConfig, name)]
+        if changed:
+            raise UserError(f"model.{changed[0]} applies to model.architecture={choices.MODERNBERT} only (BERT has "
+                            f"learned positions and global attention in every layer); drop it or set "
+                            f"model.architecture={choices.MODERNBERT}")
+        return
+    if cfg.data.objective == choices.NSP:
+        raise UserError(f"data.objective={choices.NSP} needs an NSP head, which ModernBERT does not have (its published "
+                        f"recipe trains MLM only); set data.objective={choices.MLM}, or model.architecture={choices.BERT}")
+    if (model.hidden_size // model.num_heads) % 2:
+        raise UserError(f"ModernBERT's rotary positions rotate pairs of dimensions, so model.hidden_size / "
+                        f"model.num_heads = {model.hidden_size // model.num_heads} must be even; change either")
 
 
 def _check_frequency_neutral(m: MaskingConfig) -> None:
@@ -234,6 +265,8 @@ _RANGES = (
     ("model.hidden_size", at_least(1), 128), ("model.num_layers", at_least(1), 2), ("model.num_heads", at_least(1), 2),
     ("model.intermediate_size", at_least(1), 512), ("model.max_position_embeddings", at_least(1), 512),
     ("model.dropout", BELOW_ONE, 0.1), ("model.attention_dropout", BELOW_ONE, 0.1), ("model.pad_vocab_multiple", at_least(1), 64),
+    ("model.local_attention", at_least(2), 128), ("model.global_attention_every", at_least(1), 3),
+    ("model.rope_theta_global", POSITIVE, 160000.0), ("model.rope_theta_local", POSITIVE, 10000.0),
     ("data.max_seq_length", at_least(8), 128), ("data.short_seq_prob", PROBABILITY, 0.1), ("data.prepare_seed", SEEDS, 12345),
     ("data.prepare_workers", at_least(0), 2), ("data.loader_workers", at_least(0), 1), ("data.bucket_batches", at_least(0), 50),
     ("masking.rate", RATE, 0.15), ("masking.mask_prob", PROBABILITY, 0.8), ("masking.random_prob", PROBABILITY, 0.1),

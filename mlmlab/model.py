@@ -1,14 +1,14 @@
-"""A transformers BERT, trained with the MLM head on selected positions only.
+"""A transformers encoder (BERT or ModernBERT), trained with the MLM head on selected positions only.
 
-The model is a plain ``BertForPreTraining`` so that every checkpoint loads with the
-Auto classes. Training and held-out evaluation do not call its forward: that projects
-all B*T positions onto the vocabulary, while only ~15% carry a label. Gathering the
-selected hidden states first ("sparse prediction", as google-research/bert, fairseq,
-cramming and MosaicBERT do) gives the same loss for a fraction of the work; both go
-through ``SparsePretraining``.
+The model is the library's own class (``BertForPreTraining``, ``ModernBertForMaskedLM``:
+architectures.py) so that every checkpoint loads with the Auto classes. Training and held-out
+evaluation do not call its forward: that projects all B*T positions onto the vocabulary,
+while only ~15% carry a label. Gathering the selected hidden states first ("sparse
+prediction", as google-research/bert, fairseq, cramming and MosaicBERT do) gives the same
+loss for a fraction of the work; both go through ``SparsePretraining``.
 
-Names: ``model`` is the ``BertForPreTraining`` (encoder + heads); ``model.bert`` is
-transformers' own name for its encoder (``BertModel``).
+Names: ``model`` is the transformers model (encoder + heads); its architecture's adapter
+(``architecture_of(model)``) knows where the encoder and the heads are.
 """
 
 import json
@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import nn
-from transformers import BertConfig, BertForPreTraining
+from transformers import PreTrainedModel
 
+from mlmlab.architectures import architecture_named, architecture_of
 from mlmlab.config import ModelConfig
 from mlmlab.data.tokenizer import folder_vocab_hash
 from mlmlab.errors import UserError
@@ -29,9 +30,6 @@ from mlmlab.restoring import restoring
 
 IGNORE_INDEX = -100  # the label of every position that is not predicted (HF convention)
 WEIGHTS_FILE = "model.safetensors"
-# A BertForMaskedLM folder has no pooler and no NSP head: initialising a BertForPreTraining from
-# one may leave these fresh. Nothing else may be missing, and a resume allows nothing at all.
-MASKED_LM_MISSING = ("bert.pooler.", "cls.seq_relationship.")
 VOCAB_HASH_KEY = "vocab_hash"  # config.json entry: the vocabulary the model was trained with
 
 
@@ -39,28 +37,19 @@ def padded_vocab_size(vocab_size: int, multiple: int) -> int:
     return int(math.ceil(vocab_size / multiple) * multiple) if multiple > 1 else vocab_size
 
 
-def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> BertForPreTraining:
-    """A freshly initialised BERT; initialisation draws from torch's default generator."""
-    bert_config = BertConfig(
-        vocab_size=padded_vocab_size(vocab_size, cfg.pad_vocab_multiple),
-        hidden_size=cfg.hidden_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        intermediate_size=cfg.intermediate_size,
-        max_position_embeddings=cfg.max_position_embeddings,
-        hidden_dropout_prob=cfg.dropout,
-        attention_probs_dropout_prob=cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout,
-        pad_token_id=pad_token_id,
-    )
-    bert_config._attn_implementation = cfg.attention
-    return BertForPreTraining(bert_config)
+def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> PreTrainedModel:
+    """A freshly initialised model of model.architecture; initialisation draws from torch's default generator."""
+    architecture = architecture_named(cfg.architecture)
+    config = architecture.config(cfg, padded_vocab_size(vocab_size, cfg.pad_vocab_multiple), pad_token_id)
+    config._attn_implementation = cfg.attention
+    return architecture.model_class(config)
 
 
 def load_weights(model: nn.Module, path: Path, allowed_missing: tuple[str, ...] = ()) -> None:
     """``path``'s safetensors weights into ``model``; any key or shape difference is a UserError naming the key.
 
     The one weight loader: ``allowed_missing`` lists the key prefixes the file may lack
-    (MASKED_LM_MISSING when starting from a BertForMaskedLM; none for a resume). Names of
+    (an architecture's ``optional_parts`` when a run starts from it; none for a resume). Names of
     older checkpoints are read as today's (``current_name``).
     """
     expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
@@ -123,7 +112,7 @@ def saved_vocab_hash(model_dir: Path) -> str:
     return config.get(VOCAB_HASH_KEY) or folder_vocab_hash(model_dir)
 
 
-def compile_model(model: BertForPreTraining) -> None:
+def compile_model(model: PreTrainedModel) -> None:
     """torch.compile the encoder and the MLM head in place.
 
     In place (``Module.compile``), so parameter names, checkpoints and the Auto classes
@@ -131,8 +120,8 @@ def compile_model(model: BertForPreTraining) -> None:
     data-dependent shape. ``dynamic=True`` because batch lengths (bucketing) and the number
     of selected positions change every step; static shapes would recompile each time.
     """
-    model.bert.compile(dynamic=True)
-    model.cls.predictions.compile(dynamic=True)
+    for part in architecture_of(model).compiled_parts(model):
+        part.compile(dynamic=True)
 
 
 def eval_mode(model: nn.Module):
@@ -140,36 +129,45 @@ def eval_mode(model: nn.Module):
     return restoring(lambda: model.training, model.train, False)
 
 
-def encode(model: BertForPreTraining, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """Encoder outputs: hidden states (B, T, H) and pooled [CLS] (B, H)."""
-    out = model.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    token_type_ids=batch["token_type_ids"])
-    return out[0], out[1]
+def encode(model: PreTrainedModel, batch: dict, inputs_embeds: torch.Tensor | None = None) -> tuple:
+    """Encoder outputs: hidden states (B, T, H) and pooled [CLS] (B, H), None without an NSP head.
+
+    ``inputs_embeds``: the word embeddings (B, T, H) to encode instead of ``batch["input_ids"]``.
+    """
+    input_ids = batch["input_ids"] if inputs_embeds is None else None
+    return architecture_of(model).encode(model, input_ids, batch["attention_mask"], batch.get("token_type_ids"),
+                                         inputs_embeds)
+
+
+def predict(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
+    """The MLM head's logits (..., V) of hidden states (..., H)."""
+    return architecture_of(model).predict(model, hidden)
 
 
 class SparsePretraining(nn.Module):
-    """L = L_MLM + L_NSP over a BertForPreTraining, with the MLM head on labelled positions only.
+    """L = L_MLM + L_NSP over a transformers model, with the MLM head on labelled positions only.
 
     A module (not a function) so that DDP/FSDP wrappers see the forward call. The
     denominators let the caller normalise by the count over the *global* batch (all
-    micro-batches and ranks), so the loss equals that of one big batch exactly.
+    micro-batches and ranks), so the loss equals that of one big batch exactly. A model
+    without an NSP head (ModernBERT) is scored on MLM alone, whatever ``use_nsp`` says.
     """
 
-    # accelerate's default FSDP wrapping (TRANSFORMER_BASED_WRAP) shards per module of these classes.
-    _no_split_modules = ["BertLayer"]
-
-    def __init__(self, model: BertForPreTraining, use_nsp: bool = True):
+    def __init__(self, model: PreTrainedModel, use_nsp: bool = True):
         super().__init__()
         self.model = model
-        self.use_nsp = use_nsp
+        self.architecture = architecture_of(model)
+        self.use_nsp = use_nsp and self.architecture.has_nsp
+        # accelerate's default FSDP wrapping (TRANSFORMER_BASED_WRAP) shards per module of these classes.
+        self._no_split_modules = [self.architecture.layer_class]
 
     def forward(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None,
                 mlm_denominator=None, nsp_denominator=None, **_unused) -> dict:
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
-        hidden, pooled = encode(self.model, inputs)  # (B, T, H), (B, H)
+        # (B, T, H), and (B, H) where there is an NSP head
+        hidden, pooled = self.architecture.encode(self.model, input_ids, attention_mask, token_type_ids)
         selected_index = (labels != IGNORE_INDEX).flatten().nonzero().squeeze(1)  # (M,)
         hidden_selected = hidden.flatten(0, 1).index_select(0, selected_index)  # (M, H)
-        logits = self.model.cls.predictions(hidden_selected)  # (M, V)
+        logits = self.architecture.predict(self.model, hidden_selected)  # (M, V)
         targets = labels.flatten().index_select(0, selected_index)  # (M,)
         token_losses = F.cross_entropy(logits.float(), targets, reduction="none")  # (M,)
         mlm_loss = token_losses.sum() / (mlm_denominator or max(len(targets), 1))
@@ -185,7 +183,7 @@ class SparsePretraining(nn.Module):
             result["mlm_correct"] = (logits.argmax(-1) == targets).sum()
         loss = mlm_loss
         if self.use_nsp and next_sentence_label is not None:
-            nsp_logits = self.model.cls.seq_relationship(pooled)  # (B, 2)
+            nsp_logits = self.architecture.nsp_logits(self.model, pooled)  # (B, 2)
             nsp_sum = F.cross_entropy(nsp_logits.float(), next_sentence_label, reduction="sum")
             result["nsp_loss"] = nsp_sum / (nsp_denominator or len(next_sentence_label))
             result["nsp_correct"] = (nsp_logits.argmax(-1) == next_sentence_label).sum().detach()
@@ -194,6 +192,6 @@ class SparsePretraining(nn.Module):
         return result
 
 
-def pretraining_loss(model: BertForPreTraining, batch: dict, use_nsp: bool = True) -> dict:
+def pretraining_loss(model: PreTrainedModel, batch: dict, use_nsp: bool = True) -> dict:
     """One-off sparse pretraining loss of a batch, outside a training run (tests, benchmarks)."""
     return SparsePretraining(model, use_nsp)(**batch)

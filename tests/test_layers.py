@@ -16,7 +16,7 @@ LAYERS = [
      "mlmlab.devices", "mlmlab.restoring", "mlmlab"),
     ("mlmlab.config",),
     ("mlmlab.data",),
-    ("mlmlab.model", "mlmlab.flops"),
+    ("mlmlab.model", "mlmlab.architectures", "mlmlab.flops"),
     ("mlmlab.masking",),
     ("mlmlab.train",),
     ("mlmlab.evaluate",),
@@ -73,7 +73,7 @@ def test_the_layer_check_sees_function_local_imports():
 
 
 CHOICE_NAMES = set(choices.STRATEGIES + choices.SCORERS + choices.ADAPT_SCHEDULES + choices.RATE_SCHEDULES
-                   + choices.OBJECTIVES)
+                   + choices.OBJECTIVES + choices.ARCHITECTURES)
 # Strings that equal a choice name but name something else.
 NOT_CHOICES = {
     ("mlmlab/masking/scorers.py", "context"): "state-dict prefix of the context loss table (checkpoint format)",

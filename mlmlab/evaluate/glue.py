@@ -26,6 +26,7 @@ from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from mlmlab import jsonio, markdown
+from mlmlab.architectures import ADAPTERS, Bert
 from mlmlab.config import BELOW_ONE, POSITIVE, SEEDS, check_range
 from mlmlab.data.tokenizer import vocab_hash
 from mlmlab.devices import compute_device
@@ -374,9 +375,10 @@ def load_model_tokenizer(model_dir: Path):
 def load_model(model_dir: Path, task: GlueTask, init: str, dropout: float) -> torch.nn.Module:
     num_labels = 1 if task.is_regression else len(task.labels)
     problem_type = "regression" if task.is_regression else "single_label_classification"
-    # classifier_dropout stays unset: BERT's head then takes hidden_dropout_prob too.
-    config = AutoConfig.from_pretrained(model_dir, num_labels=num_labels, problem_type=problem_type,
-                                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    config = AutoConfig.from_pretrained(model_dir, num_labels=num_labels, problem_type=problem_type)
+    # The architecture's own dropout entries (other encoders, RoBERTa's say, name theirs as BERT does). BERT's
+    # classifier_dropout stays unset: its head then takes hidden_dropout_prob too.
+    config.update(ADAPTERS.get(config.model_type, Bert).dropout_settings(dropout, dropout))
     with quiet_transformers():
         if init == "random":
             return AutoModelForSequenceClassification.from_config(config)

@@ -7,14 +7,16 @@ over all masked tokens of the evaluated set), also per corpus-frequency bucket o
 target token.
 """
 
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import BertForPreTraining
+from transformers import PreTrainedModel
 
+from mlmlab.architectures import saved_architecture
 from mlmlab.config import MaskingConfig
 from mlmlab.data.loader import LoaderPosition, iterate_batches
 from mlmlab.data.records import Columns
@@ -61,10 +63,11 @@ def evaluate_mlm(model, store, info, *, batch_size: int = 32, max_batches: int |
                  freq_cuts: tuple[int, ...] = DEFAULT_BUCKETS) -> dict:
     """Perplexity, MLM accuracy, NSP accuracy (and perplexity per frequency-rank bucket) on ``store``.
 
-    ``model``: a BertForPreTraining, or training's SparsePretraining as accelerate wrapped it
-    (under FSDP every process must call this, as with any forward of the sharded model).
+    ``model``: a transformers model mlmlab trains (BertForPreTraining, ModernBertForMaskedLM), or
+    training's SparsePretraining as accelerate wrapped it (under FSDP every process must call this,
+    as with any forward of the sharded model).
     """
-    module = SparsePretraining(model, use_nsp=True) if isinstance(model, BertForPreTraining) else model
+    module = SparsePretraining(model, use_nsp=True) if isinstance(model, PreTrainedModel) else model
     bucket_of, names = (frequency_buckets(token_counts, freq_cuts, len(token_counts))
                         if token_counts is not None else (None, []))
     totals = _Totals(len(names))
@@ -115,13 +118,13 @@ def _summarise(totals: _Totals, names: list[str]) -> dict:
 
 
 def load_pretrained(model_dir):
-    """A BertForPreTraining and its tokenizer from an mlmlab model folder, or a clear error."""
+    """The model (BertForPreTraining, ModernBertForMaskedLM) and its tokenizer from an mlmlab model folder, or a clear error."""
     folder = Path(model_dir)
     if not (folder / "config.json").is_file() or not (folder / WEIGHTS_FILE).is_file():
         raise UserError(f"{folder} is not a model folder (needs config.json and model.safetensors); "
                         "pass the model/ folder of a run or a checkpoint's model/ folder")
-    try:
-        bert = BertForPreTraining.from_pretrained(folder)
+    try:  # a model type mlmlab does not train is refused by saved_architecture
+        bert = saved_architecture(json.loads((folder / "config.json").read_text())).model_class.from_pretrained(folder)
     except Exception as err:  # transformers raises many types for foreign or corrupt files
         raise UserError(f"cannot load the model in {folder}: {str(err).splitlines()[0]}") from None
     return bert, load_tokenizer(folder)

@@ -53,15 +53,15 @@ import torch.nn.functional as F
 
 from mlmlab import choices, seeding
 from mlmlab.masking.select import Corruption, select_and_corrupt
-from mlmlab.model import IGNORE_INDEX, encode, eval_mode
+from mlmlab.model import IGNORE_INDEX, SparsePretraining, encode, eval_mode, predict
 
 GRAD_NORM_RATE = 0.15  # mask rate of the copy whose loss grad_norm differentiates
 
 
 def unwrap(model):
-    """The BertForPreTraining inside a DDP/accelerate wrapper or a SparsePretraining module."""
+    """The transformers model inside a DDP/accelerate wrapper or a SparsePretraining module."""
     model = getattr(model, "module", model)
-    return model if hasattr(model, "cls") else model.model
+    return model.model if isinstance(model, SparsePretraining) else model
 
 
 def _entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -84,7 +84,7 @@ def _over_vocab(model, batch, eligible, vocab_size: int, chunk: int, reduce) -> 
         hidden = hidden.flatten(0, 1).index_select(0, index)  # (N, H)
         scores = torch.zeros(batch_size * length, device=hidden.device)  # (B*T,)
         for start in range(0, index.numel(), chunk):
-            logits = model.cls.predictions(hidden[start : start + chunk])[:, :vocab_size]  # (C, V)
+            logits = predict(model, hidden[start : start + chunk])[:, :vocab_size]  # (C, V)
             scores[index[start : start + chunk]] = reduce(logits)
     return scores.view(batch_size, length)
 
@@ -113,12 +113,10 @@ def grad_norm_scores(model, batch, eligible, *, info, vocab_size: int, seed: int
         seed=score_seed(seed), rate=GRAD_NORM_RATE, info=info, corruption=Corruption(), eligible=eligible,
     )
     with torch.enable_grad(), eval_mode(model):
-        embeds = model.bert.embeddings.word_embeddings(masked).detach().requires_grad_(True)  # (B, T, H)
-        out = model.bert(
-            inputs_embeds=embeds, attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
-        )
+        embeds = model.get_input_embeddings()(masked).detach().requires_grad_(True)  # (B, T, H)
+        hidden, _ = encode(model, batch, inputs_embeds=embeds)  # (B, T, H)
         index = (labels != IGNORE_INDEX).flatten().nonzero().squeeze(1)  # (M,)
-        logits = model.cls.predictions(out[0].flatten(0, 1).index_select(0, index))[:, :vocab_size]  # (M, V)
+        logits = predict(model, hidden.flatten(0, 1).index_select(0, index))[:, :vocab_size]  # (M, V)
         loss = F.cross_entropy(logits.float(), labels.flatten().index_select(0, index), reduction="sum")
         (grad,) = torch.autograd.grad(loss, embeds)  # parameters' .grad untouched
     return torch.where(eligible, grad.norm(dim=-1), torch.zeros(eligible.shape, device=grad.device))

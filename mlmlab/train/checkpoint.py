@@ -28,9 +28,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
-from transformers import BertConfig, BertForPreTraining
+from transformers import PreTrainedConfig, PreTrainedModel
 
 from mlmlab.config import Config, config_text, flat_keys, from_dict, read_yaml
+from mlmlab.architectures import architecture_named, entry_name, saved_architecture, saved_settings
 from mlmlab.data.tokenizer import vocab_hash
 from mlmlab.errors import UserError
 from mlmlab.files import STAGING_PREFIX, building, file_sha256
@@ -198,7 +199,7 @@ def step_of(folder: Path) -> int:
     return int(folder.name.removeprefix(PREFIX))
 
 
-def save_run_state(run_dir: Path, step: int, model_config: BertConfig, weights: dict, training_state: dict,
+def save_run_state(run_dir: Path, step: int, model_config: PreTrainedConfig, weights: dict, training_state: dict,
                    tokenizer, token_counts: np.ndarray, keep_last: int) -> Path:
     """The checkpoint of ``step``: the exported model and a Trainer's ``state_dict``."""
 
@@ -215,7 +216,7 @@ def write_training_state(folder: Path, states: dict) -> None:
     (folder / TRAINER_STATE).write_text(json.dumps(states["trainer"]))
 
 
-def export_model(folder: Path, config: BertConfig, state_dict: dict, tokenizer, token_counts: np.ndarray) -> None:
+def export_model(folder: Path, config: PreTrainedConfig, state_dict: dict, tokenizer, token_counts: np.ndarray) -> None:
     """A HuggingFace folder: safetensors weights, config and tokenizer.
 
     Saved from a plain copy, built on the meta device (no init, no RNG draw) and given the
@@ -225,7 +226,7 @@ def export_model(folder: Path, config: BertConfig, state_dict: dict, tokenizer, 
     config = copy.deepcopy(config)  # the running model's stays as it is
     setattr(config, VOCAB_HASH_KEY, vocab_hash(tokenizer.get_vocab()))  # what evaluate, GLUE and resume compare
     with torch.device("meta"):
-        plain = BertForPreTraining(config)
+        plain = architecture_named(config.model_type).model_class(config)
     plain.load_state_dict(state_dict, assign=True)
     plain.tie_weights()
     plain.save_pretrained(folder, safe_serialization=True)
@@ -334,25 +335,24 @@ def _refuse_later_checkpoints(folder: Path, run_dir: Path) -> None:
                         "as it is), or delete the later checkpoints")
 
 
-# config.json entries that fix the weights' shapes or meaning, and the settings that set them.
-ARCHITECTURE = {"num_hidden_layers": "model.num_layers", "hidden_size": "model.hidden_size",
-                "num_attention_heads": "model.num_heads", "intermediate_size": "model.intermediate_size",
-                "max_position_embeddings": "model.max_position_embeddings",
-                "vocab_size": "the vocabulary size (data.tokenizer, model.pad_vocab_multiple)"}
-
-
-def load_resumed_weights(model: BertForPreTraining, folder: Path, tokenizer) -> None:
+def load_resumed_weights(model: PreTrainedModel, folder: Path, tokenizer) -> None:
     """The checkpoint's weights into ``model`` (every process, before FSDP shards it), refusing any difference.
 
-    The same architecture and vocabulary, and every weight: a resume allows no missing key.
+    The same architecture and vocabulary (the config.json entries that fix the weights' shapes or
+    meaning), and every weight: a resume allows no missing key.
     """
     saved = json.loads((folder / MODEL_DIR / "config.json").read_text())
     built = model.config.to_dict()
-    for key, setting in ARCHITECTURE.items():
-        if saved.get(key) != built.get(key):
-            raise UserError(f"cannot resume from {folder}: its model has {key}={saved.get(key)}, this config gives "
-                            f"{built.get(key)} (set by {setting}); resume with the config it was trained with "
-                            "(the run's config.yaml) or start a new train.out_dir")
+    theirs, ours = saved_settings(saved), saved_settings(built)
+    for setting, value in theirs.items():
+        if value != ours.get(setting):
+            raise UserError(f"cannot resume from {folder}: its model has {entry_name(setting, saved_architecture(saved))}="
+                            f"{value}, this config gives {ours.get(setting)} (set by model.{setting}); resume with the "
+                            "config it was trained with (the run's config.yaml) or start a new train.out_dir")
+    if saved.get("vocab_size") != built["vocab_size"]:
+        raise UserError(f"cannot resume from {folder}: its model has vocab_size={saved.get('vocab_size')}, this config "
+                        f"gives {built['vocab_size']} (set by the vocabulary size: data.tokenizer, "
+                        "model.pad_vocab_multiple); resume with the config it was trained with or start a new train.out_dir")
     if saved_vocab_hash(folder / MODEL_DIR) != vocab_hash(tokenizer.get_vocab()):
         raise UserError(f"cannot resume from {folder}: it was trained with another vocabulary than data.tokenizer's "
                         "(same size or not); resume with its tokenizer (its model/ folder) or start a new train.out_dir")

@@ -5,10 +5,10 @@ Weights only: the optimizer, the step and every schedule start fresh, as with
 line naming the key:
 
 - the folder: config.json and model.safetensors (a pytorch_model.bin is never unpickled);
-- the model: a BERT as mlmlab builds it (model type, activation, tied embeddings, ...);
-- the architecture: the model section is taken from the checkpoint's config.json, so
-  ``--init DIR`` needs no model.* keys; a value the config sets to something other than
-  its default and the checkpoint's is refused (the run's config.yaml records what was taken);
+- the model: a BERT or ModernBERT as mlmlab builds it (model type, activation, tied embeddings, ...);
+- the architecture: the model section (model.architecture included) is taken from the checkpoint's
+  config.json, so ``--init DIR`` needs no model.* keys; a value the config sets to something other
+  than its default and the checkpoint's is refused (the run's config.yaml records what was taken);
 - the positions: data.max_seq_length beyond the checkpoint's max_position_embeddings;
 - the vocabulary: data.tokenizer, when given, must be the checkpoint's (vocab_hash); when
   empty, the checkpoint's own tokenizer is the run's (data/resolve.py).
@@ -22,21 +22,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from accelerate.utils import set_seed
-from transformers import BertForPreTraining
+from transformers import PreTrainedModel
 
 from mlmlab.config import Config, ModelConfig
+from mlmlab import choices
+from mlmlab.architectures import ADAPTERS, architecture_of, entry_name, saved_architecture, saved_settings
 from mlmlab.data.resolve import tokenizer_dir_for
 from mlmlab.data.tokenizer import load_tokenizer, vocab_hash
 from mlmlab.errors import UserError
-from mlmlab.model import (MASKED_LM_MISSING, VOCAB_HASH_KEY, WEIGHTS_FILE, build_model, compile_model, current_name,
-                          load_weights, saved_vocab_hash, weight_shapes)
-from mlmlab.train.checkpoint import ARCHITECTURE
-
-# config.json entries build_model leaves at transformers' defaults. A checkpoint with other values would
-# load and compute something else; an absent entry means the default.
-_AS_BUILT = {"model_type": "bert", "hidden_act": "gelu", "type_vocab_size": 2, "layer_norm_eps": 1e-12,
-             "tie_word_embeddings": True, "position_embedding_type": "absolute"}
-_FRESH_PARTS = dict(zip(MASKED_LM_MISSING, ("pooler", "NSP head")))  # what a BertForMaskedLM folder lacks
+from mlmlab.model import (VOCAB_HASH_KEY, WEIGHTS_FILE, build_model, compile_model, current_name, load_weights,
+                          saved_vocab_hash, weight_shapes)
 
 
 def resolve_init(cfg: Config) -> Config:
@@ -69,10 +64,16 @@ def read_model_config(folder: Path) -> dict:
 
 
 def _refuse_other_models(folder: Path, saved: dict) -> None:
-    for key, built in _AS_BUILT.items():
+    """A model type mlmlab does not build, or config.json entries it leaves at other values (an absent entry: the default)."""
+    model_type = saved.get("model_type", choices.BERT)
+    if model_type not in ADAPTERS:
+        raise UserError(f"train.init={folder} has model_type={model_type!r}, mlmlab builds model_type "
+                        f"{choices.listed(repr(name) for name in ADAPTERS)}; start from a BERT (BertForPreTraining "
+                        "or BertForMaskedLM) or a ModernBERT (ModernBertForMaskedLM) or without train.init")
+    for key, built in saved_architecture(saved).as_built.items():
         if saved.get(key, built) != built:
             raise UserError(f"train.init={folder} has {key}={saved[key]!r}, mlmlab builds {key}={built!r}; "
-                            "start from a BERT (BertForPreTraining or BertForMaskedLM) or without train.init")
+                            f"start from a {model_type} as mlmlab builds it, or without train.init")
 
 
 def _check_positions(folder: Path, saved: dict, max_seq_length: int) -> None:
@@ -102,24 +103,23 @@ def _check_vocabulary(folder: Path, saved: dict, tokenizer_setting: str) -> None
 def _with_architecture(cfg: Config, folder: Path, saved: dict) -> Config:
     """The model section from the checkpoint; a non-default config value that differs is refused, naming the key."""
     defaults, changes = ModelConfig(), {}
-    for key, setting in ARCHITECTURE.items():
-        if not setting.startswith("model."):  # the vocabulary size follows the tokenizer (checked at load)
+    for name, theirs in saved_settings(saved).items():  # the vocabulary size follows the tokenizer (checked at load)
+        ours = getattr(cfg.model, name)
+        if theirs is None or ours == theirs:  # None: an entry the folder lacks; the library's default applies
             continue
-        name = setting.removeprefix("model.")
-        ours, theirs = getattr(cfg.model, name), saved.get(key)
-        if ours != theirs and ours != getattr(defaults, name):
-            raise UserError(f"train.init={folder} has {key}={theirs}, the config sets {setting}={ours}; drop "
-                            f"{setting} (the model's own is taken) or set it to {theirs}")
-        if ours != theirs:
-            changes[name] = theirs
+        if ours != getattr(defaults, name):
+            raise UserError(f"train.init={folder} has {entry_name(name, saved_architecture(saved))}={theirs}, the "
+                            f"config sets model.{name}={ours}; drop model.{name} (the model's own is taken) or set it "
+                            f"to {theirs}")
+        changes[name] = theirs
     multiple = cfg.model.pad_vocab_multiple
     if saved.get("vocab_size", 0) % multiple and multiple == defaults.pad_vocab_multiple:
         changes["pad_vocab_multiple"] = 1  # an unpadded embedding (bert-base-uncased: 30,522 rows)
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **changes)) if changes else cfg
 
 
-def initial_model(cfg: Config, tokenizer, resuming: bool, log: Callable[[str], None]) -> BertForPreTraining:
-    """The run's BERT before any resume: fresh (seeded by train.seed), then train.init's weights unless resuming."""
+def initial_model(cfg: Config, tokenizer, resuming: bool, log: Callable[[str], None]) -> PreTrainedModel:
+    """The run's model before any resume: fresh (seeded by train.seed), then train.init's weights unless resuming."""
     set_seed(cfg.train.seed)  # weight init and dropout draw from torch's default generator (loop.rng_states)
     model = build_model(cfg.model, len(tokenizer), tokenizer.pad_token_id)
     if cfg.train.init and not resuming:  # a resume loads its checkpoint's weights instead
@@ -129,15 +129,16 @@ def initial_model(cfg: Config, tokenizer, resuming: bool, log: Callable[[str], N
     return model
 
 
-def load_init_weights(model: BertForPreTraining, folder: Path, log: Callable[[str], None]) -> None:
-    """train.init's weights into a freshly built model; a pooler or NSP head the folder lacks stays fresh."""
+def load_init_weights(model: PreTrainedModel, folder: Path, log: Callable[[str], None]) -> None:
+    """train.init's weights into a freshly built model; a part it may lack (a BERT's pooler, NSP head) stays fresh."""
     rows = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("vocab_size")
     if rows != model.config.vocab_size:
         raise UserError(f"train.init={folder} has vocab_size={rows} embedding rows, this config builds "
                         f"{model.config.vocab_size} (the tokenizer's tokens padded to a multiple of "
                         "model.pad_vocab_multiple); set model.pad_vocab_multiple so that they match (1: no padding)")
     names = [current_name(name) or "" for name in weight_shapes(folder / WEIGHTS_FILE)]
-    fresh = [part for prefix, part in _FRESH_PARTS.items() if not any(name.startswith(prefix) for name in names)]
-    load_weights(model, folder / WEIGHTS_FILE, allowed_missing=MASKED_LM_MISSING)
+    optional = architecture_of(model).optional_parts
+    fresh = [part for prefix, part in optional.items() if not any(name.startswith(prefix) for name in names)]
+    load_weights(model, folder / WEIGHTS_FILE, allowed_missing=tuple(optional))
     note = f"; it has no {' and no '.join(fresh)}: {'they start' if len(fresh) > 1 else 'it starts'} fresh" if fresh else ""
     log(f"starting from the weights of {folder} (weights only: optimizer, step and schedules start fresh){note}")

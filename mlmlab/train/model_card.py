@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from mlmlab import choices, jsonio
+from mlmlab.architectures import saved_architecture
 from mlmlab.config import Config, flat_keys, to_dict
 from mlmlab.data.tokenizer import folder_vocab_size
 from mlmlab.masking.strategies import EVAL_RATE
@@ -38,27 +39,35 @@ def export_model_folder(checkpoint_dir: Path, out: Path, cfg: Config, evaluation
 def card_text(folder: Path, cfg: Config, state: dict, evaluation: dict, data: dict) -> str:
     model = json.loads((folder / "config.json").read_text())
     parameters = sum(math.prod(shape) for shape in weight_shapes(folder / WEIGHTS_FILE).values())
-    sections = [_header(model, cfg, parameters), _usage(), _architecture(model, parameters),
+    sections = [_header(model, cfg, parameters), _usage(model), _architecture(model, parameters),
                 _tokenizer(folder, model), _data(cfg, data), _masking(cfg), _training(cfg, state),
                 _evaluation(cfg, evaluation), _provenance(cfg)]
     return "\n\n".join(sections) + "\n"
 
 
+# Per architecture (model_type): its name, the classes besides the Auto ones that load the folder.
+_NAMES = {choices.BERT: ("BERT", "`BertForPreTraining` (with the NSP head)"),
+          choices.MODERNBERT: ("ModernBERT", "`ModernBertForMaskedLM`")}
+
+
 def _header(model: dict, cfg: Config, parameters: int) -> str:
     objective = "masked language modelling and next sentence prediction" if cfg.data.objective == choices.NSP \
         else "masked language modelling"
-    return ("---\nlibrary_name: transformers\npipeline_tag: fill-mask\ntags: [bert, fill-mask, mlmlab]\n---\n\n"
-            f"# BERT L{model['num_hidden_layers']}/H{model['hidden_size']}, pretrained with mlmlab\n\n"
-            f"A BERT encoder of {parameters / 1e6:.1f}M parameters, pretrained by {objective} "
+    kind = saved_architecture(model).name
+    name = _NAMES[kind][0]
+    return ("---\nlibrary_name: transformers\npipeline_tag: fill-mask\n"
+            f"tags: [{kind}, fill-mask, mlmlab]\n---\n\n"
+            f"# {name} L{model['num_hidden_layers']}/H{model['hidden_size']}, pretrained with mlmlab\n\n"
+            f"A {name} encoder of {parameters / 1e6:.1f}M parameters, pretrained by {objective} "
             f"({'from the weights of ' + cfg.train.init if cfg.train.init else 'from random initialisation'}).")
 
 
-def _usage() -> str:
+def _usage(model: dict) -> str:
     # No path in the card: the folder may be copied anywhere, and export and pretrain write the same card.
     return ("## Use it\n\n```python\nfrom transformers import pipeline\n\n"
             "fill = pipeline(\"fill-mask\", model=\"path/to/this/folder\")\n"
             "print(fill(\"The capital of France is [MASK].\"))\n```\n\n"
-            "`AutoModelForMaskedLM`, `BertForPreTraining` (with the NSP head) and "
+            f"`AutoModelForMaskedLM`, {_NAMES[saved_architecture(model).name][1]} and "
             "`AutoModelForSequenceClassification` (to fine-tune; `mlmlab glue` does) load this folder.")
 
 
@@ -67,7 +76,18 @@ def _architecture(model: dict, parameters: int) -> str:
             "|---|---|---|---|---|---|---|\n"
             f"| {model['num_hidden_layers']} | {model['hidden_size']} | {model['num_attention_heads']} | "
             f"{model['intermediate_size']} | {model['max_position_embeddings']} | {model['vocab_size']:,} | "
-            f"{parameters:,} |\n\n`BertForPreTraining`: encoder, MLM head (tied to the input embeddings) and NSP head.")
+            f"{parameters:,} |\n\n{_classes(model)}")
+
+
+def _classes(model: dict) -> str:
+    if saved_architecture(model).name == choices.BERT:
+        return "`BertForPreTraining`: encoder, MLM head (tied to the input embeddings) and NSP head."
+    rope = model["rope_parameters"]
+    return ("`ModernBertForMaskedLM`: a pre-norm encoder with rotary positions, GeGLU feed-forward and no biases but "
+            f"the decoder's; layers 0, {model['global_attn_every_n_layers']}, ... attend to the whole sequence (RoPE "
+            f"base {rope['full_attention']['rope_theta']:,.0f}), the others to {model['local_attention'] // 2} tokens "
+            f"either side (RoPE base {rope['sliding_attention']['rope_theta']:,.0f}); MLM head tied to the input "
+            "embeddings; no NSP head.")
 
 
 def _tokenizer(folder: Path, model: dict) -> str:

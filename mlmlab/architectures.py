@@ -1,0 +1,171 @@
+"""The encoders mlmlab trains: transformers' own model classes, each behind one small adapter.
+
+Everything that reaches into a model (the sparse loss, the model scorers, evaluation,
+checkpoints, train.init) goes through ``architecture_of(model)`` or ``architecture_named(name)``,
+so masking, resume and studies are the same code for every architecture. An adapter says
+
+- how mlmlab's model section becomes the library's config (``config``) and model (``model_class``);
+- how a batch is encoded (hidden states, and the pooled [CLS] where there is an NSP head), and how
+  the MLM head (transform, then the decoder tied to the input embeddings) projects hidden states;
+- which modules torch.compile compiles and FSDP shards by;
+- which config.json entries fix the weights' shapes and meaning, as the model.* settings that set
+  them (a resume and train.init compare them; train.init takes them), and which entries mlmlab
+  leaves at the library's defaults (a folder with other values would compute something else);
+- which parts a folder may lack when a run starts from it (a BertForMaskedLM's pooler and NSP head).
+
+An architecture's name is transformers' model_type, so a saved config.json says which one it is.
+"""
+
+import torch
+from torch import nn
+from transformers import BertConfig, BertForPreTraining, ModernBertConfig, ModernBertForMaskedLM
+
+from mlmlab import choices
+from mlmlab.config import ModelConfig
+from mlmlab.errors import UserError
+
+# The model.* settings of the encoder's shape, as config.json names them in both libraries' configs.
+_SHAPE = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size", "num_attention_heads": "num_heads",
+          "intermediate_size": "intermediate_size", "max_position_embeddings": "max_position_embeddings"}
+
+
+def attention_dropout(cfg: ModelConfig) -> float:
+    """model.attention_dropout, or model.dropout when it is null."""
+    return cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout
+
+
+class Bert:
+    """BertForPreTraining: encoder ``bert``, MLM head ``cls.predictions``, NSP head ``cls.seq_relationship``."""
+
+    name = choices.BERT
+    model_class = BertForPreTraining
+    layer_class = "BertLayer"  # accelerate's default FSDP wrapping shards per module of this class
+    has_nsp = True
+    settings = _SHAPE  # config.json entry -> the model.* setting that sets it
+    as_built = {"hidden_act": "gelu", "type_vocab_size": 2, "layer_norm_eps": 1e-12, "tie_word_embeddings": True,
+                "position_embedding_type": "absolute"}
+    optional_parts = {"bert.pooler.": "pooler", "cls.seq_relationship.": "NSP head"}  # a BertForMaskedLM has neither
+
+    @staticmethod
+    def config(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> BertConfig:
+        return BertConfig(vocab_size=vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+                          num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
+                          max_position_embeddings=cfg.max_position_embeddings,
+                          **Bert.dropout_settings(cfg.dropout, attention_dropout(cfg)), pad_token_id=pad_token_id)
+
+    @staticmethod
+    def dropout_settings(hidden: float, attention: float) -> dict:
+        """The config entries of the dropout on hidden states and on attention."""
+        return {"hidden_dropout_prob": hidden, "attention_probs_dropout_prob": attention}
+
+    @staticmethod
+    def encode(model, input_ids, attention_mask, token_type_ids, inputs_embeds=None) -> tuple:
+        out = model.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                         inputs_embeds=inputs_embeds)
+        return out[0], out[1]  # (B, T, H), (B, H)
+
+    @staticmethod
+    def predict(model, hidden: torch.Tensor) -> torch.Tensor:
+        return model.cls.predictions(hidden)  # (..., V)
+
+    @staticmethod
+    def nsp_logits(model, pooled: torch.Tensor) -> torch.Tensor:
+        return model.cls.seq_relationship(pooled)  # (B, 2)
+
+    @staticmethod
+    def compiled_parts(model) -> tuple[nn.Module, ...]:
+        return model.bert, model.cls.predictions
+
+
+class ModernBert:
+    """ModernBertForMaskedLM: encoder ``model``, MLM head ``head`` then ``decoder`` (tied to the input embeddings).
+
+    No NSP head and no segment embeddings (token_type_ids are not read), as the published model.
+    """
+
+    name = choices.MODERNBERT
+    model_class = ModernBertForMaskedLM
+    layer_class = "ModernBertEncoderLayer"
+    has_nsp = False
+    # Tuples are paths into nested entries. global_attn_every_n_layers: transformers builds layer_types from
+    # it and keeps it in config.json.
+    settings = {**_SHAPE, "local_attention": "local_attention", "global_attn_every_n_layers": "global_attention_every",
+                ("rope_parameters", "full_attention", "rope_theta"): "rope_theta_global",
+                ("rope_parameters", "sliding_attention", "rope_theta"): "rope_theta_local"}
+    as_built = {"hidden_activation": "gelu", "norm_eps": 1e-5, "norm_bias": False, "attention_bias": False,
+                "mlp_bias": False, "decoder_bias": True, "classifier_activation": "gelu", "tie_word_embeddings": True}
+    optional_parts = {}
+
+    @staticmethod
+    def config(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> ModernBertConfig:
+        rope = {"full_attention": cfg.rope_theta_global, "sliding_attention": cfg.rope_theta_local}
+        return ModernBertConfig(
+            vocab_size=vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
+            max_position_embeddings=cfg.max_position_embeddings, local_attention=cfg.local_attention,
+            global_attn_every_n_layers=cfg.global_attention_every,
+            rope_parameters={layers: {"rope_type": "default", "rope_theta": theta} for layers, theta in rope.items()},
+            **ModernBert.dropout_settings(cfg.dropout, attention_dropout(cfg)), pad_token_id=pad_token_id,
+            # The defaults are ids of ModernBERT's own 50k vocabulary, outside ours; the model reads none of them.
+            bos_token_id=None, eos_token_id=None, cls_token_id=None, sep_token_id=None)
+
+    @staticmethod
+    def dropout_settings(hidden: float, attention: float) -> dict:
+        """As BERT's: hidden states (embeddings, MLP and the classifier's input) and attention."""
+        return {"embedding_dropout": hidden, "mlp_dropout": hidden, "classifier_dropout": hidden,
+                "attention_dropout": attention}
+
+    @staticmethod
+    def encode(model, input_ids, attention_mask, token_type_ids=None, inputs_embeds=None) -> tuple:
+        out = model.model(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds)
+        return out[0], None  # (B, T, H); no pooler
+
+    @staticmethod
+    def predict(model, hidden: torch.Tensor) -> torch.Tensor:
+        return model.decoder(model.head(hidden))  # (..., V)
+
+    @staticmethod
+    def compiled_parts(model) -> tuple[nn.Module, ...]:
+        return model.model, model.head, model.decoder
+
+
+ADAPTERS = {adapter.name: adapter for adapter in (Bert, ModernBert)}  # by model.architecture (model_type)
+
+
+def architecture_named(name: str):
+    if name not in ADAPTERS:
+        raise UserError(f"model_type {name!r} is not an architecture mlmlab trains; it trains "
+                        f"{choices.listed(ADAPTERS)}")
+    return ADAPTERS[name]
+
+
+def architecture_of(model):
+    """The adapter of a transformers model mlmlab built or loaded."""
+    return architecture_named(model.config.model_type)
+
+
+def saved_architecture(saved: dict):
+    """The adapter of a config.json's model; a BERT when it names none (google-research/bert's configs)."""
+    return architecture_named(saved.get("model_type", choices.BERT))
+
+
+def saved_settings(saved: dict) -> dict:
+    """{model.* setting: value} of a model's config.json (or its config's to_dict()); None where absent."""
+    architecture = saved_architecture(saved)
+    return {"architecture": architecture.name,
+            **{setting: config_entry(saved, key) for key, setting in architecture.settings.items()}}
+
+
+def config_entry(saved: dict, key):
+    """A config.json entry; a tuple key is a path into nested entries. None where absent."""
+    for part in key if isinstance(key, tuple) else (key,):
+        saved = saved.get(part) if isinstance(saved, dict) else None
+    return saved
+
+
+def entry_name(setting: str, architecture) -> str:
+    """How config.json names the entry of a model.* setting, for messages."""
+    if setting == "architecture":
+        return "model_type"
+    key = next(key for key, name in architecture.settings.items() if name == setting)
+    return ".".join(key) if isinstance(key, tuple) else key

@@ -1,0 +1,276 @@
+"""ModernBERT beside BERT (issue 31): transformers' own ModernBertForMaskedLM through the same sparse loss,
+masking strategies, exact resume, checkpoints, --init, export, evaluation, GLUE and studies.
+
+A one- or two-layer H32 ModernBERT keeps each test to seconds.
+"""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import (AutoModelForMaskedLM, AutoModelForSequenceClassification, AutoTokenizer, ModernBertForMaskedLM,
+                          pipeline)
+
+from conftest import SAMPLE, SHARED_DATA
+from mlmlab import choices
+from mlmlab.cli import main
+from mlmlab.config import ModelConfig, load_config
+from mlmlab.evaluate.perplexity import evaluate_mlm
+from mlmlab.flops import encoder_forward_flops, local_attention_pairs
+from mlmlab.model import IGNORE_INDEX, SparsePretraining, build_model
+from mlmlab.train import checkpoint
+from mlmlab.train.loop import Trainer
+from mlmlab.train.optim import parameter_groups
+
+CORPUS = SAMPLE / "valid.txt.gz"
+MODERNBERT = ["model.architecture=modernbert", "data.objective=mlm"]
+SMALL = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64"]
+COMMON = ["train.batch_size=8", "train.eval_batches=2", "train.eval_every=0", "train.warmup_steps=1", "train.log_every=1",
+          "data.loader_workers=0", f"data.corpus={CORPUS}", f"data.valid_corpus={CORPUS}", "data.max_seq_length=64",
+          "train.precision=fp32"]
+GLUE_DIR = SHARED_DATA / "glue"
+
+pytestmark = pytest.mark.usefixtures("no_progress_bars")
+
+
+def small_config(**fields) -> ModelConfig:
+    return ModelConfig(**{"architecture": choices.MODERNBERT, "hidden_size": 32, "num_layers": 1, "num_heads": 2,
+                          "intermediate_size": 64, **fields})
+
+
+def small_modernbert(**fields) -> ModernBertForMaskedLM:
+    torch.manual_seed(0)
+    return build_model(small_config(**fields), vocab_size=100, pad_token_id=0)
+
+
+def one_line_error(argv: list[str], capsys) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("mlmlab: error: ") and err.count("\n") == 1, err
+    return err
+
+
+# ----- the model -----------------------------------------------------------------------------
+def test_the_sparse_loss_is_the_librarys_own_loss_on_the_selected_positions():
+    # two layers: layer 0 attends globally, layer 1 within 4 tokens either side of each position
+    model = small_modernbert(num_layers=2, local_attention=8).eval()
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 100, (3, 20), generator=generator)  # (B, T)
+    attention = torch.ones_like(ids)
+    ids[2, 14:], attention[2, 14:] = 0, 0  # a padded row
+    selected = (torch.rand(ids.shape, generator=generator) < 0.3) & attention.bool()  # (B, T)
+    labels = torch.where(selected, torch.randint(5, 100, ids.shape, generator=generator), IGNORE_INDEX)
+    ours = SparsePretraining(model, use_nsp=False)(input_ids=ids, attention_mask=attention,
+                                                   token_type_ids=torch.zeros_like(ids), labels=labels)
+    theirs = model(input_ids=ids, attention_mask=attention, labels=labels)  # the full head over every position
+    assert int(ours["mlm_count"]) == int(selected.sum()) > 0
+    assert ours["mlm_loss"].item() == pytest.approx(theirs.loss.item(), rel=1e-5)
+
+
+def test_weight_decay_spares_exactly_the_norms_and_the_decoder_bias():
+    model = small_modernbert(num_layers=2)
+    decay, spared = parameter_groups(model, 0.01)
+    names = {id(p): name for name, p in model.named_parameters()}
+    assert sorted(names[id(p)] for p in spared["params"]) == sorted(
+        name for name in names.values() if "norm" in name or name == "decoder.bias")
+    assert "model.embeddings.tok_embeddings.weight" in {names[id(p)] for p in decay["params"]}  # tied to the decoder
+
+
+def test_the_flop_model_counts_geglu_and_the_local_windows():
+    reach = 3
+    assert all(local_attention_pairs(length, reach) == sum(abs(i - j) <= reach for i in range(length) for j in range(length))
+               for length in (1, 3, 4, 9, 20))
+    cfg = small_config(num_layers=4, local_attention=2 * reach)
+    model = build_model(cfg, vocab_size=100, pad_token_id=0)
+    length = 16
+    with FlopCounterMode(display=False) as counter:  # the projections' and MLPs' matmuls, as torch counts them
+        model.model(input_ids=torch.randint(5, 100, (1, length)))
+    counted = sum(count for op, count in counter.get_flop_counts()["Global"].items() if str(op) in ("aten.mm", "aten.addmm"))
+    attention = 4 * 32 * (2 * length * length + 2 * local_attention_pairs(length, reach))  # layers 0 and 3 global
+    assert encoder_forward_flops(cfg, length) == counted + attention
+    lengths = torch.tensor([length], dtype=torch.float64)  # as training counts them
+    assert encoder_forward_flops(cfg, lengths).item() == counted + attention
+
+
+def test_presets_match_bert_parameter_counts(bert_tokenizer):
+    counts = {name: sum(p.numel() for p in build_model(load_config(name).model, len(bert_tokenizer),
+                                                      bert_tokenizer.pad_token_id).parameters())
+              for name in ("tiny", "modernbert-tiny", "mini", "modernbert-mini")}
+    print("parameters with the bundled 30,522-token vocabulary:", counts)
+    for size in ("tiny", "mini"):
+        assert abs(counts[f"modernbert-{size}"] / counts[size] - 1) < 0.03
+    for name in ("modernbert-tiny", "modernbert-mini", "modernbert-base"):
+        cfg = load_config(name)
+        assert (cfg.model.architecture, cfg.data.objective, cfg.masking.rate) == (choices.MODERNBERT, choices.MLM, 0.3)
+
+
+# ----- refusals ------------------------------------------------------------------------------
+def test_nsp_with_modernbert_is_refused_in_one_line(capsys):
+    err = one_line_error(["pretrain", "--no-progress", "model.architecture=modernbert"], capsys)
+    assert "NSP head" in err and "data.objective=mlm" in err
+    err = one_line_error(["pretrain", "--no-progress", "--config", "modernbert-tiny", "data.objective=nsp"], capsys)
+    assert "NSP head" in err
+
+
+def test_modernbert_settings_with_bert_are_refused_in_one_line(capsys):
+    err = one_line_error(["pretrain", "--no-progress", "model.local_attention=64"], capsys)
+    assert "model.local_attention" in err and "model.architecture=modernbert" in err
+
+
+# ----- training: every masking strategy, exact resume ----------------------------------------
+ADAPTIVE = ["masking.strategy=adaptive", "masking.adapt_schedule=constant"]
+STRATEGIES = {
+    "static": ["masking.strategy=static"],
+    "dynamic": ["masking.strategy=dynamic"],
+    "ankner-decay": ["masking.rate_schedule=linear_decay", "masking.rate=0.15", "masking.rate_start=0.3"],
+    "whole-word": ["masking.whole_word=true"],
+    # a constant a: every step is scored, the first too
+    **{f"adaptive-{scorer}": [*ADAPTIVE, f"masking.scorer={scorer}"] for scorer in choices.SCORERS},
+    "frequency-neutral": [*ADAPTIVE, "masking.scorer=loss_ema", "masking.frequency_neutral=true"],
+}
+
+
+@pytest.mark.parametrize("overrides", STRATEGIES.values(), ids=STRATEGIES.keys())
+def test_every_masking_strategy_trains_a_step(tmp_path, overrides):
+    cfg = load_config(None, [*MODERNBERT, *SMALL, *COMMON, "train.batch_size=4", f"train.out_dir={tmp_path}", *overrides])
+    trainer = Trainer(cfg, validate=None, show_progress=False)
+    assert isinstance(trainer.model, ModernBertForMaskedLM)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    batches = trainer.batches()
+    for _ in range(2):  # the second step scores with what the first taught (the loss tables)
+        out = trainer.train_step(batches)
+        trainer.state.advance(out["clock"], cfg.train)
+    assert np.isfinite(out["loss"]) and "nsp_loss" not in out
+    assert not all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+
+
+def _command(out_dir, steps: int) -> list[str]:
+    return [sys.executable, "-m", "mlmlab.cli", "pretrain", "--no-progress", *MODERNBERT, *SMALL, *COMMON,
+            f"train.out_dir={out_dir}", f"train.max_steps={steps}", "train.save_every=2", "train.warmup_steps=3",
+            "masking.strategy=adaptive", "masking.scorer=context",  # state that must be restored too
+            "model.dropout=0.1"]  # dropout on, so a bitwise resume must restore its generator too
+
+
+def _newest_step(run_dir) -> int:
+    found = checkpoint.complete_checkpoints(run_dir, check=False)
+    return checkpoint.step_of(found[-1]) if found else 0
+
+
+def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
+    steps = 10
+    subprocess.run(_command(tmp_path / "straight", steps), check=True, capture_output=True)
+    killed_dir = tmp_path / "killed"
+    kill_at = int(np.random.default_rng().integers(2, steps - 2) // 2 * 2) or 2
+    proc = subprocess.Popen(_command(killed_dir, steps), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while _newest_step(killed_dir) < kill_at and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed_dir / "model").exists(), "the run finished before it was killed"
+    resumed = subprocess.run(_command(killed_dir, steps), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming from" in resumed.stdout + resumed.stderr
+    straight = load_file(tmp_path / "straight" / "model" / "model.safetensors")
+    again = load_file(killed_dir / "model" / "model.safetensors")
+    assert straight.keys() == again.keys() and all(torch.equal(straight[name], again[name]) for name in straight)
+
+
+# ----- the exported folder -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """A small ModernBERT trained 4 steps (checkpoints at 2 and 4): its run folder."""
+    run = tmp_path_factory.mktemp("modernbert") / "run"
+    cfg = load_config(None, [*MODERNBERT, *SMALL, *COMMON, f"train.out_dir={run}", "train.max_steps=4",
+                             "train.save_every=2", "train.keep_last=0"])
+    Trainer(cfg, validate=evaluate_mlm, show_progress=False).train()
+    return run
+
+
+def test_the_exported_folder_loads_with_the_auto_classes_and_fill_mask(source):
+    folder = source / "model"
+    assert json.loads((folder / "config.json").read_text())["model_type"] == choices.MODERNBERT
+    masked_lm = AutoModelForMaskedLM.from_pretrained(folder)
+    assert isinstance(masked_lm, ModernBertForMaskedLM)
+    assert masked_lm.decoder.weight.data_ptr() == masked_lm.model.embeddings.tok_embeddings.weight.data_ptr()  # tied
+    predictions = pipeline("fill-mask", model=str(folder))("the capital of france is [MASK].")
+    assert len(predictions) == 5 and all("[MASK]" not in p["sequence"] for p in predictions)
+    classifier, info = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2, output_loading_info=True)
+    assert sorted(info["missing_keys"]) == ["classifier.bias", "classifier.weight"]  # the encoder is the pretrained one
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    inputs = tokenizer(["a sentence", "and another"], ["with a pair", "b"], padding=True, return_tensors="pt")
+    assert "token_type_ids" not in inputs  # ModernBERT has no segment embeddings
+    assert classifier(**inputs).logits.shape == (2, 2)
+    card = (folder / "README.md").read_text()
+    assert "ModernBERT L1/H32" in card and "ModernBertForMaskedLM" in card and "objective: `mlm`" in card
+
+
+def test_export_evaluate_and_glue_work_on_it(source, tmp_path, capsys):
+    assert main(["export", str(source / "ckpt-00000002"), "--out", str(tmp_path / "step2")]) == 0
+    assert AutoModelForMaskedLM.from_pretrained(tmp_path / "step2").config.model_type == choices.MODERNBERT
+    assert "- 2 steps," in (tmp_path / "step2" / "README.md").read_text()
+    assert main(["evaluate", "--model", str(source / "model"), "--data", str(CORPUS), "--max-batches", "2",
+                 "--json", str(tmp_path / "eval.json")]) == 0
+    report = json.loads((tmp_path / "eval.json").read_text())
+    assert np.isfinite(report["perplexity"]) and report["masked_tokens"] > 0 and "nsp_accuracy" not in report
+    if GLUE_DIR.is_dir():
+        assert main(["glue", "--model", str(source / "model"), "--task", "RTE", "--data-dir", str(GLUE_DIR),
+                     "--out", str(tmp_path / "glue"), "--seeds", "0", "--lr", "1e-3", "--epochs", "1",
+                     "--max-train-examples", "16"]) == 0
+        results = json.loads((tmp_path / "glue" / "glue_results.json").read_text())
+        assert np.isfinite(results["tasks"]["RTE"]["score"])
+    capsys.readouterr()
+
+
+def test_a_run_starts_from_a_modernbert_folder(source, tmp_path, capsys):
+    cfg = load_config(None, [*COMMON, "data.objective=mlm", f"train.init={source / 'model'}",
+                             f"train.out_dir={tmp_path / 'init'}", "train.max_steps=1"])
+    trainer = Trainer(cfg, validate=None, show_progress=False)  # no model.* keys: taken from the folder
+    assert trainer.cfg.model.architecture == choices.MODERNBERT and trainer.cfg.model.hidden_size == 32
+    saved = load_file(source / "model" / "model.safetensors")
+    assert all(torch.equal(trainer.model.state_dict()[name], tensor) for name, tensor in saved.items())
+    # without data.objective=mlm the run would train NSP, which ModernBERT cannot
+    err = one_line_error(["pretrain", "--no-progress", *COMMON, "--init", str(source / "model"),
+                          f"train.out_dir={tmp_path / 'nsp'}"], capsys)
+    assert "NSP head" in err
+
+
+def test_a_resume_into_the_other_architecture_is_refused(source, tmp_path, capsys):
+    err = one_line_error(["pretrain", "--no-progress", *SMALL, *COMMON, "data.objective=mlm",
+                          f"train.out_dir={tmp_path / 'bert'}", "--resume", str(source / "ckpt-00000002")], capsys)
+    assert "model_type=modernbert" in err and "model.architecture" in err
+
+
+# ----- studies -------------------------------------------------------------------------------
+def test_a_study_arm_sets_the_architecture(tmp_path, capsys):
+    study = {"name": "architectures", "preset": "tiny", "seeds": [0], "baseline": "bert",
+             "base": {"model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+                      "data": {"objective": choices.MLM}, "train": {"max_steps": 10}},
+             "arms": [{"name": "bert"},
+                      {"name": "modernbert", "model.architecture": choices.MODERNBERT, "model.intermediate_size": 48}],
+             "out_dir": str(tmp_path / "out")}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    assert main(["experiment", str(path), "--dry-run"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line.split()}
+    assert "modernbert" in rows and "bert" in rows
+    assert rows["modernbert"][4] != rows["bert"][4]  # FLOPs per run: each architecture's own FLOP model
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "enwiki_sample").is_dir(), reason="shared data not present")
+def test_an_existing_studys_run_keys_are_unchanged():
+    """The new model.* keys enter no key of a study that does not set them: its finished rows stay its own."""
+    from mlmlab.experiments.runner import plan_runs
+    from mlmlab.experiments.study import load_study
+
+    results = Path(__file__).resolve().parent.parent / "docs" / "adm-study-wp8k-9k" / "results.jsonl"
+    recorded = {json.loads(line)["key"] for line in results.read_text().splitlines() if line.strip()}
+    assert recorded <= {run.key for run in plan_runs(load_study("adm-study-wp8k-9k"))}
