@@ -24,9 +24,9 @@ from pathlib import Path
 from accelerate.utils import set_seed
 from transformers import PreTrainedModel
 
-from mlmlab.config import Config, ModelConfig
 from mlmlab import choices
 from mlmlab.architectures import ADAPTERS, architecture_of, entry_name, saved_architecture, saved_settings
+from mlmlab.config import Config, ModelConfig
 from mlmlab.data.resolve import tokenizer_dir_for
 from mlmlab.data.tokenizer import load_tokenizer, vocab_hash
 from mlmlab.errors import UserError
