@@ -9,6 +9,8 @@ import pytest
 import yaml
 from scipy import stats
 
+from conftest import ROOT
+
 from mlmlab.cli import main
 from mlmlab.config import ModelConfig, to_dict
 from mlmlab.data.resolve import SAMPLE_VALID
@@ -59,6 +61,17 @@ def test_shards_partition_runs_disjointly_and_completely(tmp_path):
     for bad in ("4/4", "1", "a/b"):
         with pytest.raises(UserError, match="--shard"):
             runner.parse_shard(bad)
+
+
+def test_every_shard_holds_a_share_of_the_gate_arm_and_runs_it_first(monkeypatch):
+    """adm-study-v3: 6 arms x 4 seeds in 2 shards. By index alone all 4 dynamic runs fell in shard 0."""
+    monkeypatch.chdir(ROOT)  # the study's data paths are relative to the repository root
+    study = study_file.load_study("adm-study-v3")
+    runs = runner.plan_runs(study)
+    shards = [runner.shard_runs(runs, (i, 2), study.gates.arm) for i in range(2)]
+    assert [[(run.arm.name, run.seed) for run in shard[:2]] for shard in shards] == [
+        [("dynamic", 0), ("dynamic", 2)], [("dynamic", 1), ("dynamic", 3)]]
+    assert sorted(run.key for shard in shards for run in shard) == sorted(run.key for run in runs)
 
 
 def test_compute_matched_gives_the_entropy_arm_fewer_steps(tmp_path):

@@ -121,9 +121,12 @@ def parse_shard(text: str | None) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
-def shard_runs(runs: list[Run], shard: tuple[int, int]) -> list[Run]:
+def shard_runs(runs: list[Run], shard: tuple[int, int], gate_arm: str | None = None) -> list[Run]:
+    """This shard's runs, in the order they run: every n-th of the study's order, the gate arm's runs first
+    (then seed-major), so that every shard holds a share of the gate arm. By index alone, a study of 6 arms
+    in 2 shards put each dynamic run in shard 0, and shard 1 waited on gates it could not help pass."""
     i, n = shard
-    return [run for run in runs if run.index % n == i]
+    return sorted(runs, key=lambda run: run.arm.name != gate_arm)[i::n]
 
 
 # ----- running -----------------------------------------------------------------------------
@@ -278,7 +281,7 @@ def run_study(study: Study, shard: tuple[int, int] = (0, 1), show_progress: bool
     results.parent.mkdir(parents=True, exist_ok=True)
     refuse_incomparable(planned, finished_rows(results))
     gate_arm = study.gates.arm if study.gates else None
-    runs = sorted(shard_runs(planned, shard), key=lambda run: run.arm.name != gate_arm)  # stable: seed-major within
+    runs = shard_runs(planned, shard, gate_arm)
     rows = []
     for number, run in enumerate(runs, 1):
         label = f"[{number}/{len(runs)}] {run.arm.name} seed {run.seed}"
@@ -329,7 +332,7 @@ def check_gates(study: Study, planned: list[Run], rows: list[dict], log=print) -
 def dry_run_text(study: Study, shard: tuple[int, int] = (0, 1), probe_steps: int = 0, log=print) -> str:
     """Every arm's config validated and its estimated cost; with ``probe_steps``, each arm's cost timed here too."""
     runs = plan_runs(study)
-    mine = shard_runs(runs, shard)
+    mine = shard_runs(runs, shard, study.gates.arm if study.gates else None)
     lines = [f"study {study.name}: {len(study.arms)} arms x {len(study.seeds)} seeds = {len(runs)} runs "
              f"({len(mine)} in shard {shard[0]}/{shard[1]}), budget {study.budget}, baseline {study.baseline}",
              f"{'arm':<34} {'steps':>9} {'batch':>6} {'tokens':>10} {'FLOPs':>9} {'scorer':>7} {'GPU-h':>9} {'CPU-h':>9}"]

@@ -1,0 +1,121 @@
+"""A study under way must not change what its runs compute (issue 30, item 6).
+
+adm-study-v3 grows over many sessions while code lands beside it. Its runner refuses a changed
+config or prepared-data hash, but not a change in what the same config computes (a masking,
+loss, optimizer or data-preparation change). This trains a few steps of the study's own arm
+configs, on its own prepared data, and compares with values recorded from the code its first
+runs were made with: the prepared shards' bytes (every host), every loss (every host, to 1e-5),
+and the final weights (bit for bit, on the host kinds recorded; fp32 kernels differ by CPU).
+
+When a change is meant to alter the numbers, the study cannot go on with it: finish or close
+the study first. Recording (only for a new study, or a host kind not yet recorded):
+
+    python tests/test_study_numerics.py --record
+"""
+
+import dataclasses
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+STUDY = "adm-study-v3"
+# One arm per code path its arms take: uniform masks, a rate schedule, ADM's entropy scorer with quotas.
+ARMS = ("dynamic", "ankner-decay", "adm-entropy-fn")
+STEPS = 6
+WARMUP = 2  # the study's warmup (100 steps) would keep 6 steps near LR 0, where an optimizer change hardly shows
+RECORDED = Path(__file__).resolve().parent / "data" / f"{STUDY}-numerics.json"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def host_kind() -> str:
+    """What fp32 bits depend on: torch's kernel level and the CPU (and the thread count: record and test with
+    the default, every core of a 2-core machine)."""
+    from mlmlab.devices import cpu_features
+
+    features = cpu_features()
+    return f"{features['torch_capability']} {features['model']}"
+
+
+def guarded_config(arm: str, out_dir: Path):
+    """The study's config of ``arm`` at its first seed, cut to STEPS steps (WARMUP of them warmup), a log line each."""
+    from mlmlab.experiments.runner import arm_config
+    from mlmlab.experiments.study import load_study
+
+    study = load_study(STUDY)
+    cfg, seed = arm_config(study, next(a for a in study.arms if a.name == arm)), study.seeds[0]
+    return dataclasses.replace(
+        cfg, masking=dataclasses.replace(cfg.masking, seed=seed),
+        data=dataclasses.replace(cfg.data, loader_workers=0),  # the batches are the same with or without a worker
+        train=dataclasses.replace(cfg.train, seed=seed, max_steps=STEPS, warmup_steps=WARMUP, log_every=1, eval_every=0,
+                                  save_every=0, out_dir=str(out_dir)))
+
+
+def numbers(arm: str, out_dir: Path) -> dict:
+    """What the arm computes: its prepared shards' sha256, every logged loss, the final weights' sha256."""
+    from mlmlab.train.loop import Trainer
+
+    trainer = Trainer(guarded_config(arm, out_dir), validate=None, show_progress=False)
+    trainer.train()
+    records = [json.loads(line) for line in trainer.metrics.path.read_text().splitlines()]
+    weights = hashlib.sha256()
+    for name, tensor in sorted(trainer.model.state_dict().items()):
+        weights.update(name.encode() + tensor.detach().cpu().numpy().tobytes())
+    return {"shards": shard_digest(trainer.train_store.path),
+            "losses": [[r["loss"], r["mlm_loss"]] for r in records if "loss" in r],
+            "weights": weights.hexdigest()}
+
+
+def shard_digest(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*.npy")):
+        digest.update(path.relative_to(folder).as_posix().encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def computed(tmp_path_factory, monkeypatch_module):
+    monkeypatch_module.chdir(ROOT)  # the study's paths are relative to the repository root
+    folder = tmp_path_factory.mktemp("numerics")
+    return {arm: numbers(arm, folder / arm) for arm in ARMS}
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_the_study_config_computes_what_its_first_runs_computed(computed, arm):
+    recorded = json.loads(RECORDED.read_text())
+    expected = recorded["hosts"].get(host_kind()) or next(iter(recorded["hosts"].values()))
+    got, want = computed[arm], expected[arm]
+    assert got["shards"] == want["shards"], "the study's prepared data changed (data preparation code)"
+    assert flat(got["losses"]) == pytest.approx(flat(want["losses"]), rel=1e-5), "the study's losses changed"
+    if host_kind() in recorded["hosts"]:  # fp32 bits are only comparable on the host kind they were made on
+        assert got["weights"] == want["weights"], "the study's weights changed bit for bit on a recorded host kind"
+
+
+def flat(losses: list[list[float]]) -> list[float]:
+    """[[loss, mlm_loss] per step] -> one list, as pytest.approx compares."""
+    return [value for step in losses for value in step]
+
+
+def record() -> None:
+    """Add this host kind's numbers to RECORDED (run from the repository root, with the study's data)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        got = {arm: numbers(arm, Path(folder) / arm) for arm in ARMS}
+    recorded = json.loads(RECORDED.read_text()) if RECORDED.is_file() else {"study": STUDY, "hosts": {}}
+    recorded["hosts"][host_kind()] = got
+    RECORDED.parent.mkdir(exist_ok=True)
+    RECORDED.write_text(json.dumps(recorded, indent=1) + "\n")
+    print(f"recorded {STUDY} numerics for {host_kind()} in {RECORDED}")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--record"]:
+    record()
