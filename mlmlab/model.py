@@ -24,7 +24,7 @@ from transformers import PreTrainedModel
 
 from mlmlab.architectures import architecture_named, architecture_of
 from mlmlab.config import ModelConfig
-from mlmlab.data.tokenizer import folder_vocab_hash
+from mlmlab.data.tokenizer import folder_vocab_hash, vocab_hash
 from mlmlab.errors import UserError
 from mlmlab.restoring import restoring
 
@@ -110,6 +110,18 @@ def saved_vocab_hash(model_dir: Path) -> str:
     """The vocabulary a model folder was trained with: recorded in config.json, else its tokenizer files' (older folders)."""
     config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
     return config.get(VOCAB_HASH_KEY) or folder_vocab_hash(model_dir)
+
+
+def refuse_other_tokenizer(model_dir: Path, tokenizer) -> None:
+    """A model folder whose tokenizer is not the vocabulary its config.json records (a swapped vocab.txt) is refused.
+
+    Same size or not: the ids would mean other tokens. A folder that records none (not mlmlab's) is not checked.
+    """
+    recorded = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")).get(VOCAB_HASH_KEY)
+    if recorded is not None and recorded != vocab_hash(tokenizer.get_vocab()):
+        raise UserError(f"{model_dir}: its tokenizer is not the vocabulary the model was trained with (vocabulary hash "
+                        f"{vocab_hash(tokenizer.get_vocab())}, trained with {recorded}); restore the folder's "
+                        "tokenizer files")
 
 
 def compile_model(model: PreTrainedModel) -> None:

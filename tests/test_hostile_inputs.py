@@ -254,6 +254,8 @@ CASES = [
     Case("resume with a renumbered vocabulary",
          lambda w, t: pretrain_argv(w.run, "--resume", "auto", f"data.tokenizer={w.renumbered_vocab}"),
          ("another vocabulary",)),
+    Case("--init from a model folder whose tokenizer was swapped", lambda w, t: pretrain_argv(
+        t / "r", "--init", str(model_with(w, t, swap_tokenizer(w)))), ("not the vocabulary the model was trained with",)),
     Case("resume from a checkpoint lacking a weight", checkpoint_lacking_a_weight, ("lacks cls.seq_relationship",)),
     # Corpora, vocabularies, prepared data.
     Case("truncated gz corpus", lambda w, t: ["prepare", "--corpus", str(gz_cut_short(t)), "--tokenizer", str(w.tokenizer),

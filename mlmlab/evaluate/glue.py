@@ -28,10 +28,9 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 from mlmlab import jsonio, markdown
 from mlmlab.architectures import ADAPTERS, Bert
 from mlmlab.config import BELOW_ONE, POSITIVE, SEEDS, check_range
-from mlmlab.data.tokenizer import vocab_hash
 from mlmlab.devices import compute_device
 from mlmlab.errors import UserError
-from mlmlab.model import VOCAB_HASH_KEY, WEIGHTS_FILE, weight_shapes
+from mlmlab.model import WEIGHTS_FILE, refuse_other_tokenizer, weight_shapes
 from mlmlab.restoring import restoring
 from mlmlab.train.optim import parameter_groups
 from mlmlab.evaluate.glue_data import (
@@ -365,10 +364,7 @@ def load_model_tokenizer(model_dir: Path):
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     except (OSError, ValueError) as error:
         raise UserError(f"{model_dir}: no usable tokenizer ({error}); save the tokenizer into the checkpoint folder") from None
-    recorded = AutoConfig.from_pretrained(model_dir).to_dict().get(VOCAB_HASH_KEY)  # set by mlmlab's export
-    if recorded is not None and recorded != vocab_hash(tokenizer.get_vocab()):
-        raise UserError(f"{model_dir}: its tokenizer is not the vocabulary the model was trained with (vocabulary hash "
-                        f"{vocab_hash(tokenizer.get_vocab())}, trained with {recorded}); restore the folder's tokenizer files")
+    refuse_other_tokenizer(model_dir, tokenizer)
     return tokenizer
 
 

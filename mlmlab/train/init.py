@@ -11,7 +11,8 @@ line naming the key:
   than its default and the checkpoint's is refused (the run's config.yaml records what was taken);
 - the positions: data.max_seq_length beyond the checkpoint's max_position_embeddings;
 - the vocabulary: data.tokenizer, when given, must be the checkpoint's (vocab_hash); when
-  empty, the checkpoint's own tokenizer is the run's (data/resolve.py).
+  empty, the checkpoint's own tokenizer is the run's (data/resolve.py), and must be the one
+  its config.json records.
 
 A BertForMaskedLM folder has no pooler and no NSP head: they start fresh, and the log says so.
 """
@@ -27,11 +28,11 @@ from transformers import PreTrainedModel
 from mlmlab import choices
 from mlmlab.architectures import ADAPTERS, architecture_of, entry_name, saved_architecture, saved_settings
 from mlmlab.config import Config, ModelConfig
-from mlmlab.data.resolve import tokenizer_dir_for
+from mlmlab.data.resolve import standalone_tokenizer, tokenizer_dir_for
 from mlmlab.data.tokenizer import load_tokenizer, vocab_hash
 from mlmlab.errors import UserError
 from mlmlab.model import (VOCAB_HASH_KEY, WEIGHTS_FILE, build_model, compile_model, current_name, load_weights,
-                          saved_vocab_hash, weight_shapes)
+                          refuse_other_tokenizer, saved_vocab_hash, weight_shapes)
 
 
 def resolve_init(cfg: Config) -> Config:
@@ -86,9 +87,11 @@ def _check_positions(folder: Path, saved: dict, max_seq_length: int) -> None:
 
 
 def _check_vocabulary(folder: Path, saved: dict, tokenizer_setting: str) -> None:
-    """data.tokenizer, when given, must be the vocabulary the checkpoint was trained with, id for id."""
+    """The run's tokenizer must be the vocabulary the checkpoint was trained with, id for id: data.tokenizer's, or
+    the folder's own, checked as evaluate and glue check it (a swapped vocab.txt trained with the wrong ids)."""
     if not tokenizer_setting:
-        return  # the checkpoint's own tokenizer is used
+        refuse_other_tokenizer(folder, load_tokenizer(standalone_tokenizer(folder)))
+        return
     has_files = (folder / "tokenizer.json").is_file() or (folder / "vocab.txt").is_file()
     if not has_files and VOCAB_HASH_KEY not in saved:
         raise UserError(f"cannot check that data.tokenizer is the vocabulary train.init={folder} was trained with: the "
