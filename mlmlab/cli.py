@@ -7,12 +7,15 @@ mistyped option then answer without first importing torch and transformers (seco
 import argparse
 import json
 import os
+import signal
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 from mlmlab import choices, jsonio
 from mlmlab.config import MaskingConfig, frequency_cuts, load_config
 from mlmlab.errors import UserError
+from mlmlab.signals import exit_code, sigterm_unwinds
 
 
 def columns_of(args):
@@ -87,14 +90,18 @@ def cmd_export(args) -> None:
 
 def cmd_evaluate(args) -> None:
     from mlmlab.evaluate.perplexity import evaluate_model, format_eval_table
+    from mlmlab.files import lock_beside, write_text_atomically
 
-    report = evaluate_model(args.model, args.data, batch_size=args.batch_size, max_batches=args.max_batches,
-                            max_seq_length=args.max_seq_length, columns=columns_of(args),
-                            freq_cuts=frequency_cuts(args.freq_buckets, "--freq-buckets"),
-                            recalibrate=args.recalibrate)
+    # --json is this process's before it evaluates: a second evaluate into it is refused at once.
+    json_lock = lock_beside(Path(args.json), f"--json {args.json}", "give --json another file") if args.json else None
+    with json_lock or nullcontext():
+        report = evaluate_model(args.model, args.data, batch_size=args.batch_size, max_batches=args.max_batches,
+                                max_seq_length=args.max_seq_length, columns=columns_of(args),
+                                freq_cuts=frequency_cuts(args.freq_buckets, "--freq-buckets"),
+                                recalibrate=args.recalibrate)
+        if args.json:
+            write_text_atomically(Path(args.json), jsonio.dumps(report, indent=1) + "\n")
     print(format_eval_table(report))
-    if args.json:
-        Path(args.json).write_text(jsonio.dumps(report, indent=1) + "\n")
     print(jsonio.dumps(report))
 
 
@@ -327,13 +334,15 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # "Loading weights" bars would bury our output
     args = parse_arguments(build_parser(), argv)
     try:
-        args.func(args)
+        with sigterm_unwinds():
+            args.func(args)
     except UserError as err:
         print(f"mlmlab: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("mlmlab: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM outside training (which saves first: train/loop.py)
+        signum = getattr(stop, "signum", signal.SIGINT)
+        print(f"mlmlab: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
+        return exit_code(signum)
     return 0
 
 

@@ -1,19 +1,26 @@
-"""Files and folders written so that a reader never sees half of one.
+"""Files and folders written so that a reader never sees half of one, by one writer at a time.
 
 A folder is built under a staging name beside its target (same filesystem) and published
-with one rename. Checksums of files name caches and verify checkpoints.
+with one rename. Checksums of files name caches and verify checkpoints. What a command
+keeps writing to (a run folder, GLUE's --out, a study's results) is locked for it alone.
 """
 
+import fcntl
 import glob
 import hashlib
 import os
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
 
+from mlmlab.errors import UserError
+
+LOCK_FILE = ".lock"  # a folder's WriterLock
 STAGING_PREFIX = ".tmp-"  # a killed writer leaves ".tmp-<target name>-<host>-<pid>-<random>" behind
 _BLOCK = 1 << 20
 
@@ -48,16 +55,24 @@ def _writer_prefix(target: Path) -> str:
 
 
 def remove_stale_staging(target: Path) -> None:
-    """Delete ``target``'s staging folders whose writer, a process of this host, is dead.
+    """Delete ``target``'s staging folders and files whose writer, a process of this host, is dead.
 
-    A live writer's folder (a concurrent prepare) is left alone, and so is one from another
-    host sharing the filesystem: its process cannot be checked from here.
+    A live writer's (a concurrent prepare) is left alone, and so is one from another host
+    sharing the filesystem: its process cannot be checked from here.
     """
-    prefix = _staging_prefix(target)
-    for folder in target.parent.glob(f"{glob.escape(prefix)}{_HOST}-*"):
-        pid = folder.name[len(prefix) + len(_HOST) + 1:].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(folder, ignore_errors=True)
+    remove_stale_staging_like(target.parent, glob.escape(target.name))
+
+
+def remove_stale_staging_like(folder: Path, names: str) -> None:
+    """``remove_stale_staging`` for every target in ``folder`` whose name matches the glob ``names`` ("ckpt-*")."""
+    for staged in Path(folder).glob(f"{glob.escape(STAGING_PREFIX)}{names}-{glob.escape(_HOST)}-*"):
+        pid = staged.name.rsplit("-", 2)[1]  # ".tmp-<name>-<host>-<pid>-<random>"; the random part has no "-"
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        if staged.is_dir():
+            shutil.rmtree(staged, ignore_errors=True)
+        else:  # write_text_atomically's
+            staged.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:
@@ -130,6 +145,7 @@ def write_text_atomically(target: Path, text: str) -> None:
     """``target`` holds ``text`` after one rename of a staging file beside it: a reader sees the old or the new, never half."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(target)
     handle, staging = tempfile.mkstemp(prefix=_writer_prefix(target), dir=target.parent)
     with os.fdopen(handle, "w", encoding="utf-8") as file:
         file.write(text)
@@ -145,3 +161,69 @@ def building(target: Path, *, replace: bool = False) -> Iterator[Path]:
         publish(staging, target, replace=replace)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+class WriterLock:
+    """One writer at a time: an exclusive ``flock`` on ``lock_file``, held until ``release`` or the process's end.
+
+    The OS releases it when the process dies, however it dies, so a killed writer never
+    leaves a folder locked. The file holds the holder's pid and host, for the refusal to
+    name; it stays behind (deleting it would let a second writer lock a new file of the
+    same name while the first still holds the old one).
+    """
+
+    def __init__(self, lock_file: Path, what: str, instead: str):
+        """``what`` is locked ("the run folder runs/x"); ``instead``: what a refused writer can do."""
+        self.path = Path(lock_file)
+        self._handle = _locked(self.path, what, instead)
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()  # closing the descriptor releases the lock
+            self._handle = None
+
+    def __enter__(self) -> "WriterLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _locked(path: Path, what: str, instead: str) -> TextIO:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+", encoding="utf-8")  # not truncated yet: a refused writer reads the holder in it
+    except OSError as err:
+        raise UserError(f"cannot create the lock file {path} ({err.strerror}); {instead}") from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(handle)
+        handle.close()
+        raise UserError(f"{what} is being written by another mlmlab process ({holder}); wait for it to end or stop "
+                        f"it, or {instead}") from None
+    handle.truncate(0)  # "a+": the write below lands at the (new) end, the start
+    handle.write(f"pid {os.getpid()} on host {socket.gethostname()}\n")
+    handle.flush()
+    return handle
+
+
+def _holder(handle: TextIO) -> str:
+    """What the lock file says of its holder, which writes it just after it locks: a moment's wait for a new one."""
+    for _ in range(20):
+        handle.seek(0)
+        if text := handle.read().strip():
+            return text
+        time.sleep(0.05)
+    return "a process that has not said which"
+
+
+def lock_folder(folder: Path, what: str, instead: str) -> WriterLock:
+    """A ``WriterLock`` on the folder's own ``.lock``: for a folder a command keeps writing to (a run, GLUE's --out)."""
+    return WriterLock(Path(folder) / LOCK_FILE, what, instead)
+
+
+def lock_beside(target: Path, what: str, instead: str) -> WriterLock:
+    """A ``WriterLock`` on ``.<name>.lock`` beside ``target``: a file's, or a folder's that holds only its contents."""
+    target = Path(target)
+    return WriterLock(target.parent / f".{target.name}.lock", what, instead)

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from mlmlab.errors import UserError
+from mlmlab.signals import ignore_stop_signals
 
 KEYS_PADDED = ("input_ids", "token_type_ids")
 
@@ -114,9 +115,10 @@ def iterate_batches(store, *, batch_size: int, seed: int, start: LoaderPosition,
         plan = epoch_batches(len(store), global_batch, seed, epoch, store.lengths, bucket_batches)[first:, rank::world_size]
         # Its own generator: a DataLoader draws a worker base seed when iterated, and from torch's
         # default generator that would shift the dropout stream of a resumed run.
+        # Its workers leave a stop signal to the training loop, which saves before it exits.
         loader = DataLoader(dataset, batch_size=None, sampler=list(plan), num_workers=workers,
                             prefetch_factor=4 if workers else None, persistent_workers=False,
-                            generator=torch.Generator().manual_seed(seed))
+                            generator=torch.Generator().manual_seed(seed), worker_init_fn=ignore_stop_signals)
         for offset, batch in enumerate(loader):
             yield LoaderPosition(epoch, first + offset + 1, global_batch), batch
         epoch, first = epoch + 1, 0

@@ -47,6 +47,7 @@ from mlmlab.data.tokenizer import SPECIAL_TOKENS, folder_vocab_hash, load_tokeni
 from mlmlab.errors import UserError
 from mlmlab.files import building, file_sha256
 from mlmlab.restoring import restoring
+from mlmlab.signals import ignore_stop_signals, stop_signals_blocked
 
 # Bump whenever the shard layout or instance construction changes: old folders then
 # get a new hash instead of being misread. 2: one-segment documents no longer give NSP pairs.
@@ -265,9 +266,8 @@ def _build(paths, columns, unk_marker, tokenizer, tokenizer_dir, config, digest,
     shutil.copytree(tokenizer_dir, staging / "tokenizer")
     vocab_size = len(tokenizer)
     spec = _ShardSpec(config, str(staging), tokenizer.cls_token_id, tokenizer.sep_token_id, vocab_size)
-    context = multiprocessing.get_context()
     initargs = (tokenizer.backend_tokenizer.to_str(), unk_marker, tokenizer.unk_token_id)
-    with context.Pool(num_workers, initializer=_init_worker, initargs=initargs) as pool:
+    with _worker_pool(num_workers, initargs) as pool:
         summaries = _built_shards(pool, _chunks(paths, columns, config.docs_per_shard), spec, pieces=num_workers)
         totals = _accumulate(summaries, vocab_size)
     if totals["num_instances"] == 0:
@@ -395,8 +395,15 @@ _worker_tokenizer: Tokenizer | None = None
 _worker_unk: tuple[str, int] = ("", 0)  # (the corpus's unknown-word marker, the [UNK] id)
 
 
+def _worker_pool(num_workers: int, initargs: tuple) -> multiprocessing.pool.Pool:
+    """The workers, started with the job's stop signals held back until ``_init_worker`` has them ignored."""
+    with stop_signals_blocked():
+        return multiprocessing.get_context().Pool(num_workers, initializer=_init_worker, initargs=initargs)
+
+
 def _init_worker(tokenizer_json: str, unk_marker: str, unk_id: int) -> None:
     global _worker_tokenizer, _worker_unk
+    ignore_stop_signals()  # the main process stops the pool; a worker dead of the job's signal would hang it
     # The pool already uses every worker core; nested Rust threads would oversubscribe.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _worker_tokenizer = Tokenizer.from_str(tokenizer_json)

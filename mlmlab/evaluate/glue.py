@@ -30,6 +30,7 @@ from mlmlab.architectures import ADAPTERS, Bert
 from mlmlab.config import BELOW_ONE, POSITIVE, SEEDS, check_range
 from mlmlab.devices import compute_device
 from mlmlab.errors import UserError
+from mlmlab.files import lock_folder
 from mlmlab.model import WEIGHTS_FILE, refuse_other_tokenizer, weight_shapes
 from mlmlab.restoring import restoring
 from mlmlab.train.optim import parameter_groups
@@ -119,11 +120,11 @@ def run_glue(
                          write_test_predictions, show_progress, compute_device())
     results = {"model_dir": str(model_dir), "init": init, "seeds": list(seeds), "selection": SELECTION_NOTE,
                "max_train_examples": max_train_examples, "tasks": {}, "average": None}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name, task_settings in settings.items():
-        results["tasks"][name] = evaluate_task(TASKS[name], data_dir, task_settings, context, out_dir)
-        results["average"] = glue_average(results["tasks"])
-        write_results(results, out_dir)  # after every task, so a long run keeps what it finished
+    with lock_folder(out_dir, f"the GLUE output folder {out_dir}", "give --out another folder"):
+        for name, task_settings in settings.items():
+            results["tasks"][name] = evaluate_task(TASKS[name], data_dir, task_settings, context, out_dir)
+            results["average"] = glue_average(results["tasks"])
+            write_results(results, out_dir)  # after every task, so a long run keeps what it finished
     return results
 
 

@@ -25,6 +25,7 @@ import mlmlab
 from mlmlab import jsonio
 from mlmlab.config import Config, DataConfig, config_text, from_dict, set_dotted, to_dict
 from mlmlab.errors import UserError
+from mlmlab.files import WriterLock
 from mlmlab.data.resolve import dataset_hashes
 from mlmlab.evaluate.glue import run_glue
 from mlmlab.evaluate.linear_probe import check_task_files, run_probes
@@ -269,7 +270,23 @@ def append_row(results: Path, row: dict) -> None:
 
 
 def run_study(study: Study, shard: tuple[int, int] = (0, 1), show_progress: bool = True, log=print) -> list[dict]:
-    """Run this shard's unfinished runs, the gate arm's first; return the rows written."""
+    """Run this shard's unfinished runs, the gate arm's first; return the rows written.
+
+    One process per shard of a study folder: shards append to one results.jsonl side by side, but
+    another process on the same shard (another study, or the same one started twice) is refused.
+    """
+    with results_lock(study, shard):
+        return _run_shard(study, shard, show_progress, log)
+
+
+def results_lock(study: Study, shard: tuple[int, int]) -> WriterLock:
+    i, n = shard
+    results = Path(study.out_dir) / RESULTS_FILE
+    return WriterLock(results.parent / f".{RESULTS_FILE}.shard-{i}-of-{n}.lock", f"{results} (shard {i}/{n})",
+                      "give this study another --out")
+
+
+def _run_shard(study: Study, shard: tuple[int, int], show_progress: bool, log) -> list[dict]:
     planned = plan_runs(study)
     if study.glue.tasks and not (study.glue_dir and Path(study.glue_dir).is_dir()):
         # A row without the GLUE it should have would count as finished and never get it.

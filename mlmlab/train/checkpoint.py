@@ -2,8 +2,9 @@
 
 A run folder holds ``config.yaml`` (the resolved config it trains with now),
 ``config_history.jsonl`` (one line per resume that changed the config: the step, the
-checkpoint and every changed key), ``metrics.jsonl``, checkpoints ``ckpt-<step>`` and, at
-the end, ``model/``. A checkpoint folder holds:
+checkpoint and every changed key), ``metrics.jsonl``, checkpoints ``ckpt-<step>``, at the
+end ``model/``, and ``.lock``, which the one process writing the run holds (``lock_run``; a
+second is refused). A checkpoint folder holds:
 
 - ``model/``: a HuggingFace folder (safetensors weights, config, tokenizer, the
   pretraining corpus's ``token_counts.npy``) that the Auto classes load;
@@ -34,7 +35,8 @@ from mlmlab.config import Config, config_text, flat_keys, from_dict, read_yaml
 from mlmlab.architectures import architecture_named, entry_name, saved_architecture, saved_settings
 from mlmlab.data.tokenizer import vocab_hash
 from mlmlab.errors import UserError
-from mlmlab.files import STAGING_PREFIX, building, file_sha256
+from mlmlab.files import (WriterLock, building, file_sha256, lock_folder, remove_stale_staging_like,
+                          write_text_atomically)
 from mlmlab.model import VOCAB_HASH_KEY, WEIGHTS_FILE, load_weights, saved_vocab_hash
 
 MANIFEST = "manifest.json"
@@ -56,16 +58,20 @@ def run_dir_for(cfg: Config) -> Path:
     return Path("runs") / digest
 
 
+def lock_run(run_dir: Path) -> WriterLock:
+    """The run folder, created if need be and locked for this process, before anything is written to it."""
+    make_writable_folder(run_dir)
+    return lock_folder(run_dir, f"the run folder {run_dir}", "choose another train.out_dir")
+
+
 def open_run(run_dir: Path, cfg: Config, resume: str | None, is_main: bool) -> Path | None:
-    """Make sure the run folder can be written; the checkpoint to resume from, if any.
+    """The checkpoint to resume from, if any, in a run folder ``lock_run`` made (main process).
 
     A folder that already holds checkpoints of this very config is resumed without being
     asked; one of another config (or of an unknown one: config.yaml deleted) is refused
     unless ``resume`` says to continue it. The config is recorded later, by ``record_config``,
     once the checkpoint has loaded: a refused resume leaves the folder as it was.
     """
-    if is_main:
-        make_writable_folder(run_dir)
     if resume is None and complete_checkpoints(run_dir, check=False):
         recorded = read_text_or_none(run_dir / CONFIG_FILE)
         if recorded is None:
@@ -126,7 +132,7 @@ def record_config(run_dir: Path, cfg: Config, resumed_from: Path | None, step: i
             with open(run_dir / CONFIG_HISTORY, "a") as handle:
                 handle.write(json.dumps(line) + "\n")
     if previous != text or not path.is_file():
-        path.write_text(text)
+        write_text_atomically(path, text)
 
 
 def config_tree_at(run_dir: Path, step: int) -> tuple[dict, list[str]]:
@@ -265,9 +271,8 @@ def verify(folder: Path) -> str | None:
 
 
 def remove_partial(run_dir: Path) -> None:
-    """Delete staging folders left by a writer that was killed mid-save."""
-    for partial in Path(run_dir).glob(f"{STAGING_PREFIX}{PREFIX}*"):
-        shutil.rmtree(partial, ignore_errors=True)
+    """Delete staging folders left by a writer that was killed mid-save; never a live writer's."""
+    remove_stale_staging_like(Path(run_dir), f"{PREFIX}*")
 
 
 def complete_checkpoints(run_dir: Path, check: bool = True, warn=print) -> list[Path]:

@@ -15,6 +15,7 @@ from mlmlab.config import Config, from_dict
 from mlmlab.data.resolve import prepare_datasets
 from mlmlab.devices import compute_device
 from mlmlab.errors import UserError
+from mlmlab.files import lock_beside
 from mlmlab.masking.select import token_info_for
 from mlmlab.model import WEIGHTS_FILE, build_model, load_weights
 from mlmlab.train.checkpoint import CONFIG_FILE, MANIFEST, MODEL_DIR, TRAINER_STATE, config_tree_at, latest, verify
@@ -25,6 +26,12 @@ from mlmlab.train.model_card import export_model_folder
 def export_run(source: Path, out: Path, validate: Callable[..., dict], log=print) -> Path:
     """``out``: the model folder and card of ``source`` (a run folder: its newest intact checkpoint; or a checkpoint)."""
     folder = checkpoint_of(Path(source))
+    with lock_beside(out, f"the export folder {out}", "give --out another folder"):
+        return _export(folder, out, validate, log)
+
+
+def _export(folder: Path, out: Path, validate: Callable[..., dict], log) -> Path:
+    """``export_run`` once ``out`` is this process's to write."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} exists and is not empty; give --out a new folder")
     step = json.loads((folder / TRAINER_STATE).read_text())["step"]

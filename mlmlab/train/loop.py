@@ -37,6 +37,7 @@ from mlmlab.masking.schedules import rate_at
 from mlmlab.masking.select import Corruption, continuation_table, token_info_for
 from mlmlab.masking.strategies import build_strategy, mask_batch
 from mlmlab.model import IGNORE_INDEX, SparsePretraining
+from mlmlab.signals import STOP_SIGNALS, exit_code
 from mlmlab.train import checkpoint
 from mlmlab.train.init import initial_model, resolve_init
 from mlmlab.train.launch import concat_over_processes, make_accelerator, sum_over_processes
@@ -112,18 +113,30 @@ def _progress_bar(cfg: TrainConfig, initial: int, shown: bool) -> tqdm:
 
 
 class _StopRequest:
-    """Inside ``with``, SIGTERM sets a flag: the loop saves a checkpoint at the next step boundary and exits."""
+    """Inside ``with``, SIGTERM or SIGINT (Ctrl-C) sets a flag: the loop saves a checkpoint at the next step
+    boundary and exits. The flag outlives the ``with``: a signal while the run folder is set up stops the run."""
+
+    def __init__(self):
+        self.requested = False
+        self.signum = signal.SIGTERM  # what the exit reports; another process's SIGTERM stops this one too
 
     def __enter__(self):
-        self.requested = False
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        self._previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
         return self
 
     def _handle(self, signum, frame):
-        self.requested = True
+        self.requested, self.signum = True, signum
 
     def __exit__(self, *exc):
-        signal.signal(signal.SIGTERM, self._previous)
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    def exit(self) -> SystemExit:
+        return SystemExit(exit_code(self.signum))
 
 
 def global_denominators(accelerator, micro: list[dict]) -> tuple[float, float]:
@@ -216,13 +229,28 @@ class Trainer:
 
     def __init__(self, cfg: Config, *, validate: Callable[..., dict] | None, resume: str | None = None,
                  show_progress: bool = True):
+        """A run set up to ``train()``; its folder is this process's until ``train()`` ends (or ``close()``)."""
+        self._lock, self._stop = None, _StopRequest()
+        try:
+            self._set_up(cfg, validate, resume, show_progress)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Let another process write the run folder: the end of ``train()``, or of a Trainer that never trains."""
+        if self._lock is not None:
+            self._lock.release()
+
+    def _set_up(self, cfg: Config, validate: Callable[..., dict] | None, resume: str | None, show_progress: bool):
         self._started = time.perf_counter()
         cfg = resolve_init(cfg)  # train.init: checked, and the model section taken from it, before anything else
         self.cfg, self.validate, self.show_progress = cfg, validate, show_progress
         self.accelerator = make_accelerator(cfg)
         self.precision = self.accelerator.mixed_precision  # this run's; accelerate's property is per process (launch.py)
         self.run_dir = checkpoint.run_dir_for(cfg)
-        # Before the slow set-up: an unwritable run folder or a refused resume stops here.
+        # Before the slow set-up: an unwritable or busy run folder, or a refused resume, stops here.
+        self._lock = checkpoint.lock_run(self.run_dir) if self.accelerator.is_main_process else None
         folder = checkpoint.open_run(self.run_dir, cfg, resume, self.accelerator.is_main_process)
         self.metrics = MetricsWriter(self.run_dir, enabled=self.accelerator.is_main_process)
         with self.accelerator.main_process_first():
@@ -249,9 +277,11 @@ class Trainer:
             self.load_state_dict(checkpoint.read_training_state(folder))
         self._elapsed_before = self.state.elapsed  # what earlier processes spent on this run
         self._clock_base = self.state.seconds  # the training seconds before the step that runs next (main process)
-        if self.accelerator.is_main_process:  # only now: a refused resume leaves the run folder as it was
-            checkpoint.record_config(self.run_dir, cfg, folder, self.state.step)
-        self.metrics.drop_after(self.state.step)  # steps after the checkpoint are redone
+        with self._stop:  # from the first rewrite on, a stop signal waits for the step boundary
+            if self.accelerator.is_main_process:  # only now: a refused resume leaves the run folder as it was
+                checkpoint.record_config(self.run_dir, cfg, folder, self.state.step)
+            # Steps after the checkpoint are redone, and so is the final evaluation of a finished run rerun.
+            self.metrics.drop_after(self.state.step, evaluation_too=self.progress() >= 1.0)
 
     def state_dict(self) -> dict:
         """What resume needs besides the weights. Every process must call it: FSDP gathers the optimizer state."""
@@ -377,16 +407,19 @@ class Trainer:
         return {**losses, "grad_norm": float(grad_norm), "tokens": tokens, "flops": flops}
 
     def train(self) -> dict:
-        # SIGTERM is caught until the very end (the final evaluation too): it must never lose the run.
-        with _StopRequest() as stop:
-            if self._train_steps(stop):
-                say(self.accelerator, f"SIGTERM: saving a checkpoint at step {self.state.step} before exiting")
-                self._save()
-                raise SystemExit(143)
-            return self._finish(stop)
+        # A stop signal is caught until the very end (the final evaluation too): it must never lose the run.
+        try:
+            with self._stop as stop:
+                if self._train_steps(stop):
+                    say(self.accelerator, f"{stop.name}: saving a checkpoint at step {self.state.step} before exiting")
+                    self._save()
+                    raise stop.exit()
+                return self._finish(stop)
+        finally:
+            self.close()
 
     def _train_steps(self, stop: _StopRequest) -> bool:
-        """Steps until the budget is spent or SIGTERM asks to stop; whether it did (on any process)."""
+        """Steps until the budget is spent or a stop signal asks to stop; whether it did (on any process)."""
         batches, window, stopping = self.batches(), _Window(), False
         shown = self.show_progress and self.accelerator.is_main_process
         with _progress_bar(self.cfg.train, self.state.step, shown) as bar:
@@ -428,11 +461,11 @@ class Trainer:
                              token_counts=self.train_store.token_counts, freq_cuts=self.cfg.masking.freq_cuts)
 
     def _finish(self, stop: _StopRequest) -> dict:
-        saved = self._save()  # before the final evaluation, so a SIGTERM during it leaves the run resumable
+        saved = self._save()  # before the final evaluation, so a stop signal during it leaves the run resumable
         if any_process(self.accelerator, stop.requested):
-            say(self.accelerator, f"SIGTERM: the final checkpoint (step {self.state.step}) is saved; exiting before "
+            say(self.accelerator, f"{stop.name}: the final checkpoint (step {self.state.step}) is saved; exiting before "
                            "the final evaluation (rerun the command to finish the run)")
-            raise SystemExit(143)
+            raise stop.exit()
         final_eval = self.evaluate(self.cfg.train.eval_batches)
         self._update_elapsed()
         summary = run_summary(self.state, self.peak, self.accelerator, final_eval, self.run_dir)

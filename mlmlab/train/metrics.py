@@ -10,23 +10,38 @@ from pathlib import Path
 from torch.utils.tensorboard import SummaryWriter
 
 from mlmlab import jsonio
+from mlmlab.errors import UserError
+from mlmlab.files import write_text_atomically
 
 METRICS_FILE = "metrics.jsonl"
 
 
 class MetricsWriter:
     def __init__(self, run_dir: Path, enabled: bool):
+        """A run's metrics; a metrics.jsonl already there is checked at once, before a resume's slow set-up."""
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / METRICS_FILE
         self.enabled = enabled
         self._tensorboard = None  # opened on the first record
+        _refuse_damage(self.path, [record for _, record in self._lines()[:-1]])
 
-    def drop_after(self, step: int) -> None:
-        """Forget records of steps after ``step``: a resumed run redoes them; so is a line cut short by a kill."""
-        if self.enabled and self.path.exists():
-            records = [(line, _record(line)) for line in self.path.read_text().splitlines()]
-            kept = [line for line, record in records if record is not None and record.get("step", step + 1) <= step]
-            self.path.write_text("".join(line + "\n" for line in kept))
+    def drop_after(self, step: int, evaluation_too: bool = False) -> None:
+        """Forget records of steps after ``step``, which a resumed run redoes, and a last line cut short by a kill.
+
+        ``evaluation_too``: also the evaluation at ``step`` itself (a finished run, rerun, evaluates
+        again: its final evaluation is replaced rather than repeated). Rewritten in one rename, so a
+        kill meanwhile leaves the file as it was.
+        """
+        lines = self._lines()
+        if lines:
+            kept = [line for line, record in lines if record is not None and _kept(record, step, evaluation_too)]
+            write_text_atomically(self.path, "".join(line + "\n" for line in kept))
+
+    def _lines(self) -> list[tuple[str, dict | None]]:
+        """(line, record or None where damaged) of the file this process writes; none for another process."""
+        if not (self.enabled and self.path.exists()):
+            return []
+        return [(line, _record(line)) for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines()]
 
     def write(self, record: dict) -> None:
         if not self.enabled:
@@ -40,8 +55,21 @@ class MetricsWriter:
         self._tensorboard.flush()
 
 
+def _kept(record: dict, step: int, evaluation_too: bool) -> bool:
+    recorded = record.get("step", step + 1)
+    return recorded < step or (recorded == step and not (evaluation_too and "eval" in record))
+
+
+def _refuse_damage(path: Path, records: list[dict | None]) -> None:
+    """A kill mid-write damages only the last line; any other was damaged since, and is not ours to drop unseen."""
+    damaged = [number for number, record in enumerate(records, 1) if record is None]
+    if damaged:
+        raise UserError(f"{path}: line {damaged[0]} is not a metrics record (damaged after it was written); repair or "
+                        "delete that line, then run the command again")
+
+
 def _record(line: str) -> dict | None:
-    """A metrics line as a dict; None for a partial line (the process was killed while writing it)."""
+    """A metrics line as a dict; None for one that is not (cut short by a kill, or damaged since)."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError:

@@ -1,0 +1,215 @@
+"""Nothing lost and nothing silently wrong when processes meet or are stopped (issue 32, items 0-3).
+
+A stop signal to the whole process group (``timeout``, a scheduler's preemption, Ctrl-C) with
+loader workers; a crash while metrics.jsonl is rewritten; two writers of one folder; a damaged
+metrics line; a finished run rerun. Each test failed before: a traceback and no checkpoint, a cut
+metrics.jsonl, two runs mixed in one folder, a line dropped unseen, an evaluation line repeated.
+"""
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import SAMPLE
+from mlmlab.cli import main
+from mlmlab.errors import UserError
+from mlmlab.experiments.runner import results_lock
+from mlmlab.files import lock_beside, lock_folder, staging_folder
+from mlmlab.train import checkpoint
+from test_hostile_inputs import copy_of, glue_argv, moved_run, pretrain_argv, world  # noqa: F401 (world: a fixture)
+
+pytestmark = pytest.mark.usefixtures("no_progress_bars")
+
+# Long enough to be stopped halfway; a loader worker in the process group; dropout on, so a bitwise
+# resume needs its generator restored too; no checkpoint but the one the stop writes.
+STOPPABLE = ["data.loader_workers=1", "train.max_steps=40", "train.save_every=1000", "model.dropout=0.1"]
+
+
+def command(out_dir: Path, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "mlmlab.cli", *pretrain_argv(out_dir, *overrides)]
+
+
+def records(run: Path) -> list[dict]:
+    """metrics.jsonl's records; a last line cut short by a kill is left out."""
+    path = run / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    found = []
+    for line in lines:
+        try:
+            found.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return found
+
+
+def last_step(run: Path) -> int:
+    return max((record["step"] for record in records(run)), default=0)
+
+
+def fingerprint(folder: Path) -> dict:
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def one_error_line(err: str) -> str:
+    err = err.strip()
+    assert err.startswith("mlmlab: error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+# ----- item 0: a stop signal to the whole process group -------------------------------------
+@pytest.fixture(scope="module")
+def straight_weights(tmp_path_factory) -> dict:
+    run = tmp_path_factory.mktemp("straight") / "run"
+    subprocess.run(command(run, *STOPPABLE), check=True, capture_output=True)
+    return load_file(run / "model" / "model.safetensors")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_to_the_process_group_saves_the_step_reached_and_resumes_bitwise(straight_weights, tmp_path,
+                                                                                         signum):
+    """Before, the loader worker died of it first: a traceback (SIGTERM) or an exit (SIGINT), and no checkpoint."""
+    run = tmp_path / "run"
+    job = subprocess.Popen(command(run, *STOPPABLE), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)  # its own process group, as a job under timeout or a scheduler
+    while last_step(run) < 2 and job.poll() is None:
+        time.sleep(0.02)
+    assert job.poll() is None, job.communicate()[1][-3000:]
+    os.killpg(job.pid, signum)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 128 + signum and "Traceback" not in err, err[-3000:]
+    saved = checkpoint.latest(run)
+    assert saved is not None and not (run / "model").exists(), "no checkpoint, or the run finished before the signal"
+    assert checkpoint.step_of(saved) == last_step(run) >= 2  # the step reached: none lost
+    resumed = subprocess.run(command(run, *STOPPABLE), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    weights = load_file(run / "model" / "model.safetensors")
+    assert all(torch.equal(straight_weights[name], weights[name]) for name in straight_weights)
+
+
+def children(pid: int) -> list[str]:
+    return (Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            if Path(f"/proc/{pid}/task/{pid}").exists() else [])
+
+
+def test_a_stop_signal_to_the_process_group_during_prepare_stops_it_in_one_line(world, tmp_path):
+    """Its pool workers let the job's SIGTERM pass; the main process stops them and its staging folder goes."""
+    out = tmp_path / "prepared"
+    job = subprocess.Popen([sys.executable, "-m", "mlmlab.cli", "prepare", "--corpus", str(SAMPLE / "train.txt.gz"),
+                            "--tokenizer", str(world.tokenizer), "--out", str(out), "--workers", "2"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    while len(children(job.pid)) < 2 and job.poll() is None:
+        time.sleep(0.01)
+    assert job.poll() is None, job.communicate()[1][-3000:]
+    os.killpg(job.pid, signal.SIGTERM)
+    _, err = job.communicate(timeout=60)  # until every process holding its stderr is gone
+    assert job.returncode == 143 and err.strip() == "mlmlab: interrupted by SIGTERM", err[-3000:]
+    assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
+
+
+# ----- item 1: metrics.jsonl on resume ------------------------------------------------------
+def test_a_crash_while_metrics_jsonl_is_rewritten_leaves_it_whole(world, tmp_path):
+    """Before, the resume truncated the file and wrote it back: a crash in between left it cut (or empty)."""
+    run = moved_run(world, tmp_path)
+    metrics = (run / "metrics.jsonl").read_bytes()
+    # The rewrite dies at 64 bytes (the file-size limit), as a kill would have stopped it.
+    crash = ("import resource, sys; from mlmlab.train.metrics import MetricsWriter; "
+             "writer = MetricsWriter(sys.argv[1], True); "
+             "resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64)); writer.drop_after(2)")
+    crashed = subprocess.run([sys.executable, "-c", crash, str(run)], capture_output=True, text=True)
+    assert crashed.returncode != 0, "the rewrite did not reach the file-size limit"
+    assert (run / "metrics.jsonl").read_bytes() == metrics
+    assert main(pretrain_argv(run)) == 0  # the rerun also removes the dead writer's staging file
+    assert not list(run.glob(".tmp-*"))
+
+
+def test_a_damaged_metrics_line_before_the_last_stops_the_resume(world, tmp_path, capsys):
+    """Before, it was dropped unseen along with the steps the resume redoes."""
+    run = moved_run(world, tmp_path)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    lines[1] = lines[1][: len(lines[1]) // 2]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    before = fingerprint(run)
+    capsys.readouterr()
+    assert main(pretrain_argv(run, "train.max_steps=6", "--resume", "auto")) == 2
+    assert "metrics.jsonl: line 2 is not a metrics record" in one_error_line(capsys.readouterr().err)
+    assert fingerprint(run) == before
+
+
+def test_a_finished_run_rerun_records_its_final_evaluation_once(world, tmp_path):
+    """Before, each rerun of the same command appended another copy of it."""
+    run = moved_run(world, tmp_path)
+    assert main(pretrain_argv(run)) == 0  # the same command: the finished run resumes at its last step
+    assert [record["step"] for record in records(run) if "eval" in record] == [4]
+    assert [record["step"] for record in records(run) if "loss" in record] == [1, 2, 3, 4]
+
+
+# ----- item 2: one writer per folder --------------------------------------------------------
+def test_two_pretrains_on_one_folder_one_trains_and_the_other_is_refused(tmp_path):
+    """Before, both trained: every step twice in metrics.jsonl, and model/ from either run."""
+    run = tmp_path / "race"
+    jobs = [subprocess.Popen(command(run, "train.max_steps=20"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True) for _ in range(2)]
+    errors = [job.communicate(timeout=300)[1] for job in jobs]
+    codes = [job.returncode for job in jobs]
+    assert sorted(codes) == [0, 2], errors
+    winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
+    refusal = one_error_line(errors[loser])
+    assert f"the run folder {run} is being written" in refusal and f"(pid {jobs[winner].pid} on host " in refusal
+    assert [record["step"] for record in records(run) if "loss" in record] == list(range(1, 21))
+    assert json.loads((run / "summary.json").read_text())["steps"] == 20
+    assert checkpoint.verify(checkpoint.latest(run)) is None
+
+
+# Each: the command line of a second writer, and the lock a first writer holds.
+def busy_run(world, tmp):
+    run = moved_run(world, tmp)
+    return pretrain_argv(run), checkpoint.lock_run(run)
+
+
+def busy_glue_out(world, tmp):
+    argv = glue_argv(world.model, copy_of(world.glue, tmp))
+    return argv, lock_folder(Path(argv[argv.index("--out") + 1]), "GLUE's --out", "")
+
+
+def busy_export_out(world, tmp):
+    return ["export", str(world.run), "--out", str(tmp / "exported")], lock_beside(tmp / "exported", "--out", "")
+
+
+@pytest.mark.parametrize("busy", [busy_run, busy_glue_out, busy_export_out], ids=["pretrain", "glue", "export"])
+def test_a_second_writer_is_refused_naming_the_first(world, tmp_path, capsys, busy):
+    argv, held = busy(world, tmp_path)  # this process stands for the first writer
+    with held:
+        capsys.readouterr()
+        assert main(argv) == 2
+        refusal = one_error_line(capsys.readouterr().err)
+    assert f"is being written by another mlmlab process (pid {os.getpid()} on host {socket.gethostname()})" in refusal
+
+
+def test_a_study_shard_has_one_writer_while_shards_write_side_by_side(tmp_path):
+    study = SimpleNamespace(out_dir=str(tmp_path))  # all the lock reads of a study
+    with results_lock(study, (0, 2)), results_lock(study, (1, 2)):
+        with pytest.raises(UserError, match=r"results.jsonl \(shard 0/2\) is being written by another mlmlab process"):
+            results_lock(study, (0, 2))
+
+
+def test_a_resume_keeps_the_staging_folder_of_a_live_writer(world, tmp_path):
+    """Before, it deleted every partial checkpoint, a concurrent writer's included."""
+    run = moved_run(world, tmp_path)
+    live = staging_folder(run / "ckpt-00000009")  # this process's: alive
+    dead_pid = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                                  text=True).stdout)
+    dead = live.with_name(live.name.replace(f"-{os.getpid()}-", f"-{dead_pid}-"))
+    dead.mkdir()
+    assert main(pretrain_argv(run, "train.max_steps=5", "--resume", "auto")) == 0
+    assert live.is_dir() and not dead.exists()
