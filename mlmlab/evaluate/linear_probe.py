@@ -51,6 +51,7 @@ from sklearn.exceptions import ConvergenceWarning, UndefinedMetricWarning
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
+from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
 from mlmlab import choices, jsonio, markdown
@@ -118,10 +119,13 @@ def run_probes(
     device = compute_device()
     features = {init: encoder_features(model_dir, init, data, seed, device, show_progress)
                 for init in (PRETRAINED, RANDOM_INIT)}
+    # The fits are small (N x H) products: BLAS and OpenMP threads only busy-wait on each other and on
+    # torch's; one thread fit SST-2's probes 30x faster on a busy 2-core machine (13 s -> 0.4 s a fit).
+    with threadpool_limits(limits=1):
+        pooled = {pooling: pooling_results(pooling, data, features, seed) for pooling in poolings}
     results = {
         "model_dir": str(model_dir), "seed": seed, "selection": SELECTION_NOTE, "strengths": list(STRENGTHS),
-        "train_samples": {name: TRAIN_SAMPLES[name] for name in names if name in TRAIN_SAMPLES},
-        "poolings": {pooling: pooling_results(pooling, data, features, seed) for pooling in poolings},
+        "train_samples": {name: TRAIN_SAMPLES[name] for name in names if name in TRAIN_SAMPLES}, "poolings": pooled,
     }
     results["seconds"] = time.perf_counter() - started
     if out_dir is not None:
