@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mlmlab import choices, jsonio
 from mlmlab.config import MaskingConfig, frequency_cuts, load_config
-from mlmlab.errors import UserError
+from mlmlab.errors import UserError, write_refusal
 from mlmlab.signals import exit_code, sigterm_unwinds
 
 
@@ -69,6 +69,10 @@ def cmd_pretrain(args) -> None:
     from mlmlab.show import pretrain_summary
     from mlmlab.train.loop import Trainer
 
+    from mlmlab.files import require_output, write_text_atomically
+
+    if args.json and args.json != "-":
+        require_output(Path(args.json), "--json", folder=False)
     overrides = [*args.overrides, *([f"train.init={args.init}"] if args.init else [])]
     trainer = Trainer(load_config(args.config, overrides), validate=evaluate_mlm, resume=args.resume,
                       show_progress=not args.no_progress)
@@ -76,7 +80,7 @@ def cmd_pretrain(args) -> None:
     if not PartialState().is_main_process:  # under torchrun every process has the summary: report it once
         return
     if args.json and args.json != "-":
-        Path(args.json).write_text(jsonio.dumps(summary, indent=1) + "\n")
+        write_text_atomically(Path(args.json), jsonio.dumps(summary, indent=1) + "\n")
     print(jsonio.dumps(summary, indent=1) if args.json == "-" else pretrain_summary(summary, trainer.cfg))
 
 
@@ -90,8 +94,10 @@ def cmd_export(args) -> None:
 
 def cmd_evaluate(args) -> None:
     from mlmlab.evaluate.perplexity import evaluate_model, format_eval_table
-    from mlmlab.files import lock_beside, write_text_atomically
+    from mlmlab.files import lock_beside, require_output, write_text_atomically
 
+    if args.json:
+        require_output(Path(args.json), "--json", folder=False)
     # --json is this process's before it evaluates: a second evaluate into it is refused at once.
     json_lock = lock_beside(Path(args.json), f"--json {args.json}", "give --json another file") if args.json else None
     with json_lock or nullcontext():
@@ -107,7 +113,9 @@ def cmd_evaluate(args) -> None:
 
 def cmd_glue(args) -> None:
     from mlmlab.evaluate.glue import format_glue_table, run_glue
+    from mlmlab.files import require_output
 
+    require_output(Path(args.out), "--out", folder=True)
     tasks = "all" if args.task == ["all"] else args.task
     results = run_glue(args.model, tasks, args.data_dir, args.out, seeds=tuple(args.seeds),
                        learning_rates=args.lr, epochs=args.epochs, dropout=args.dropout,
@@ -118,7 +126,10 @@ def cmd_glue(args) -> None:
 
 def cmd_probe(args) -> None:
     from mlmlab.evaluate.linear_probe import format_probe_table, run_probes
+    from mlmlab.files import require_output
 
+    if args.out:
+        require_output(Path(args.out), "--out", folder=True)
     results = run_probes(args.model, args.task, args.data_dir, poolings=args.pooling, seed=args.seed, out_dir=args.out,
                          show_progress=not args.no_progress)
     print(jsonio.dumps(results, indent=1) if args.json else format_probe_table(results))
@@ -338,6 +349,11 @@ def main(argv=None) -> int:
             args.func(args)
     except UserError as err:
         print(f"mlmlab: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a full disk, a read-only file: the user's to fix; any other OSError is a bug
+        if (line := write_refusal(err)) is None:
+            raise
+        print(f"mlmlab: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM outside training (which saves first: train/loop.py)
         signum = getattr(stop, "signum", signal.SIGINT)

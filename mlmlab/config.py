@@ -322,6 +322,10 @@ def from_dict(tree: dict) -> Config:
     unknown = set(tree) - set(sections)
     if unknown:
         raise UserError(f"unknown config section {sorted(unknown)[0]!r}; valid sections: {', '.join(sections)}")
+    for name, values in tree.items():
+        if values is not None and not isinstance(values, dict):
+            raise UserError(f"config section {name!r} must be a mapping of keys (e.g. {name}: {{key: value}}), "
+                            f"got {values!r}")
     return Config(**{name: _build_section(name, cls, tree.get(name) or {}) for name, cls in sections.items()})
 
 
@@ -349,10 +353,16 @@ def read_yaml(source: str) -> dict:
         path = PRESET_DIR / f"{source}.yaml"
     if not path.exists():
         raise UserError(f"no config file or preset named {source!r}; presets: {', '.join(preset_names())}")
+    if path.is_dir():
+        raise UserError(f"{path} is a folder, not a config file; name a YAML file or a preset "
+                        f"({', '.join(preset_names())})")
     try:
         tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise UserError(f"{path} is not valid YAML ({str(err).splitlines()[0]}); fix the file") from None
+    if not isinstance(tree, dict):
+        raise UserError(f"{path} holds a {type(tree).__name__}, not a mapping of config sections (model, data, "
+                        "masking, train); fix the file")
     return tree
 
 

@@ -141,15 +141,42 @@ def _sync_folder(folder: Path) -> None:
         os.close(descriptor)
 
 
+def require_output(path: Path, option: str, *, folder: bool) -> None:
+    """Refuse now, not after the work, an output path (``option``'s) that cannot be written: a file where a folder
+    goes or a folder where a file goes, or a path under a file. Missing folders are created by the writer."""
+    path = Path(path)
+    wanted, other = ("a folder", "file") if folder else ("a file", "folder")
+    if path.exists() and path.is_dir() != folder:
+        raise UserError(f"{option} {path} is a {other}; give {wanted}")
+    existing = next(parent for parent in path.parents if parent.exists())
+    if not existing.is_dir():
+        raise UserError(f"{option} {path} cannot be created: {existing} is a file; give another path")
+
+
 def write_text_atomically(target: Path, text: str) -> None:
     """``target`` holds ``text`` after one rename of a staging file beside it: a reader sees the old or the new, never half."""
+    with replacing(target, text):
+        pass
+
+
+@contextmanager
+def replacing(target: Path, text: str) -> Iterator[None]:
+    """``text`` is written beside ``target`` first, then the block runs, then ``target`` is replaced by it.
+
+    What the block records about the new ``target`` (a history line) is then written only once the
+    text is on disk: a full disk or a read-only folder stops both before either is written.
+    """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(target)
     handle, staging = tempfile.mkstemp(prefix=_writer_prefix(target), dir=target.parent)
-    with os.fdopen(handle, "w", encoding="utf-8") as file:
-        file.write(text)
-    os.replace(staging, target)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+        yield
+        os.replace(staging, target)
+    finally:
+        Path(staging).unlink(missing_ok=True)
 
 
 @contextmanager

@@ -106,10 +106,21 @@ def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
                         "truncated or not safetensors: copy or export the model again") from None
 
 
+def read_model_config(model_dir: Path) -> dict:
+    """A model folder's config.json, or a UserError that names it (not the tokenizer or weights read after it)."""
+    path = Path(model_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{path} is not valid JSON ({err}); copy or export the model again") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path} holds a {type(config).__name__}, not a model config; copy or export the model again")
+    return config
+
+
 def saved_vocab_hash(model_dir: Path) -> str:
     """The vocabulary a model folder was trained with: recorded in config.json, else its tokenizer files' (older folders)."""
-    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    return config.get(VOCAB_HASH_KEY) or folder_vocab_hash(model_dir)
+    return read_model_config(model_dir).get(VOCAB_HASH_KEY) or folder_vocab_hash(model_dir)
 
 
 def refuse_other_tokenizer(model_dir: Path, tokenizer) -> None:
@@ -117,7 +128,7 @@ def refuse_other_tokenizer(model_dir: Path, tokenizer) -> None:
 
     Same size or not: the ids would mean other tokens. A folder that records none (not mlmlab's) is not checked.
     """
-    recorded = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")).get(VOCAB_HASH_KEY)
+    recorded = read_model_config(model_dir).get(VOCAB_HASH_KEY)
     if recorded is not None and recorded != vocab_hash(tokenizer.get_vocab()):
         raise UserError(f"{model_dir}: its tokenizer is not the vocabulary the model was trained with (vocabulary hash "
                         f"{vocab_hash(tokenizer.get_vocab())}, trained with {recorded}); restore the folder's "

@@ -10,6 +10,7 @@ resume into a new folder, a changed config, overrides after options, SIGTERM at 
 that prepare cannot use, concurrent cache writers, staging folders of killed writers).
 """
 
+import errno
 import gzip
 import hashlib
 import json
@@ -208,12 +209,75 @@ def swap_tokenizer(w: World) -> Callable[[Path], None]:
     return change
 
 
+# ----- tokenizer folders, prepared metadata, run folders, model folders, corpora with the wrong cause -----
+def tokenizer_with(w: World, tmp: Path, change: Callable[[Path], object]) -> Path:
+    tokenizer = copy_of(w.tokenizer, tmp)
+    change(tokenizer)
+    return tokenizer
+
+
+def data_with_meta(w: World, tmp: Path, text: str) -> Path:
+    data = copy_of(w.data, tmp)
+    (data / "meta.json").write_text(text)
+    return data
+
+
+def meta_with(w: World, change: Callable[[dict], object]) -> str:
+    meta = json.loads((w.data / "meta.json").read_text())
+    change(meta)
+    return json.dumps(meta)
+
+
+def run_with(w: World, tmp: Path, name: str, text: str) -> Path:
+    """A moved copy of the world's run with ``name`` (a path inside it) holding ``text``."""
+    run = moved_run(w, tmp)
+    (run / name).write_text(text)
+    return run
+
+
+def newest_checkpoint_file(w: World, name: str) -> str:
+    return str(checkpoint.latest(w.run).relative_to(w.run) / name)
+
+
+def config_json_with(text: str) -> Callable[[Path], None]:
+    def change(model: Path) -> None:
+        (model / "config.json").write_text(text)
+    return change
+
+
+def corpus_of_bytes(tmp: Path, name: str, content: bytes) -> Path:
+    path = tmp / name
+    path.write_bytes(content)
+    return path
+
+
+def failing(error: int, where: str) -> Callable[[pytest.MonkeyPatch], None]:
+    """A fault: ``where`` ("os.fsync", "mlmlab.train.metrics.open") raises OSError ``error`` from now on."""
+    def fault(monkeypatch: pytest.MonkeyPatch) -> None:
+        def fail(*args, **kwargs):
+            raise OSError(error, os.strerror(error), str(args[0]) if args and not isinstance(args[0], int) else None)
+        monkeypatch.setattr(where, fail, raising=False)
+    return fault
+
+
+def vocab_of_its_own(tmp: Path) -> Path:
+    """The bundled vocabulary and one token more: a vocabulary no cache holds yet."""
+    path = tmp / "vocab.txt"
+    path.write_text((SAMPLE / "vocab.txt").read_text() + "hostilium\n")
+    return path
+
+
+def resumed_run(w: World, tmp: Path, *overrides: str) -> list[str]:
+    return pretrain_argv(moved_run(w, tmp), "train.max_steps=6", "--resume", "auto", *overrides)
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
     argv: Callable[[World, Path], list[str]]
     words: tuple[str, ...]
     code: int = 2
+    fault: Callable[[pytest.MonkeyPatch], None] | None = None  # a failure of the machine, not of the input
 
 
 CASES = [
@@ -299,13 +363,82 @@ CASES = [
     Case("GLUE: seed beyond 32 bits", lambda w, t: [*glue_argv(w.model, w.glue), "--seeds", "4294967296"],
          ("seeds=4294967296", "32-bit")),
     Case("GLUE: negative seed", lambda w, t: [*glue_argv(w.model, w.glue), "--seeds", "-1"], ("seeds=-1", "32-bit")),
+    # Tokenizer folders missing or cut short.
+    Case("tokenizer.json cut short", lambda w, t: [
+        "prepare", "--corpus", str(CORPUS), "--tokenizer",
+        str(tokenizer_with(w, t, lambda tok: truncated(tok / "tokenizer.json"))), "--out", str(t / "p")],
+         ("tokenizer.json", "truncated or not JSON")),
+    Case("model folder with a cut tokenizer.json", lambda w, t: [
+        "evaluate", "--model", str(model_with(w, t, lambda m: truncated(m / "tokenizer.json"))),
+        "--data", str(w.data), "--max-batches", "1"], ("tokenizer.json", "truncated or not JSON")),
+    # Prepared-data metadata of the wrong shape.
+    Case("meta.json a list", lambda w, t: ["dump", "--data", str(data_with_meta(w, t, "[1, 2]"))],
+         ("meta.json", "prepare")),
+    Case("meta.json without shards", lambda w, t: ["dump", "--data", str(
+        data_with_meta(w, t, meta_with(w, lambda m: m.pop("shards"))))], ("meta.json", "shards")),
+    Case("meta.json shards of the wrong type", lambda w, t: ["dump", "--data", str(
+        data_with_meta(w, t, meta_with(w, lambda m: m.update(shards=[7]))))], ("meta.json",)),
+    Case("meta.json vocab_size a string", lambda w, t: ["dump", "--data", str(
+        data_with_meta(w, t, meta_with(w, lambda m: m.update(vocab_size="many"))))], ("meta.json", "vocab_size")),
+    # Run folders whose config.yaml or checkpoint manifest is damaged.
+    Case("config.yaml not YAML", lambda w, t: pretrain_argv(run_with(w, t, "config.yaml", "train: [1\n")),
+         ("config.yaml is not valid YAML", "--resume auto")),
+    Case("config.yaml a list", lambda w, t: pretrain_argv(run_with(w, t, "config.yaml", "- 1\n- 2\n")),
+         ("config.yaml is not a config", "mapping")),
+    Case("config.yaml with a section that is a number", lambda w, t: pretrain_argv(
+        run_with(w, t, "config.yaml", "train: 5\n")), ("config.yaml is not a config", "'train' must be a mapping")),
+    Case("checkpoint manifest a list, resumed by name", lambda w, t: pretrain_argv(
+        t / "r", "--resume", str(run_with(w, t, newest_checkpoint_file(w, checkpoint.MANIFEST), "[]") /
+                                  newest_checkpoint_file(w, ""))), ("manifest.json",)),
+    # --config that is not a config file.
+    Case("--config a folder", lambda w, t: ["pretrain", "--config", str(t), "--no-progress"], ("is a folder, not a config file",)),
+    Case("--config with a section that is not a mapping",
+         lambda w, t: ["pretrain", "--config", str(corpus_of_bytes(t, "c.yaml", b"train: 5\n")), "--no-progress"],
+         ("train", "mapping")),
+    # Output paths that cannot be written, found before the run rather than after it.
+    Case("pretrain --json under a file", lambda w, t: [*pretrain_argv(t / "r"), "--json", str(
+        (t / "f").touch() or t / "f" / "s.json")], ("--json", "f is a file")),
+    Case("pretrain --json onto a folder", lambda w, t: [*pretrain_argv(t / "r"), "--json", str(t)], ("--json", "folder")),
+    Case("glue --out onto a file", lambda w, t: [*glue_argv(w.model, w.glue)[:-1], str((t / "f").touch() or t / "f")],
+         ("--out", "is a file")),
+    Case("evaluate --json onto a folder", lambda w, t: [
+        "evaluate", "--model", str(w.model), "--data", str(w.data), "--max-batches", "1", "--json", str(t)],
+         ("--json", "folder")),
+    Case("probe --out onto a file", lambda w, t: [
+        "probe", "--model", str(w.model), "--task", "SST-2", "--data-dir", str(w.glue), "--out",
+        str((t / "f").touch() or t / "f")], ("--out", "is a file")),
+    # A full disk or a read-only file while writing: one line naming the path, earlier files intact.
+    Case("disk full while a checkpoint is written", resumed_run, ("No space left on device", "intact"),
+         fault=failing(errno.ENOSPC, "mlmlab.files._sync_tree")),
+    Case("disk full while preparing", lambda w, t: prepare_argv(w, t, CORPUS), ("No space left on device", "intact"),
+         fault=failing(errno.ENOSPC, "mlmlab.files._sync_tree")),
+    Case("disk full while the tokenizer cache is written", lambda w, t: pretrain_argv(
+        t / "r", f"data.tokenizer={vocab_of_its_own(t)}"), ("No space left on device",),
+         fault=failing(errno.ENOSPC, "mlmlab.files._sync_tree")),
+    Case("read-only metrics.jsonl", resumed_run, ("metrics.jsonl", "Permission denied"),
+         fault=failing(errno.EACCES, "mlmlab.train.metrics.open")),
+    Case("read-only file system under the run", resumed_run, ("Read-only file system",),
+         fault=failing(errno.EROFS, "mlmlab.files.tempfile.mkstemp")),
+    # Messages that blamed the wrong cause.
+    Case("binary corpus", lambda w, t: prepare_argv(w, t, corpus_of_bytes(t, "c.txt", bytes(range(256)) * 64)),
+         ("binary",)),
+    Case("UTF-16 corpus", lambda w, t: prepare_argv(w, t, corpus_of_bytes(
+        t, "c.txt", "Some text. More text.\n\nOther text here.\n".encode("utf-16") * 20)), ("UTF-16", "iconv -f UTF-16")),
+    Case("run config.yaml with an unknown section", lambda w, t: pretrain_argv(
+        run_with(w, t, "config.yaml", (w.run / "config.yaml").read_text() + "extra: 1\n")),
+         ("config.yaml is not a config", "'extra'")),
+    Case("model config.json not JSON", lambda w, t: [
+        "evaluate", "--model", str(model_with(w, t, config_json_with('{"model_type": "bert",'))),
+        "--data", str(w.data), "--max-batches", "1"], ("config.json", "not valid JSON")),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
-def test_hostile_input_ends_in_one_line(case, world, tmp_path, capsys):
+def test_hostile_input_ends_in_one_line(case, world, tmp_path, capsys, monkeypatch):
     before = world.fingerprint()
     argv = case.argv(world, tmp_path)
+    if case.fault is not None:
+        case.fault(monkeypatch)
     capsys.readouterr()
     code = main(argv)
     err = capsys.readouterr().err.strip()
@@ -346,6 +479,27 @@ def test_a_resume_with_a_changed_config_is_recorded_and_the_rerun_accepted(world
     capsys.readouterr()
     assert main(pretrain_argv(run, "train.max_steps=6")) == 0  # the same command, without --resume
     assert "resuming from" in capsys.readouterr().out
+
+
+def test_following_the_advice_for_a_damaged_config_yaml_resumes_the_run(world, tmp_path, capsys):
+    """The refusal says --resume auto continues the run; before, that ended in a traceback (the damaged file diffed)."""
+    run = run_with(world, tmp_path, "config.yaml", "train: [1\n")
+    assert main(pretrain_argv(run, "train.max_steps=5")) == 2
+    assert "--resume auto" in capsys.readouterr().err
+    assert main(pretrain_argv(run, "train.max_steps=5", "--resume", "auto")) == 0
+    assert checkpoint.latest(run).name == "ckpt-00000005" and "max_steps: 5" in (run / "config.yaml").read_text()
+    (line,) = (run / "config_history.jsonl").read_text().splitlines()
+    assert json.loads(line)["changes"] is None  # what the damaged file held is unknown
+
+
+def test_a_config_yaml_the_disk_refuses_leaves_no_history_line(world, tmp_path, capsys, monkeypatch):
+    """Before, the history line of the resume was written first, and stayed though the resume never ran."""
+    run = moved_run(world, tmp_path)
+    config = (run / "config.yaml").read_bytes()
+    failing(errno.EROFS, "mlmlab.files.tempfile.mkstemp")(monkeypatch)
+    assert main(pretrain_argv(run, "train.max_steps=6", "--resume", "auto")) == 2
+    assert "Read-only file system" in capsys.readouterr().err
+    assert not (run / "config_history.jsonl").exists() and (run / "config.yaml").read_bytes() == config
 
 
 class Terminated(Exception):

@@ -285,14 +285,31 @@ def _decoded_lines(raw: BinaryIO, path: Path) -> Iterator[tuple[int, str]]:
             text = line.decode("utf-8")
         except UnicodeDecodeError as err:
             where = "uncompressed byte" if isinstance(raw, gzip.GzipFile) else "byte"
-            raise UserError(
-                f"{path} is not valid UTF-8 at line {number} ({where} offset {offset + err.start}); "
-                "re-encode it as UTF-8, e.g. `iconv -f latin1 -t utf-8`"
-            ) from None
+            kind = _undecodable(line, number)
+            raise UserError(f"{path} {kind} at line {number} ({where} offset {offset + err.start}); "
+                            f"{_ENCODING_REMEDY[kind]}") from None
         offset += len(line)
         if number == 1:  # a byte-order mark (Windows editors write one) would hide a JSONL or <doc> file's format
             text = text.removeprefix("\ufeff")
         yield number, text.rstrip("\r\n")
+
+
+_UTF16, _BINARY, _OTHER_ENCODING = "is UTF-16 text, not UTF-8", "is binary data, not text", "is not valid UTF-8"
+_ENCODING_REMEDY = {
+    _UTF16: "re-encode it as UTF-8, e.g. `iconv -f UTF-16 -t UTF-8`",
+    _BINARY: "give text files (plain, WikiExtractor <doc>, JSONL; .gz ok) or .parquet / .arrow tables",
+    _OTHER_ENCODING: "re-encode it as UTF-8, e.g. `iconv -f latin1 -t utf-8` for Latin-1 text",
+}
+
+
+def _undecodable(line: bytes, number: int) -> str:
+    """What a line that is not UTF-8 looks like: UTF-16 (a byte-order mark, or every other byte NUL), binary
+    (NUL, or over 5% control bytes), or text in another 8-bit encoding (Latin-1, Windows-1252)."""
+    every_other_nul = max(line[0::2].count(0), line[1::2].count(0)) * 2 >= 0.4 * len(line)
+    if (number == 1 and line.startswith((b"\xff\xfe", b"\xfe\xff"))) or every_other_nul:
+        return _UTF16
+    controls = sum(byte < 0x20 and byte not in b"\t\n\r\f" for byte in line)
+    return _BINARY if b"\x00" in line or controls * 20 > len(line) else _OTHER_ENCODING
 
 
 def _plain_documents(lines: Iterator[tuple[int, str]]) -> Iterator[list[str]]:

@@ -638,6 +638,9 @@ def _read_meta(path: Path) -> dict:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise UserError(f"{meta_path} is corrupt ({err}); delete {path} and run `mlmlab prepare` again") from None
+    if problem := _meta_shape_problem(meta):
+        raise UserError(f"{meta_path} is not what `mlmlab prepare` writes ({problem}); delete {path} and run "
+                        "`mlmlab prepare` again")
     if meta.get("format_version") != FORMAT_VERSION:
         raise UserError(
             f"{path} has dataset format {meta.get('format_version')} but this mlmlab reads format "
@@ -651,6 +654,24 @@ def _read_meta(path: Path) -> dict:
         if required.suffix == ".npy" and not _complete_npy(path / required):
             raise UserError(f"{path / required} is truncated or corrupt; delete {path} and run `mlmlab prepare` again")
     return meta
+
+
+# What every reader of meta.json takes as given: each key's type, and each shard's.
+META_TYPES = {"hash": str, "config": dict, "vocab_size": int, "shards": list}
+SHARD_TYPES = {"name": str, "num_instances": int}
+
+
+def _meta_shape_problem(meta) -> str | None:
+    """What is wrong with the shape of a meta.json (edited by hand, or another program's); None when nothing is."""
+    if not isinstance(meta, dict):
+        return f"a {type(meta).__name__}, not a mapping"
+    for key, kind in META_TYPES.items():
+        if not isinstance(meta.get(key), kind):
+            return f"{key} is {meta.get(key)!r}, not a {kind.__name__}"
+    for number, shard in enumerate(meta["shards"]):
+        if not isinstance(shard, dict) or not all(isinstance(shard.get(k), t) for k, t in SHARD_TYPES.items()):
+            return f"shards[{number}] is {shard!r}, not a shard's name and num_instances"
+    return None
 
 
 def _complete_npy(path: Path) -> bool:

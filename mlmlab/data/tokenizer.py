@@ -86,7 +86,7 @@ def refuse_other_kinds(tokenizer_dir: Path) -> None:
     pieces), prepared data and GLUE all name BERT's special tokens ([CLS] [SEP] [MASK] [PAD]).
     """
     tokenizer_json = tokenizer_dir / "tokenizer.json"
-    kind = json.loads(tokenizer_json.read_text(encoding="utf-8")).get("model", {}).get("type") \
+    kind = _tokenizer_spec(tokenizer_json)["model"].get("type") \
         if tokenizer_json.is_file() else ("BPE" if (tokenizer_dir / "merges.txt").is_file() else None)
     if kind in (None, "WordPiece"):
         return
@@ -178,11 +178,24 @@ def _expected_vocab(tokenizer_dir: Path) -> dict[str, int]:
     """The vocabulary the folder's files declare: tokenizer.json's model, else vocab.txt lines."""
     tokenizer_json = tokenizer_dir / "tokenizer.json"
     if tokenizer_json.is_file():
-        spec = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+        spec = _tokenizer_spec(tokenizer_json)
         vocab = dict(spec["model"]["vocab"])
         vocab.update({added["content"]: added["id"] for added in spec.get("added_tokens", [])})
         return vocab
     return {token: i for i, token in enumerate(_vocab_lines(tokenizer_dir / "vocab.txt"))}
+
+
+def _tokenizer_spec(tokenizer_json: Path) -> dict:
+    """A tokenizer.json read and checked for what mlmlab reads of it: a model and its vocabulary."""
+    again = "copy the folder again, or rebuild it with `mlmlab tokenizer`"
+    try:
+        spec = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{tokenizer_json} is truncated or not JSON ({err}); {again}") from None
+    model = spec.get("model") if isinstance(spec, dict) else None
+    if not isinstance(model, dict) or not isinstance(model.get("vocab", {}), dict):
+        raise UserError(f"{tokenizer_json} holds no tokenizer model with a vocabulary; {again}")
+    return spec
 
 
 def _vocab_lines(vocab_file: Path) -> list[str]:

@@ -7,7 +7,6 @@ over all masked tokens of the evaluated set), also per corpus-frequency bucket o
 target token.
 """
 
-import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +25,7 @@ from mlmlab.devices import compute_device
 from mlmlab.errors import UserError
 from mlmlab.masking.select import token_info_for
 from mlmlab.masking.strategies import eval_masks, frequency_buckets
-from mlmlab.model import WEIGHTS_FILE, SparsePretraining, eval_mode, saved_vocab_hash
+from mlmlab.model import WEIGHTS_FILE, SparsePretraining, eval_mode, read_model_config, saved_vocab_hash
 
 DEFAULT_BUCKETS = MaskingConfig().freq_cuts  # the same as training's
 
@@ -123,8 +122,9 @@ def load_pretrained(model_dir):
     if not (folder / "config.json").is_file() or not (folder / WEIGHTS_FILE).is_file():
         raise UserError(f"{folder} is not a model folder (needs config.json and model.safetensors); "
                         "pass the model/ folder of a run or a checkpoint's model/ folder")
+    config = read_model_config(folder)
     try:  # a model type mlmlab does not train is refused by saved_architecture
-        bert = saved_architecture(json.loads((folder / "config.json").read_text())).model_class.from_pretrained(folder)
+        bert = saved_architecture(config).model_class.from_pretrained(folder)
     except Exception as err:  # transformers raises many types for foreign or corrupt files
         raise UserError(f"cannot load the model in {folder}: {str(err).splitlines()[0]}") from None
     return bert, load_tokenizer(folder)

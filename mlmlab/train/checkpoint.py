@@ -35,8 +35,7 @@ from mlmlab.config import Config, config_text, flat_keys, from_dict, read_yaml
 from mlmlab.architectures import architecture_named, entry_name, saved_architecture, saved_settings
 from mlmlab.data.tokenizer import vocab_hash
 from mlmlab.errors import UserError
-from mlmlab.files import (WriterLock, building, file_sha256, lock_folder, remove_stale_staging_like,
-                          write_text_atomically)
+from mlmlab.files import WriterLock, building, file_sha256, lock_folder, remove_stale_staging_like, replacing
 from mlmlab.model import VOCAB_HASH_KEY, WEIGHTS_FILE, load_weights, saved_vocab_hash
 
 MANIFEST = "manifest.json"
@@ -77,6 +76,10 @@ def open_run(run_dir: Path, cfg: Config, resume: str | None, is_main: bool) -> P
         if recorded is None:
             raise UserError(f"{run_dir} holds checkpoints but no {CONFIG_FILE}, so what made them is unknown; "
                             "pass --resume auto to continue it with this config, or choose another train.out_dir")
+        if damage := config_damage(recorded):
+            raise UserError(f"{run_dir / CONFIG_FILE} {damage}, so what made the run's checkpoints is unknown; pass "
+                            "--resume auto to continue it with this config (config.yaml is rewritten), or choose "
+                            "another train.out_dir")
         if not same_config(recorded, cfg):
             raise UserError(f"{run_dir} holds a run with a different config; choose another train.out_dir "
                             "or pass --resume auto to continue it with this config")
@@ -127,12 +130,13 @@ def record_config(run_dir: Path, cfg: Config, resumed_from: Path | None, step: i
     previous = read_text_or_none(path)
     if resumed_from is not None:
         previous = previous or read_text_or_none(resumed_from.parent / CONFIG_FILE)
-        if previous != text:
+    if previous == text and path.is_file():
+        return
+    with replacing(path, text):  # staged first: a config.yaml the disk refuses leaves no history line either
+        if resumed_from is not None and previous != text:
             line = {"step": step, "resumed_from": str(resumed_from), "changes": config_diff(previous, text)}
             with open(run_dir / CONFIG_HISTORY, "a") as handle:
                 handle.write(json.dumps(line) + "\n")
-    if previous != text or not path.is_file():
-        write_text_atomically(path, text)
 
 
 def config_tree_at(run_dir: Path, step: int) -> tuple[dict, list[str]]:
@@ -178,10 +182,33 @@ def _history_line(text: str) -> dict | None:
 
 def config_diff(before: str | None, after: str) -> dict | None:
     """{"section.key": [old, new]} of two config.yaml texts; None when the old one is unknown."""
-    if before is None:
+    old, new = _flat_config(before), _flat_config(after)
+    if old is None:
         return None
-    old, new = (flat_keys(yaml.safe_load(text) or {}) for text in (before, after))
     return {key: [old.get(key), new.get(key)] for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)}
+
+
+def _flat_config(text: str | None) -> dict | None:
+    """flat_keys of a config.yaml text; None for none, or a damaged one (not YAML, not a mapping of sections)."""
+    if text is None:
+        return None
+    try:
+        tree = yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        return None
+    sections_are_mappings = isinstance(tree, dict) and all(isinstance(v, dict | None) for v in tree.values())
+    return flat_keys(tree) if sections_are_mappings else None
+
+
+def config_damage(text: str) -> str | None:
+    """How a recorded config.yaml is no config this mlmlab reads (damaged, or of another version); None if it is one."""
+    try:
+        from_dict(yaml.safe_load(text) or {})
+    except yaml.YAMLError as err:
+        return f"is not valid YAML ({str(err).splitlines()[0]})"
+    except UserError as err:
+        return f"is not a config this mlmlab reads ({err})"
+    return None
 
 
 # ----- writing -----------------------------------------------------------------------------
@@ -261,6 +288,8 @@ def verify(folder: Path) -> str | None:
         manifest = json.loads(manifest_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         return "manifest.json is corrupt"
+    if not isinstance(manifest, dict):
+        return "manifest.json is not a mapping of files to checksums"
     for name, digest in manifest.items():
         path = folder / name
         if not path.is_file():
