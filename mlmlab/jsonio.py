@@ -22,3 +22,18 @@ def finite_or_none(value):
 def dumps(value, **kwargs) -> str:
     """json.dumps of ``value`` with undefined numbers as null; raises rather than write bare NaN."""
     return json.dumps(finite_or_none(value), allow_nan=False, **kwargs)
+
+
+def json_lines(text: str) -> list[tuple[int, dict | None]]:
+    """(line number, record) of each non-blank line of a JSON-lines text; the record is None where the line is
+    no JSON object (cut short by a kill, or damaged since)."""
+    return [(number, object_or_none(line)) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+
+
+def object_or_none(line: str) -> dict | None:
+    """A JSON-lines line as a dict; None for one that is not."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) else None

@@ -429,6 +429,25 @@ def test_few_seeds_label_the_bootstrap_a_range_never_a_ci(tmp_path):
     assert "| 95% bootstrap CI |" in many and "| range (bootstrap) |" not in many
 
 
+def test_report_skips_a_row_without_evaluation_and_a_cut_metrics_line_with_one_warning_each(tmp_path, capsys,
+                                                                                              caplog):
+    """Before: a row with eval: null and a metrics.jsonl cut mid-line each ended the report in a traceback."""
+    rows = [synthetic_row(arm, seed, 100 + seed, 900) for arm in ("dynamic", "adm") for seed in range(2)]
+    rows.append({**synthetic_row("adm", 2, 100, 900), "eval": None})
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    for row in rows[:4]:
+        metrics = results.parent / row["run_dir"] / "metrics.jsonl"
+        metrics.parent.mkdir(parents=True)
+        metrics.write_text('{"step": 1, "loss": 9.0}\n' + ('{"step": 2, "lo' if row is rows[0] else ""))
+    assert main(["report", str(results), "--out", str(tmp_path / "report")]) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == ["mlmlab: warning: line 5 of results.jsonl is not a complete result row and was ignored",
+                        f"mlmlab: warning: line 2 of {results.parent / rows[0]['run_dir'] / 'metrics.jsonl'} is not a "
+                        "metrics record (cut short or damaged) and was ignored"]
+    assert "4 runs, 2 arms" in (tmp_path / "report" / "report.md").read_text()
+
+
 def test_an_arm_identical_to_the_baseline_is_reported_as_such_not_as_a_null(tmp_path):
     rows = seed_rows("dynamic", [100.0, 102.0, 101.0]) + seed_rows("static", [100.0, 102.0, 101.0])
     rows += seed_rows("adm", [95.0, 97.0, 96.0])  # same nsp_accuracy as the baseline, other metrics differ

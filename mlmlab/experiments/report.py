@@ -14,7 +14,7 @@ difference in nats is a ratio of perplexities. An arm whose every metric equals 
 baseline's in every seed ran the same computation, and is reported as such, not as a null.
 """
 
-import json
+import logging
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -27,6 +27,9 @@ from mlmlab import choices, markdown
 from mlmlab.errors import UserError
 from mlmlab.experiments.gates import gate_results, row_value
 from mlmlab.experiments.results import read_rows
+from mlmlab.jsonio import json_lines
+
+log = logging.getLogger(__name__)
 
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0  # a fixed generator, so the intervals are the same every time the report is made
@@ -76,13 +79,20 @@ def load_rows(path: Path) -> tuple[list[dict], list[str]]:
     if not path.is_file():
         raise UserError(f"{path} does not exist; pass the results.jsonl an `mlmlab experiment` wrote")
     rows, ignored = read_rows(path)
-    notes = [f"line {number} of {path.name} is not a complete result row and was ignored" for number in ignored]
+    notes = [skipped(f"line {number} of {path.name} is not a complete result row and was ignored")
+             for number in ignored]
     latest = {(row["arm"], row["seed"]): row for row in rows}
     if len(latest) < len(rows):
         notes.append(f"{len(rows) - len(latest)} rows superseded by a later row of the same arm and seed")
     if not latest:
         raise UserError(f"{path} holds no result rows")
     return list(latest.values()), notes
+
+
+def skipped(note: str) -> str:
+    """Warn on stderr of one item the report leaves out, as it reads it; the note, for report.md too."""
+    log.warning("mlmlab: warning: %s", note)
+    return note
 
 
 def group_by_arm(rows: list[dict], baseline: str) -> dict[str, list[dict]]:
@@ -287,8 +297,10 @@ def read_curves(groups, results_dir: Path) -> tuple[dict[str, list[tuple[dict, l
         for row in rows:
             path = results_dir / row.get("run_dir", "?") / "metrics.jsonl"
             if path.is_file():
-                records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-                curves[arm].append((row, records))
+                lines = json_lines(path.read_text(encoding="utf-8", errors="replace"))
+                for number in (number for number, record in lines if record is None):
+                    skipped(f"line {number} of {path} is not a metrics record (cut short or damaged) and was ignored")
+                curves[arm].append((row, [record for _, record in lines if record is not None]))
             else:
                 missing.append(str(path))
     return dict(curves), missing

@@ -3,8 +3,9 @@ finished) and the report (what is compared) alike. A row the runner writes is on
 cut short by a crash, or one lacking a field every row has, is no row: its run reruns, and the report
 says which lines it ignored."""
 
-import json
 from pathlib import Path
+
+from mlmlab.jsonio import json_lines
 
 RESULTS_FILE = "results.jsonl"
 ROW_FIELDS = ("key", "arm", "seed", "eval")  # every row the runner writes has them
@@ -15,15 +16,15 @@ def read_rows(results: Path) -> tuple[list[dict], list[int]]:
     if not results.is_file():
         return [], []
     rows, ignored = [], []
-    for number, line in enumerate(results.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            row = None
-        if isinstance(row, dict) and all(field in row for field in ROW_FIELDS):
+    for number, row in json_lines(results.read_text(encoding="utf-8", errors="replace")):
+        if is_complete(row):
             rows.append(row)
         else:
             ignored.append(number)
     return rows, ignored
+
+
+def is_complete(row: dict | None) -> bool:
+    """Whether a line is a row the runner wrote whole: every field, an evaluation among them (a hand-edited
+    ``eval: null`` is no result to compare)."""
+    return row is not None and all(field in row for field in ROW_FIELDS) and isinstance(row["eval"], dict)

@@ -4,7 +4,6 @@ Only the main process writes; the others hold a writer that does nothing, so cal
 need not ask which process they are.
 """
 
-import json
 from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
@@ -41,7 +40,8 @@ class MetricsWriter:
         """(line, record or None where damaged) of the file this process writes; none for another process."""
         if not (self.enabled and self.path.exists()):
             return []
-        return [(line, _record(line)) for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines()]
+        text = self.path.read_text(encoding="utf-8", errors="replace")
+        return [(line, jsonio.object_or_none(line)) for line in text.splitlines()]
 
     def write(self, record: dict) -> None:
         if not self.enabled:
@@ -66,15 +66,6 @@ def _refuse_damage(path: Path, records: list[dict | None]) -> None:
     if damaged:
         raise UserError(f"{path}: line {damaged[0]} is not a metrics record (damaged after it was written); repair or "
                         "delete that line, then run the command again")
-
-
-def _record(line: str) -> dict | None:
-    """A metrics line as a dict; None for one that is not (cut short by a kill, or damaged since)."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
-        return None
-    return record if isinstance(record, dict) else None
 
 
 def _flat_scalars(record: dict, prefix: str = ""):
