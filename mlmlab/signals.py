@@ -3,10 +3,11 @@
 A scheduler's preemption, ``timeout`` and Ctrl-C signal every process of the job. A worker
 that died of it would take the main process down before it could save: a DataLoader reports
 a killed worker as an error, and a multiprocessing pool waits forever for the task a dead
-worker held. So workers let these signals pass, and the main process stops them itself:
-SIGTERM from their parent (DataLoader and pool shutdown, multiprocessing at exit) still
-ends them at once. The main process stops as training decides (train/loop.py), or, outside
-training, unwinds as Ctrl-C does (``sigterm_unwinds``).
+worker held. So workers let these signals pass, and the main process stops them itself: a
+DataLoader by its own shutdown message, prepare's pool with SIGKILL (data/store.py), and a
+SIGTERM from their parent (a DataLoader's fallback, multiprocessing at exit) still ends them.
+The main process stops as training decides (train/loop.py), or, outside training, unwinds as
+Ctrl-C does (``sigterm_unwinds``).
 """
 
 import os
@@ -41,17 +42,26 @@ def _exit_on_parents_sigterm(parent: int) -> None:
 
 
 @contextmanager
-def stop_signals_blocked() -> Iterator[None]:
-    """Workers forked inside start with SIGTERM and SIGINT blocked, until ``ignore_stop_signals`` takes over.
+def stop_signals_held() -> Iterator[None]:
+    """Workers forked inside start with SIGTERM and SIGINT blocked, until ``ignore_stop_signals`` takes over;
+    this process takes one arriving meanwhile when the block ends (main thread only).
 
-    Otherwise one arriving in between would end the worker, or raise in it what the main
-    process's handler raises. Once the block ends, this process receives what it held back.
+    Otherwise one arriving in between would end a worker, or raise in it what this process's
+    handler raises. Blocking alone would not hold it back here: another thread receives it, and
+    Python runs the handler in the main thread wherever it stands, e.g. in the fork's after-fork
+    hooks, where a raised exception is reported and dropped, and the stop lost with it.
     """
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    held = []
+    handlers = {signum: signal.signal(signum, lambda signum, frame: held.append(signum)) for signum in STOP_SIGNALS}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # what forked workers start with
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(held):
+            signal.raise_signal(signum)
 
 
 class Stopped(KeyboardInterrupt):

@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import multiprocessing
+import multiprocessing.pool
 import os
 import shutil
 from collections import deque
@@ -47,7 +48,7 @@ from mlmlab.data.tokenizer import SPECIAL_TOKENS, folder_vocab_hash, load_tokeni
 from mlmlab.errors import UserError
 from mlmlab.files import building, file_sha256
 from mlmlab.restoring import restoring
-from mlmlab.signals import ignore_stop_signals, stop_signals_blocked
+from mlmlab.signals import ignore_stop_signals, stop_signals_held
 
 # Bump whenever the shard layout or instance construction changes: old folders then
 # get a new hash instead of being misread. 2: one-segment documents no longer give NSP pairs.
@@ -397,8 +398,23 @@ _worker_unk: tuple[str, int] = ("", 0)  # (the corpus's unknown-word marker, the
 
 def _worker_pool(num_workers: int, initargs: tuple) -> multiprocessing.pool.Pool:
     """The workers, started with the job's stop signals held back until ``_init_worker`` has them ignored."""
-    with stop_signals_blocked():
-        return multiprocessing.get_context().Pool(num_workers, initializer=_init_worker, initargs=initargs)
+    with stop_signals_held():
+        return _KillingPool(num_workers, _init_worker, initargs, context=multiprocessing.get_context())
+
+
+class _KillingPool(multiprocessing.pool.Pool):
+    """A pool that stops its workers with SIGKILL.
+
+    They let SIGTERM pass unless their parent sent it, but a SIGTERM of the pool's that arrives
+    while one of the job's is still pending merges with it (signals do not queue): the worker
+    would read it as the job's, stay, and the pool would wait for it forever.
+    """
+
+    @staticmethod
+    def Process(ctx, *args, **kwds):
+        process = ctx.Process(*args, **kwds)
+        process.terminate = process.kill
+        return process
 
 
 def _init_worker(tokenizer_json: str, unk_marker: str, unk_id: int) -> None:
