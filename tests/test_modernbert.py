@@ -1,5 +1,5 @@
 """ModernBERT beside BERT (issue 31): transformers' own ModernBertForMaskedLM through the same sparse loss,
-masking strategies, exact resume, checkpoints, --init, export, evaluation, GLUE and studies.
+masking strategies, exact resume, checkpoints, --init, export, evaluation, GLUE, linear probes and studies.
 
 A one- or two-layer H32 ModernBERT keeps each test to seconds.
 """
@@ -213,7 +213,7 @@ def test_the_exported_folder_loads_with_the_auto_classes_and_fill_mask(source):
     assert "ModernBERT L1/H32" in card and "ModernBertForMaskedLM" in card and "objective: `mlm`" in card
 
 
-def test_export_evaluate_and_glue_work_on_it(source, tmp_path, capsys):
+def test_export_evaluate_glue_and_probes_work_on_it(source, tmp_path, capsys):
     assert main(["export", str(source / "ckpt-00000002"), "--out", str(tmp_path / "step2")]) == 0
     assert AutoModelForMaskedLM.from_pretrained(tmp_path / "step2").config.model_type == choices.MODERNBERT
     assert "- 2 steps," in (tmp_path / "step2" / "README.md").read_text()
@@ -227,12 +227,14 @@ def test_export_evaluate_and_glue_work_on_it(source, tmp_path, capsys):
                      "--max-train-examples", "16"]) == 0
         results = json.loads((tmp_path / "glue" / "glue_results.json").read_text())
         assert np.isfinite(results["tasks"]["RTE"]["score"])
+        assert main(["probe", "--model", str(source / "model"), "--task", "RTE", "--data-dir", str(GLUE_DIR),
+                     "--pooling", choices.MEAN_POOLING, "--no-progress"]) == 0  # frozen linear probes
     capsys.readouterr()
 
 
 def test_a_run_starts_from_a_modernbert_folder(source, tmp_path, capsys):
     cfg = load_config(None, [*COMMON, "data.objective=mlm", f"train.init={source / 'model'}",
-                             f"train.out_dir={tmp_path / 'init'}", "train.max_steps=1"])
+                             f"train.out_dir={tmp_path / 'init'}", "train.max_steps=1", "train.warmup_steps=0"])
     trainer = Trainer(cfg, validate=None, show_progress=False)  # no model.* keys: taken from the folder
     assert trainer.cfg.model.architecture == choices.MODERNBERT and trainer.cfg.model.hidden_size == 32
     saved = load_file(source / "model" / "model.safetensors")
@@ -253,7 +255,7 @@ def test_a_resume_into_the_other_architecture_is_refused(source, tmp_path, capsy
 def test_a_study_arm_sets_the_architecture(tmp_path, capsys):
     study = {"name": "architectures", "preset": "tiny", "seeds": [0], "baseline": "bert",
              "base": {"model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
-                      "data": {"objective": choices.MLM}, "train": {"max_steps": 10}},
+                      "data": {"objective": choices.MLM}, "train": {"max_steps": 10, "warmup_steps": 1}},
              "arms": [{"name": "bert"},
                       {"name": "modernbert", "model.architecture": choices.MODERNBERT, "model.intermediate_size": 48}],
              "out_dir": str(tmp_path / "out")}
