@@ -592,17 +592,18 @@ def test_one_weight_loader_allows_only_the_listed_missing_keys(tmp_path):
     """Starting from a BertForMaskedLM leaves the pooler and NSP head fresh; nothing else may be missing."""
     from transformers import BertConfig, BertForMaskedLM, BertForPreTraining
 
+    from mlmlab.architectures import Bert
     from mlmlab.errors import UserError
-    from mlmlab.model import MASKED_LM_MISSING, load_weights
+    from mlmlab.model import load_weights
 
     config = BertConfig(vocab_size=64, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16)
     BertForMaskedLM(config).save_pretrained(tmp_path)
-    load_weights(BertForPreTraining(config), tmp_path / "model.safetensors", allowed_missing=MASKED_LM_MISSING)
+    load_weights(BertForPreTraining(config), tmp_path / "model.safetensors", allowed_missing=tuple(Bert.optional_parts))
     with pytest.raises(UserError, match="lacks bert.pooler.dense.bias"):
         load_weights(BertForPreTraining(config), tmp_path / "model.safetensors")
     wider = BertConfig(**{**config.to_dict(), "intermediate_size": 32})
     with pytest.raises(UserError, match="intermediate.dense.bias of shape \\[16\\], this model's is \\[32\\]"):
-        load_weights(BertForPreTraining(wider), tmp_path / "model.safetensors", allowed_missing=MASKED_LM_MISSING)
+        load_weights(BertForPreTraining(wider), tmp_path / "model.safetensors", allowed_missing=tuple(Bert.optional_parts))
 
 
 def test_a_prepared_folder_given_as_the_corpus_is_trained_on_with_its_own_tokenizer(world, tmp_path):
