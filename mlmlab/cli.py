@@ -13,7 +13,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from mlmlab import choices, jsonio
-from mlmlab.config import MaskingConfig, frequency_cuts, load_config
+from mlmlab.config import MaskingConfig, config_listing, frequency_cuts, load_config
 from mlmlab.errors import UserError, write_refusal
 from mlmlab.signals import exit_code, sigterm_unwinds
 
@@ -26,15 +26,19 @@ def columns_of(args):
 
 
 def cmd_tokenizer(args) -> None:
+    from mlmlab.data.corpus import named_files, resolve_paths
     from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer, train_tokenizer
 
     if args.vocab:
-        out = adopt_vocab(args.vocab, args.out, lowercase=not args.cased)
+        out, source = adopt_vocab(args.vocab, args.out, lowercase=not args.cased), f"adopted from {args.vocab}"
     else:
         if not args.corpus:
             raise UserError("give --corpus PATH... to train a tokenizer, or --vocab FILE to adopt a vocab.txt")
-        out = train_tokenizer(args.corpus, args.vocab_size, args.out, lowercase=not args.cased, columns=columns_of(args))
-    print(f"tokenizer with {len(load_tokenizer(out))} tokens saved to {out}")
+        files = resolve_paths(args.corpus)
+        out = train_tokenizer(files, args.vocab_size, args.out, lowercase=not args.cased, columns=columns_of(args),
+                              show_progress=not args.no_progress)
+        source = f"trained on {named_files(files)}"
+    print(f"tokenizer with {len(load_tokenizer(out))} tokens saved to {out}, {source}")
 
 
 def cmd_prepare(args) -> None:
@@ -42,7 +46,8 @@ def cmd_prepare(args) -> None:
 
     out = prepare(args.corpus, tokenizer_dir=args.tokenizer, max_seq_length=args.max_seq_length,
                   objective=args.objective, short_seq_prob=args.short_seq_prob, seed=args.seed,
-                  out_dir=args.out, num_workers=args.workers, columns=columns_of(args))
+                  out_dir=args.out, num_workers=args.workers, columns=columns_of(args),
+                  show_progress=not args.no_progress)
     store = TokenStore(out)
     print(f"{len(store)} instances in {out}" + (f" ({use})" if (use := token_use(store.meta)) else ""))
 
@@ -59,7 +64,8 @@ def cmd_mask(args) -> None:
     from mlmlab.show import mask_sentence
 
     print(mask_sentence(args.text, tokenizer=args.tokenizer, seed=args.seed, epoch=args.epoch, rate=args.rate,
-                        strategy=args.strategy, model=args.model, scorer=args.scorer, progress=args.progress))
+                        strategy=args.strategy, model=args.model, scorer=args.scorer,
+                        progress=args.training_progress))
 
 
 def cmd_pretrain(args) -> None:
@@ -104,7 +110,7 @@ def cmd_evaluate(args) -> None:
         report = evaluate_model(args.model, args.data, batch_size=args.batch_size, max_batches=args.max_batches,
                                 max_seq_length=args.max_seq_length, columns=columns_of(args),
                                 freq_cuts=frequency_cuts(args.freq_buckets, "--freq-buckets"),
-                                recalibrate=args.recalibrate)
+                                recalibrate=args.recalibrate, show_progress=not args.no_progress)
         if args.json:
             write_text_atomically(Path(args.json), jsonio.dumps(report, indent=1) + "\n")
     print(format_eval_table(report))
@@ -120,7 +126,8 @@ def cmd_glue(args) -> None:
     results = run_glue(args.model, tasks, args.data_dir, args.out, seeds=tuple(args.seeds),
                        learning_rates=args.lr, epochs=args.epochs, dropout=args.dropout,
                        max_train_examples=args.max_train_examples,
-                       init=args.init, write_test_predictions=args.test_predictions)
+                       init=args.init, write_test_predictions=args.test_predictions,
+                       show_progress=not args.no_progress)
     print(format_glue_table(results))
 
 
@@ -144,6 +151,13 @@ def cmd_experiment(args) -> None:
         print(dry_run_text(study, shard, probe_steps=args.probe))
     else:
         run_study(study, shard, show_progress=not args.no_progress)
+
+
+def cmd_config(args) -> None:
+    # `mlmlab config train.lr=2e-3`: an override in the preset's place belongs to the overrides
+    preset, overrides = (None, [args.preset, *args.overrides]) if args.preset and "=" in args.preset else \
+        (args.preset, args.overrides)
+    print(config_listing(load_config(preset, overrides)))
 
 
 def cmd_report(args) -> None:
@@ -181,6 +195,11 @@ def add_column_options(p: argparse.ArgumentParser) -> None:
                                                    "field form one document (default: each record is a document)")
 
 
+def add_progress_option(p: argparse.ArgumentParser) -> None:
+    """The one switch of every command that can take long: its bars and progress lines, on stderr."""
+    p.add_argument("--no-progress", action="store_true", help="no progress bars or progress lines on stderr")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlmlab", description="Pretrain BERT-style encoders and compare masking strategies.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -192,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, default=30522)
     p.add_argument("--cased", action="store_true", help="keep case (default: lowercase, like bert-base-uncased)")
     p.add_argument("--out", required=True)
+    add_progress_option(p)
     p.set_defaults(func=cmd_tokenizer)
 
     p = sub.add_parser("prepare", help="turn raw text into NSP instances / packed blocks (memory-mapped shards)")
@@ -205,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None,
                    help="worker processes (default: every core this process may use); the data do not depend on it")
     p.add_argument("--out", default=None, help="dataset folder (default: the cache, named by a hash of inputs)")
+    add_progress_option(p)
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("dump", help="print prepared instances as JSON lines (optionally masked)")
@@ -227,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", choices=choices.STRATEGIES, default=choices.DYNAMIC)
     p.add_argument("--model", help="model folder: its tokenizer, and for adaptive its uncertainty scores")
     p.add_argument("--scorer", choices=choices.MODEL_SCORERS, default=choices.ENTROPY)
-    p.add_argument("--progress", type=float, default=1.0, help="adaptive: training progress in [0, 1] (sets a)")
+    p.add_argument("--training-progress", type=float, default=1.0, metavar="SHARE",
+                   help="adaptive: the share of training done, in [0, 1], whose a to use (default: 1, the end)")
     p.set_defaults(func=cmd_mask)
 
     p = sub.add_parser("pretrain", help="pretrain a BERT with MLM (+ NSP)")
@@ -236,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init", default=None, metavar="MODEL_DIR",
                    help="start from this model's weights only (train.init): a HuggingFace BERT folder or a run's model/; "
                         "its tokenizer and architecture are taken unless the config names them")
-    p.add_argument("--no-progress", action="store_true")
+    add_progress_option(p)
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="the run's summary as JSON: to FILE, or alone on stdout with no FILE (instead of the text summary)")
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.max_steps=100")
@@ -260,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recalibrate", action="store_true",
                    help="also the prior-free loss: the output bias refitted on half the targets, the other half scored")
     p.add_argument("--json", help="also write the report to this file")
+    add_progress_option(p)
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("glue", help="fine-tune on GLUE tasks and report the standard metrics")
@@ -277,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init", choices=["pretrained", "random"], default="pretrained",
                    help="random: the same architecture from fresh weights, the no-pretraining baseline")
     p.add_argument("--test-predictions", action="store_true", help="also write GLUE submission files")
+    add_progress_option(p)
     p.set_defaults(func=cmd_glue)
 
     p = sub.add_parser("probe", help="frozen linear probes on GLUE tasks, each beside a random-init baseline",
@@ -290,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="features: mean over the real tokens and/or the [CLS] state (default: both, one forward pass)")
     p.add_argument("--seed", type=int, default=0,
                    help="the random-init baseline's weights and the training rows held out to choose C")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    add_progress_option(p)
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
     p.set_defaults(func=cmd_probe)
 
@@ -301,8 +325,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="validate every arm's config and print the estimated cost; train nothing")
     p.add_argument("--probe", type=int, default=0, metavar="STEPS",
                    help="with --dry-run: also time STEPS training steps of each arm here and extrapolate each run's time")
-    p.add_argument("--no-progress", action="store_true")
+    add_progress_option(p)
     p.set_defaults(func=cmd_experiment)
+
+    p = sub.add_parser("config", help="print a resolved config: every key with its value, its default where it differs, "
+                                      "and what it is for")
+    p.add_argument("preset", nargs="?", default=None, help="preset name or YAML file (default: the defaults, = tiny)")
+    p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.lr=2e-3")
+    p.set_defaults(func=cmd_config)
 
     p = sub.add_parser("report", help="report.md and PNG plots from a study's results.jsonl")
     p.add_argument("results", help="a results.jsonl (shards' files may be concatenated)")
@@ -347,6 +377,10 @@ def main(argv=None) -> int:
     try:
         with sigterm_unwinds():
             args.func(args)
+            sys.stdout.flush()  # here, where a closed pipe is caught below, not at exit
+    except BrokenPipeError:  # stdout's reader left (`mlmlab dump ... | head`): it has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the flush at exit has somewhere to go
+        return 0
     except UserError as err:
         print(f"mlmlab: error: {err}", file=sys.stderr)
         return 2

@@ -5,8 +5,13 @@ resolution order is: defaults < preset or config file < ``key=value`` overrides.
 Any key that is not a field is an error, so a typo never silently trains the wrong model.
 """
 
+import ast
 import dataclasses
+import inspect
+import io
 import math
+import textwrap
+import tokenize
 import types
 import typing
 from dataclasses import dataclass, field
@@ -25,8 +30,8 @@ class ModelConfig:
     # "bert": the seed's BertForPreTraining; "modernbert": transformers' ModernBertForMaskedLM (MLM only, no NSP head)
     architecture: str = choices.BERT
     hidden_size: int = 128  # tiny by default: runs on a laptop CPU in minutes
-    num_layers: int = 2
-    num_heads: int = 2
+    num_layers: int = 2  # encoder layers (BERT-base: 12)
+    num_heads: int = 2  # attention heads; hidden_size must be divisible by it
     intermediate_size: int = 512  # 4x hidden, as in BERT
     max_position_embeddings: int = 512  # sequences longer than this are refused at prepare/train time
     # Hidden states (BERT's hidden_dropout_prob, 0.1); also attention's unless set below. Off by
@@ -53,9 +58,11 @@ class DataConfig:
     corpus: list[str] = field(default_factory=list)
     valid_corpus: list[str] = field(default_factory=list)  # as corpus; empty: the bundled validation sample
     text_column: str = "text"  # JSONL and tables: the field holding the text
+    # as text_column, for valid_corpus (a JSONL training file's "body" beside a held-out one's "text"); empty: text_column
+    valid_text_column: str = ""
     id_column: str = ""  # JSONL and tables: consecutive records with the same value here form one document; empty: one record, one document
     tokenizer: str = ""  # a tokenizer folder or a vocab.txt; empty: bundled bert-base-uncased vocab
-    max_seq_length: int = 128
+    max_seq_length: int = 128  # tokens per instance, [CLS] and [SEP] included (BERT: 128, then 512 for the last 10%)
     objective: str = choices.NSP  # "nsp": sentence pairs + NSP loss; "mlm": packed full sentences, no NSP
     short_seq_prob: float = 0.1  # google-research/bert: share of instances with a shorter target length
     prepare_seed: int = 12345  # NSP pair sampling; part of the prepared dataset's hash
@@ -103,19 +110,22 @@ class MaskingConfig:
 @dataclass
 class TrainConfig:
     batch_size: int = 32  # global batch per optimizer step = batch_size * grad_accum * processes
-    grad_accum: int = 1
+    grad_accum: int = 1  # micro-batches whose gradients are summed into one optimizer step
     lr: float = 1e-3  # small models tolerate a high LR (cramming, academic-budget-bert)
     weight_decay: float = 0.01  # decoupled (AdamW); never on bias or LayerNorm
-    adam_beta1: float = 0.9
+    adam_beta1: float = 0.9  # AdamW's first-moment decay (BERT's)
     adam_beta2: float = 0.98  # RoBERTa's value, more stable than 0.999 with large LR
-    adam_eps: float = 1e-6
+    adam_eps: float = 1e-6  # as BERT and RoBERTa
+    # LR rises linearly from 0 to lr over these steps. A step budget must leave steps after them (warmup_steps <
+    # max_steps, or 0): otherwise the LR would still be rising at the end and never decay, so the run is refused,
+    # not silently trained. Under max_minutes it is not checked: how many steps the time holds is known only after.
     warmup_steps: int = 100
     decay_fraction: float = 0.2  # LR decays to 0 over this last share of the budget; 1.0: BERT's decay after warmup
     lr_schedule: str = choices.LINEAR  # the decay's shape: "linear" (BERT's; warmup-stable-decay) or "cosine" (the seed's RoBERTa)
-    max_steps: int = 1000
+    max_steps: int = 1000  # optimizer steps of the run: the budget, unless max_minutes is set
     max_minutes: float = 0.0  # > 0: a wall-clock budget instead of max_steps; LR and masking schedules follow it
-    max_grad_norm: float = 1.0
-    log_every: int = 20
+    max_grad_norm: float = 1.0  # gradients are clipped to this global norm (BERT's 1.0)
+    log_every: int = 20  # steps between records in metrics.jsonl (and TensorBoard)
     eval_every: int = 200  # steps between held-out evaluations; 0 disables
     eval_batches: int = 20  # held-out batches per evaluation (fixed masks, same every time)
     # Sequences per held-out batch, not train.batch_size: arms of a study that differ in batch size
@@ -341,6 +351,40 @@ def flat_keys(tree: dict) -> dict:
 def config_text(cfg: Config) -> str:
     """The resolved config as YAML: what a run folder records and a rerun compares against."""
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def config_listing(cfg: Config) -> str:
+    """Every key of ``cfg``, one a line: its value, its default where it differs, and the comment beside its field."""
+    values, defaults = flat_keys(to_dict(cfg)), flat_keys(to_dict(Config()))
+    comments = {f"{section.name}.{name}": text for section in dataclasses.fields(Config)
+                for name, text in field_comments(section.type).items()}
+    settings = {key: f"{key} = {_yaml_value(value)}" for key, value in values.items()}
+    width = max(map(len, settings.values()))
+    lines = []
+    for key, value in values.items():
+        changed = f"[default {_yaml_value(defaults[key])}] " if value != defaults[key] else ""
+        lines.append(f"{settings[key]:<{width}}  # {changed}{comments.get(key, '')}".rstrip(" #"))
+    return "\n".join(lines)
+
+
+def _yaml_value(value) -> str:
+    """A value as an override takes it (train.lr=0.001, data.corpus=[a, b], data.tokenizer='')."""
+    return yaml.safe_dump(value, default_flow_style=True, width=1 << 30).removesuffix("\n...\n").strip()
+
+
+def field_comments(section: type) -> dict[str, str]:
+    """Each field of a dataclass in this file with its comment: the comment lines just above it, then the one
+    beside it."""
+    source = textwrap.dedent(inspect.getsource(section))
+    comments = {token.start[0]: token.string.lstrip("#").strip()
+                for token in tokenize.generate_tokens(io.StringIO(source).readline) if token.type == tokenize.COMMENT}
+    found, previous_end = {}, ast.parse(source).body[0].lineno  # the class line
+    for node in ast.parse(source).body[0].body:
+        if isinstance(node, ast.AnnAssign):
+            lines = range(previous_end + 1, node.end_lineno + 1)  # above it (after the previous statement), and its own
+            found[node.target.id] = " ".join(comments[line] for line in lines if line in comments)
+        previous_end = node.end_lineno
+    return found
 
 
 def preset_names() -> list[str]:

@@ -96,7 +96,8 @@ def test_training_under_a_slow_start_up_peak_logs_mfu_at_most_one(tmp_path, monk
         return real(device, dtype) / (1000 if len(calls) == 1 else 1)
 
     monkeypatch.setattr(mfu, "peak_matmul_flops", loaded_at_first)
-    trainer = small_trainer(tmp_path, "run", "train.max_steps=4", "train.log_every=1", "train.eval_every=0")
+    trainer = small_trainer(tmp_path, "run", "train.max_steps=4", "train.warmup_steps=1", "train.log_every=1",
+                            "train.eval_every=0")
     summary = trainer.train()
     lines = [json.loads(line) for line in trainer.metrics.path.read_text().splitlines()]
     lines = [line for line in lines if "mfu" in line]

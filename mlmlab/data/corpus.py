@@ -31,11 +31,14 @@ import json
 import re
 import zlib
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from itertools import chain
 from pathlib import Path
 from typing import BinaryIO
 
-from mlmlab.data.records import Columns, is_saved_dataset, is_table, clean_paragraph, record_documents, table_records
+from mlmlab.data.records import (
+    Columns, clean_paragraph, is_saved_dataset, is_table, record_documents, table_fields, table_records,
+)
 from mlmlab.errors import UserError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -109,11 +112,16 @@ def read_paragraph_documents(paths: str | Path | Iterable[str | Path],
             found = True
             yield document
     if not found:
-        names = ", ".join(str(p) for p in paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
         raise UserError(
-            f"corpus {names} holds no document with text; give files with a blank line between documents, "
+            f"corpus {named_files(paths)} holds no document with text; give files with a blank line between documents, "
             f"<doc> blocks, or JSONL / tables with a {columns.text!r} field (--text-column, data.text_column)"
         )
+
+
+def named_files(paths: list[Path], shown: int = 3) -> str:
+    """"a.txt", or "5 files: a.txt, b.txt, c.txt and 2 more": what a corpus read, in a line."""
+    names = ", ".join(str(p) for p in paths[:shown]) + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
+    return names if len(paths) == 1 else f"{len(paths)} files: {names}"
 
 
 def resolve_paths(paths: str | Path | Iterable[str | Path]) -> list[Path]:
@@ -182,30 +190,66 @@ def _is_corpus_file(path: Path) -> bool:
     return not name.startswith(_NOT_CORPUS) and (suffix in _TEXT_SUFFIXES or is_table(path))
 
 
+def refuse_missing_fields(corpus, columns: Columns, text_key: str) -> None:
+    """A UserError naming ``text_key`` (or data.id_column) when the first record of the corpus's first file lacks
+    that field: checked before any preparing, where a second corpus's record is read only after the first's minutes."""
+    path = resolve_paths(corpus)[0]
+    fields = _first_record_fields(path)
+    for name, key in ((columns.text, text_key), (columns.doc_id, "data.id_column")):
+        if fields is not None and name and name not in fields:
+            raise UserError(f"{path} has no {name!r} field (its fields: {', '.join(map(str, fields)) or 'none'}); "
+                            f"name the right one with {key}")
+
+
+def _first_record_fields(path: Path) -> list | None:
+    """The fields of the first record of a JSONL file or table; None for text without fields (or no record)."""
+    if is_table(path):
+        return table_fields(path)
+    with _gzip_errors_refused(path), _open_binary(path) as raw:
+        kind, lines = _sniffed(raw, path)
+        first = next(_jsonl_records(lines, path), None) if kind == _JSONL else None
+    return None if first is None else list(first[1])
+
+
 def _read_source(path: Path, columns: Columns) -> Iterator[list[str]]:
     if is_table(path):
         yield from record_documents(table_records(path, columns), columns, path)
         return
-    try:
+    with _gzip_errors_refused(path):
         yield from _read_documents(path, columns)
+
+
+@contextmanager
+def _gzip_errors_refused(path: Path) -> Iterator[None]:
+    try:
+        yield
     except (EOFError, zlib.error, gzip.BadGzipFile) as err:  # raised while decompressing, mid-stream
         raise UserError(f"{path} is a truncated or corrupt gzip file ({err}); copy or compress it again "
                         "(`gzip -t` checks a file)") from None
 
 
 def _read_documents(path: Path, columns: Columns) -> Iterator[list[str]]:
-    _refuse_archive(path)
     with _open_binary(path) as raw:
-        head, lines = _peeked(_decoded_lines(raw, path), _SNIFF_LINES)
-        texts = [text for _, text in head if text.strip()]
-        if not texts:
-            return
-        if _is_wikiextractor(texts):
+        kind, lines = _sniffed(raw, path)
+        if kind == _WIKIEXTRACTOR:
             yield from _wikiextractor_documents(lines)
-        elif _is_jsonl(texts):
+        elif kind == _JSONL:
             yield from record_documents(_jsonl_records(lines, path), columns, path)
-        else:
+        elif kind == _PLAIN:
             yield from _plain_documents(lines)
+
+
+_WIKIEXTRACTOR, _JSONL, _PLAIN = "WikiExtractor", "JSONL", "plain text"
+
+
+def _sniffed(raw: BinaryIO, path: Path) -> tuple[str | None, Iterator[tuple[int, str]]]:
+    """(the format of a text file by its first non-blank lines, None when it has none; every line of it)."""
+    _refuse_archive(path)
+    head, lines = _peeked(_decoded_lines(raw, path), _SNIFF_LINES)
+    texts = [text for _, text in head if text.strip()]
+    if not texts:
+        return None, lines
+    return (_WIKIEXTRACTOR if _is_wikiextractor(texts) else _JSONL if _is_jsonl(texts) else _PLAIN), lines
 
 
 # A file's format is decided by its first non-blank lines, this many, not by the first alone: a WikiExtractor

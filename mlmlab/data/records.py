@@ -101,6 +101,12 @@ def table_records(path: Path, columns: Columns) -> Iterator[tuple[str, dict]]:
             yield f"row {row}", dict(zip(wanted, values))
 
 
+def table_fields(path: Path) -> list:
+    """A table's column names (its first row's, where a streamed file does not name them before reading)."""
+    table = _open_table(path)
+    return list(table.column_names or next(iter(table), {}))
+
+
 def _open_table(path: Path):
     """A datasets Dataset (memory-mapped) or IterableDataset (streaming) over the table at ``path``."""
     import datasets

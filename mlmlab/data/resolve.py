@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from mlmlab.config import DataConfig
-from mlmlab.data.corpus import is_prepared_dataset
+from mlmlab.data.corpus import is_prepared_dataset, refuse_missing_fields
 from mlmlab.data.records import Columns
 from mlmlab.data.store import TokenStore, cache_root, prepare, prepared_hash
 from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer, vocab_hash
@@ -58,7 +58,8 @@ def _copy_files(files: list[Path], folder: Path) -> None:
         shutil.copy2(path, folder / path.name)
 
 
-def held_out_store(data: list[str], model_dir: Path, max_seq_length: int, columns: Columns = Columns()) -> TokenStore:
+def held_out_store(data: list[str], model_dir: Path, max_seq_length: int, columns: Columns = Columns(),
+                   show_progress: bool = False) -> TokenStore:
     """A prepared dataset folder as is; a corpus (WikiText detokenised first) prepared with the model's tokenizer."""
     paths = [Path(p) for p in data]
     if folder := prepared_folder(paths):
@@ -67,7 +68,7 @@ def held_out_store(data: list[str], model_dir: Path, max_seq_length: int, column
     corpus = [write_plain(path, cache_root().parent / "wikitext" / f"{path.stem}-{file_sha256(path)[:16]}.txt")
               if path in wikitext else path for path in paths]
     return TokenStore(prepare(corpus, tokenizer_dir=standalone_tokenizer(model_dir), max_seq_length=max_seq_length,
-                              columns=columns, unk_marker=UNK_MARKER if wikitext else ""))
+                              columns=columns, unk_marker=UNK_MARKER if wikitext else "", show_progress=show_progress))
 
 
 def prepared_folder(corpus: list) -> Path | None:
@@ -76,12 +77,12 @@ def prepared_folder(corpus: list) -> Path | None:
 
 
 def _corpora_and_settings(data: DataConfig, model_dir: str) -> tuple[dict, dict]:
-    """({"train": paths, "valid": paths}, prepare's settings) of a config's data section."""
+    """({"train": paths, "valid": paths}, {"train": prepare's settings, "valid": ...}) of a config's data section."""
     corpora = {"train": data.corpus or [SAMPLE_TRAIN], "valid": data.valid_corpus or [SAMPLE_VALID]}
-    settings = dict(tokenizer_dir=_tokenizer_dir(data, model_dir, corpora["train"]), max_seq_length=data.max_seq_length,
-                    objective=data.objective, short_seq_prob=data.short_seq_prob, seed=data.prepare_seed,
-                    columns=Columns(data.text_column, data.id_column))
-    return corpora, settings
+    shared = dict(tokenizer_dir=_tokenizer_dir(data, model_dir, corpora["train"]), max_seq_length=data.max_seq_length,
+                  objective=data.objective, short_seq_prob=data.short_seq_prob, seed=data.prepare_seed)
+    text_columns = {"train": data.text_column, "valid": data.valid_text_column or data.text_column}
+    return corpora, {split: {**shared, "columns": Columns(text_columns[split], data.id_column)} for split in corpora}
 
 
 def _tokenizer_dir(data: DataConfig, model_dir: str, train_corpus: list) -> Path:
@@ -95,16 +96,25 @@ def _tokenizer_dir(data: DataConfig, model_dir: str, train_corpus: list) -> Path
     return TokenStore(folder).tokenizer_dir if folder else tokenizer_dir_for("")
 
 
-def prepare_datasets(data: DataConfig, model_dir: str = ""):
+def prepare_datasets(data: DataConfig, model_dir: str = "", show_progress: bool = False):
     """(train TokenStore, valid TokenStore, tokenizer) for a config's data section, preparing what is missing."""
     corpora, settings = _corpora_and_settings(data, model_dir)
+    for split, corpus in corpora.items():  # both, before minutes of preparing the first
+        if not prepared_folder(corpus):
+            refuse_missing_fields(corpus, settings[split]["columns"], COLUMN_KEYS[split])
     workers = data.prepare_workers or None  # None: every core
-    train, valid = (_token_store(corpora[split], settings, workers) for split in ("train", "valid"))
-    tokenizer = load_tokenizer(settings["tokenizer_dir"])
+    train, valid = (_token_store(corpora[split], settings[split], workers, show_progress)
+                    for split in ("train", "valid"))
+    tokenizer_dir = settings["train"]["tokenizer_dir"]
+    tokenizer = load_tokenizer(tokenizer_dir)
     expected = vocab_hash(tokenizer.get_vocab())
     for store in (train, valid):
-        require_vocab(store, expected, f"data.tokenizer ({settings['tokenizer_dir']})")
+        require_vocab(store, expected, f"data.tokenizer ({tokenizer_dir})")
     return train, valid, tokenizer
+
+
+# The config keys that name each split's text field, for the refusal to name the one to change.
+COLUMN_KEYS = {"train": "data.text_column", "valid": "data.valid_text_column"}
 
 
 def require_vocab(store: TokenStore, expected: str, whose: str) -> None:
@@ -114,11 +124,11 @@ def require_vocab(store: TokenStore, expected: str, whose: str) -> None:
                         f"{store.vocab_hash}, expected {expected}); prepare the data again with that tokenizer")
 
 
-def _token_store(corpus: list, settings: dict, workers: int | None) -> TokenStore:
+def _token_store(corpus: list, settings: dict, workers: int | None, show_progress: bool) -> TokenStore:
     """A prepared folder given as the corpus, checked against the data section; else the corpus, prepared."""
     folder = prepared_folder(corpus)
     if folder is None:
-        return TokenStore(prepare(corpus, num_workers=workers, **settings))
+        return TokenStore(prepare(corpus, num_workers=workers, show_progress=show_progress, **settings))
     store = TokenStore(folder)
     _require_build_settings(store, settings)
     return store
@@ -141,7 +151,7 @@ def _require_build_settings(store: TokenStore, settings: dict) -> None:
 def dataset_hashes(data: DataConfig, model_dir: str = "") -> dict:
     """{"train": hash, "valid": hash} of the datasets ``prepare_datasets`` would give, without preparing them."""
     corpora, settings = _corpora_and_settings(data, model_dir)
-    return {split: _dataset_hash(paths, settings) for split, paths in corpora.items()}
+    return {split: _dataset_hash(paths, settings[split]) for split, paths in corpora.items()}
 
 
 def _dataset_hash(corpus: list, settings: dict) -> str:

@@ -41,12 +41,13 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from mlmlab import choices
-from mlmlab.data.corpus import document_sentences, read_paragraph_documents, resolve_paths
+from mlmlab.data.corpus import document_sentences, named_files, read_paragraph_documents, resolve_paths
 from mlmlab.data.instances import IS_NEXT, NO_NSP_LABEL, RANDOM_NEXT, create_mlm_blocks, create_nsp_instances
 from mlmlab.data.records import Columns
 from mlmlab.data.tokenizer import SPECIAL_TOKENS, folder_vocab_hash, load_tokenizer, vocab_hash
 from mlmlab.errors import UserError
 from mlmlab.files import building, file_sha256
+from mlmlab.progress import progress_bar, say
 from mlmlab.restoring import restoring
 from mlmlab.signals import ignore_stop_signals, stop_signals_held
 
@@ -146,11 +147,13 @@ def prepare(
     docs_per_shard: int = 2000,
     columns: Columns = Columns(),
     unk_marker: str = "",
+    show_progress: bool = False,
 ) -> Path:
     """Build (or reuse) the prepared dataset for these inputs and settings; return its folder.
 
     ``columns``: the text and document-id fields of JSONL and table inputs. ``unk_marker``:
     the corpus's own word for an unknown word (WikiText's ``<unk>``), encoded as the [UNK] id.
+    ``show_progress``: a bar of the documents read on stderr, and a line saying what is prepared into the cache.
     """
     config = _validated_config(objective, max_seq_length, short_seq_prob, seed, docs_per_shard)
     num_workers = _validated_workers(num_workers)
@@ -162,8 +165,11 @@ def prepare(
     if _holds_dataset(target, digest):
         log.info("reusing prepared dataset %s", target)
         return target
-    with building(target) as staging:
-        _build(paths, columns, unk_marker, tokenizer, tokenizer_dir, config, digest, staging, num_workers)
+    # Into the cache, unasked: where it goes is news (--out named it). A line, so logs have it too.
+    say(f"preparing {named_files(paths)} into {target} (the cache; MLMLAB_CACHE moves it)",
+        show_progress and out_dir is None)
+    with building(target) as staging, progress_bar("prepare", None, show_progress, unit="doc") as bar:
+        _build(paths, columns, unk_marker, tokenizer, tokenizer_dir, config, digest, staging, num_workers, bar)
     _holds_dataset(target, digest)  # refuses a different dataset that a concurrent writer published there
     return target
 
@@ -263,14 +269,14 @@ def _holds_dataset(target: Path, digest: str) -> bool:
 
 
 def _build(paths, columns, unk_marker, tokenizer, tokenizer_dir, config, digest, staging: Path,
-           num_workers: int) -> None:
+           num_workers: int, bar) -> None:
     shutil.copytree(tokenizer_dir, staging / "tokenizer")
     vocab_size = len(tokenizer)
     spec = _ShardSpec(config, str(staging), tokenizer.cls_token_id, tokenizer.sep_token_id, vocab_size)
     initargs = (tokenizer.backend_tokenizer.to_str(), unk_marker, tokenizer.unk_token_id)
     with _worker_pool(num_workers, initargs) as pool:
-        summaries = _built_shards(pool, _chunks(paths, columns, config.docs_per_shard), spec, pieces=num_workers)
-        totals = _accumulate(summaries, vocab_size)
+        chunks = _counted(_chunks(paths, columns, config.docs_per_shard), bar)
+        totals = _accumulate(_built_shards(pool, chunks, spec, pieces=num_workers), vocab_size, bar)
     if totals["num_instances"] == 0:
         raise UserError(
             f"no {config.objective} training instance could be made from {', '.join(p.name for p in paths)}: "
@@ -335,6 +341,13 @@ def _chunks(paths, columns, docs_per_shard: int) -> Iterator[_Chunk]:
         first_doc += len(paragraph_docs)
 
 
+def _counted(chunks: Iterable[_Chunk], bar) -> Iterator[_Chunk]:
+    """The chunks, each counted on the bar as it is read (up to two chunks ahead of the shards built)."""
+    for chunk in chunks:
+        bar.update(len(chunk.paragraph_docs))
+        yield chunk
+
+
 def _built_shards(pool, chunks: Iterable[_Chunk], spec: _ShardSpec, pieces: int) -> Iterator[_ShardSummary]:
     """Every chunk tokenized in ``pieces`` parts across the pool, then built into its shard; summaries in order.
 
@@ -371,7 +384,7 @@ def _build_async(pool, chunk: _Chunk, parts: list, spec: _ShardSpec):
     return pool.apply_async(_build_shard, (chunk.index, len(chunk.paragraph_docs), tokenized, spec))
 
 
-def _accumulate(summaries: Iterable[_ShardSummary], vocab_size: int) -> dict:
+def _accumulate(summaries: Iterable[_ShardSummary], vocab_size: int, bar) -> dict:
     totals = {"num_documents": 0, "num_instances": 0, "num_instance_tokens": 0, "num_random_next": 0,
               "num_used_tokens": 0, "long_sentences": 0, "one_sentence_documents": 0}
     counts = np.zeros(vocab_size, dtype=np.int64)
@@ -383,6 +396,7 @@ def _accumulate(summaries: Iterable[_ShardSummary], vocab_size: int) -> dict:
         # max_id is not part of the dataset's hash (dataset_hash): folders prepared before it was recorded keep theirs.
         shards.append({"name": summary.name, "num_instances": summary.num_instances, "max_id": summary.max_id})
         log.info("shard %s: %d instances", summary.name, summary.num_instances)
+        bar.set_postfix(shards=len(shards), instances=totals["num_instances"])
     return {**totals, "num_corpus_tokens": int(counts.sum()), "shards": shards, "token_counts": counts}
 
 

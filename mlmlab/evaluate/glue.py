@@ -11,7 +11,6 @@ seeds, no per-task tuning) scaled down so that the tiny preset runs on a laptop 
 
 import dataclasses
 import math
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
@@ -32,6 +31,7 @@ from mlmlab.devices import compute_device
 from mlmlab.errors import UserError
 from mlmlab.files import lock_folder
 from mlmlab.model import WEIGHTS_FILE, refuse_other_tokenizer, weight_shapes
+from mlmlab.progress import progress_bar, say
 from mlmlab.restoring import restoring
 from mlmlab.train.optim import parameter_groups
 from mlmlab.evaluate.glue_data import (
@@ -273,7 +273,8 @@ def fine_tune_and_score(
     # unavoidable. Data order uses its own generator (see train_model).
     transformers.set_seed(seed)
     model = load_model(context.model_dir, task, context.init, settings.dropout).to(context.device)
-    train_model(model, train, settings, learning_rate, seed, context.device)
+    train_model(model, train, settings, learning_rate, seed, context.device, context.show_progress,
+                desc=f"glue {task.name} lr={learning_rate:g} seed={seed}")
     metrics = dev_metrics(task, model, devs, context.device)
     test_outputs = {name: predict(model, split, task, context.device) for name, split in tests.items()}
     minutes = (time.perf_counter() - started) / 60
@@ -326,8 +327,7 @@ def glue_average(task_results: dict[str, dict]) -> float | None:
 
 
 def report(context: RunContext, message: str) -> None:
-    if context.show_progress:
-        print(f"[glue] {message}", file=sys.stderr, flush=True)
+    say(f"[glue] {message}", context.show_progress)
 
 
 # ---------------------------------------------------------------- model and data
@@ -415,8 +415,10 @@ def check_only_head_is_new(model_dir: Path, missing_keys: Iterable[str]) -> None
         )
 
 
-def train_model(model, train: EncodedSplit, settings: FineTuneSettings, learning_rate: float, seed: int, device) -> None:
-    """AdamW with linear warmup and decay over epochs of shuffled, dynamically padded batches."""
+def train_model(model, train: EncodedSplit, settings: FineTuneSettings, learning_rate: float, seed: int, device,
+                show_progress: bool = False, desc: str = "fine-tune") -> None:
+    """AdamW with linear warmup and decay over epochs of shuffled, dynamically padded batches (a bar of the
+    run's steps on stderr, its epoch beside it, with ``show_progress``)."""
     steps_per_epoch = math.ceil(len(train) / settings.batch_size)
     total_steps = steps_per_epoch * settings.epochs
     # fused AdamW: on CPU the unfused update of the 30k-row embedding costs more than the model step.
@@ -427,16 +429,19 @@ def train_model(model, train: EncodedSplit, settings: FineTuneSettings, learning
     shuffle = torch.Generator().manual_seed(seed)
     label_dtype = torch.float32 if model.config.problem_type == "regression" else torch.long
     model.train()
-    for _ in range(settings.epochs):
-        for rows in torch.randperm(len(train), generator=shuffle).split(settings.batch_size):
-            rows = rows.tolist()
-            batch = collate(train, rows, device)
-            labels = torch.tensor([train.labels[row] for row in rows], dtype=label_dtype, device=device)  # (B,)
-            model(**batch, labels=labels).loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+    with progress_bar(desc, total_steps, show_progress, unit="step") as bar:
+        for epoch in range(settings.epochs):
+            bar.set_postfix(epoch=f"{epoch + 1}/{settings.epochs}")
+            for rows in torch.randperm(len(train), generator=shuffle).split(settings.batch_size):
+                rows = rows.tolist()
+                batch = collate(train, rows, device)
+                labels = torch.tensor([train.labels[row] for row in rows], dtype=label_dtype, device=device)  # (B,)
+                model(**batch, labels=labels).loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                bar.update()
 
 
 @torch.inference_mode()
@@ -503,7 +508,7 @@ def format_glue_table(results: dict) -> str:
     columns = [(name, metric) for name, result in ran.items() for metric in result["metrics"]]
     header = ["Model", "init"] + [f"{name} {metric}" for name, metric in columns] + ["Average"]
     average = "–" if results["average"] is None else percent(results["average"])
-    row = [Path(results["model_dir"]).name, results["init"]]
+    row = [results["model_dir"], results["init"]]  # the path as given: a basename is "model" for every run
     row += [percent(ran[name]["dev"][metric]) for name, metric in columns] + [average]
     lines = markdown.table(header, [row])
     lines += details_table(ran)

@@ -52,7 +52,6 @@ from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
-from tqdm.auto import tqdm
 
 from mlmlab import choices, jsonio, markdown
 from mlmlab.devices import compute_device
@@ -62,6 +61,7 @@ from mlmlab.evaluate.glue import (
     load_model, load_model_tokenizer, nan_as_worst, percent, resolve_task_names, task_score,
 )
 from mlmlab.evaluate.glue_data import TASKS, TRAIN_FILE, GlueTask, missing_files, read_labeled
+from mlmlab.progress import progress_bar
 
 DEFAULT_TASKS = ("SST-2", "MRPC", "CoLA")
 TRAIN_SAMPLES = {"SST-2": 8000}  # a fixed sample of SST-2's 67k rows keeps its features to a minute on a CPU
@@ -217,7 +217,7 @@ def split_features(encoder: torch.nn.Module, split: EncodedSplit, device: torch.
     """Every pooling of every example of ``split``, in file order, from one forward pass per batch."""
     order = np.argsort([len(ids) for ids in split.features["input_ids"]], kind="stable")  # little padding per batch
     pooled = {pooling: [] for pooling in choices.POOLINGS}
-    with tqdm(total=len(split), disable=not show_progress, dynamic_ncols=True, desc=f"probe {label}", unit="ex") as bar:
+    with progress_bar(f"probe {label}", len(split), show_progress, unit="ex") as bar:
         for start in range(0, len(split), EVAL_BATCH_SIZE):
             rows = order[start:start + EVAL_BATCH_SIZE].tolist()
             batch = collate(split, rows, device)

@@ -26,6 +26,7 @@ from mlmlab.errors import UserError
 from mlmlab.masking.select import token_info_for
 from mlmlab.masking.strategies import eval_masks, frequency_buckets
 from mlmlab.model import WEIGHTS_FILE, SparsePretraining, eval_mode, read_model_config, saved_vocab_hash
+from mlmlab.progress import progress_bar
 
 DEFAULT_BUCKETS = MaskingConfig().freq_cuts  # the same as training's
 
@@ -59,7 +60,7 @@ class _Totals:
 @torch.no_grad()
 def evaluate_mlm(model, store, info, *, batch_size: int = 32, max_batches: int | None = None,
                  device: torch.device | str = "cpu", token_counts: np.ndarray | None = None,
-                 freq_cuts: tuple[int, ...] = DEFAULT_BUCKETS) -> dict:
+                 freq_cuts: tuple[int, ...] = DEFAULT_BUCKETS, show_progress: bool = False) -> dict:
     """Perplexity, MLM accuracy, NSP accuracy (and perplexity per frequency-rank bucket) on ``store``.
 
     ``model``: a transformers model mlmlab trains (BertForPreTraining, ModernBertForMaskedLM), or
@@ -71,20 +72,24 @@ def evaluate_mlm(model, store, info, *, batch_size: int = 32, max_batches: int |
                         if token_counts is not None else (None, []))
     totals = _Totals(len(names))
     with eval_mode(module):
-        for masked in fixed_mask_batches(store, info, batch_size, max_batches, device):
+        for masked in fixed_mask_batches(store, info, batch_size, max_batches, device, show_progress):
             result = module(**masked)
             targets = masked["labels"].flatten().index_select(0, result["selected_index"])
             totals.add(result, targets, bucket_of, masked.get("next_sentence_label"))
     return _summarise(totals, names)
 
 
-def fixed_mask_batches(store, info, batch_size: int, max_batches: int | None, device) -> Iterator[dict]:
+def fixed_mask_batches(store, info, batch_size: int, max_batches: int | None, device, show_progress: bool = False,
+                       desc: str = "evaluate") -> Iterator[dict]:
     """The evaluated batches of ``store`` on ``device``, masked with the fixed uniform masks: the same every time."""
     batches = iterate_batches(store, batch_size=min(batch_size, len(store)), seed=0, start=LoaderPosition(),
                               pad_id=store.meta["special_token_ids"]["[PAD]"])
-    for _ in range(evaluated_batches(len(store), batch_size, max_batches)):
-        _, batch = next(batches)
-        yield {k: v.to(device) for k, v in eval_masks(batch, info).items()}
+    count = evaluated_batches(len(store), batch_size, max_batches)
+    with progress_bar(desc, count, show_progress, unit="batch") as bar:
+        for _ in range(count):
+            _, batch = next(batches)
+            yield {k: v.to(device) for k, v in eval_masks(batch, info).items()}
+            bar.update()
 
 
 def evaluated_batches(sequences: int, batch_size: int, max_batches: int | None = None) -> int:
@@ -132,16 +137,17 @@ def load_pretrained(model_dir):
 
 def evaluate_model(model_dir, data, *, batch_size: int = 32, max_batches: int | None = None,
                    max_seq_length: int = 128, freq_cuts: tuple[int, ...] = DEFAULT_BUCKETS,
-                   columns: Columns = Columns(), recalibrate: bool = False) -> dict:
+                   columns: Columns = Columns(), recalibrate: bool = False, show_progress: bool = False) -> dict:
     """``mlmlab evaluate``: perplexity per frequency bucket + NSP accuracy on held-out data.
 
     ``data``: a prepared dataset folder, or a corpus (files, folders, tables; WikiText
     ``*.tokens`` included) that is prepared here with the model's own tokenizer.
-    ``recalibrate``: also the prior-free loss (recalibrate.py) as report["recalibrated"].
+    ``recalibrate``: also the prior-free loss (recalibrate.py) as report["recalibrated"]. ``show_progress``:
+    bars on stderr (preparing, evaluating).
     """
     bert, tokenizer = load_pretrained(model_dir)
     store = held_out_store([data] if isinstance(data, (str, Path)) else list(data), Path(model_dir), max_seq_length,
-                           columns)
+                           columns, show_progress)
     require_vocab(store, saved_vocab_hash(Path(model_dir)), f"the model's ({model_dir})")
     if store.max_seq_length > bert.config.max_position_embeddings:
         raise UserError(f"{data} holds sequences of up to {store.max_seq_length} tokens, more than the model's "
@@ -150,13 +156,14 @@ def evaluate_model(model_dir, data, *, batch_size: int = 32, max_batches: int | 
     counts = np.load(counts_path) if counts_path.is_file() else store.token_counts
     device = compute_device()
     report = evaluate_mlm(bert.to(device), store, token_info_for(tokenizer), batch_size=batch_size,
-                          max_batches=max_batches, device=device, token_counts=counts, freq_cuts=freq_cuts)
+                          max_batches=max_batches, device=device, token_counts=counts, freq_cuts=freq_cuts,
+                          show_progress=show_progress)
     if recalibrate:
         from mlmlab.evaluate.recalibrate import recalibrated_loss  # it builds on this module
 
         report["recalibrated"] = recalibrated_loss(bert, store, token_info_for(tokenizer), batch_size=batch_size,
                                                    max_batches=max_batches, token_counts=counts, device=device,
-                                                   freq_cuts=freq_cuts)
+                                                   freq_cuts=freq_cuts, show_progress=show_progress)
     report["frequency_source"] = "pretraining corpus" if counts_path.is_file() else "evaluated data"
     report["dataset"] = store.meta["hash"][:16]  # what was evaluated: rows made before a data fix differ here
     return report

@@ -23,13 +23,14 @@ ROWS_PER_CHUNK = 2048  # logits are computed this many targets at a time: (2048,
 
 
 def recalibrated_loss(model, store, info, *, batch_size: int = 32, max_batches: int | None = None,
-                      token_counts: np.ndarray, device="cpu", freq_cuts: tuple[int, ...] = ()) -> dict:
+                      token_counts: np.ndarray, device="cpu", freq_cuts: tuple[int, ...] = (),
+                      show_progress: bool = False) -> dict:
     """Raw and bias-recalibrated MLM loss (nats) on the scored half of ``store``, overall and per frequency bucket.
 
     ``model``: a BertForPreTraining-like model whose output layer (get_output_embeddings) computes
     the logits. Even examples of the evaluation order fit the bias, odd ones are scored.
     """
-    features, targets, examples = decoder_inputs(model, store, info, batch_size, max_batches, device)
+    features, targets, examples = decoder_inputs(model, store, info, batch_size, max_batches, device, show_progress)
     decoder = model.get_output_embeddings()
     weight = decoder.weight.detach().double().cpu()  # (V, H)
     fit, scored = examples % 2 == 0, examples % 2 == 1
@@ -42,7 +43,7 @@ def recalibrated_loss(model, store, info, *, batch_size: int = 32, max_batches: 
 
 
 @torch.no_grad()
-def decoder_inputs(model, store, info, batch_size: int, max_batches: int | None, device):
+def decoder_inputs(model, store, info, batch_size: int, max_batches: int | None, device, show_progress: bool = False):
     """The output layer's input (M, H) float64, target id (M,) and example number (M,) of every
     masked position of the evaluated set: the same batches and fixed masks as evaluate_mlm."""
     module = SparsePretraining(model, use_nsp=False).to(device)
@@ -52,7 +53,8 @@ def decoder_inputs(model, store, info, batch_size: int, max_batches: int | None,
     targets, examples, seen = [], [], 0
     try:
         with eval_mode(module):
-            for masked in fixed_mask_batches(store, info, batch_size, max_batches, device):
+            batches = fixed_mask_batches(store, info, batch_size, max_batches, device, show_progress, "recalibrate")
+            for masked in batches:
                 result = module(**masked)
                 labels = masked["labels"]  # (B, T)
                 selected = result["selected_index"].cpu()  # (M_b,) flat positions

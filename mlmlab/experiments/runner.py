@@ -39,6 +39,7 @@ from mlmlab.experiments.results import RESULTS_FILE, read_rows
 from mlmlab.experiments.study import Arm, Study
 from mlmlab.train.checkpoint import complete_checkpoints, step_of
 from mlmlab.train.loop import Trainer
+from mlmlab.train.optim import refuse_warmup_without_decay
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,11 @@ def plan_runs(study: Study) -> list[Run]:
     reference = configs[study.baseline]
     budgeted = {arm.name: apply_budget(configs[arm.name], reference, arm.budget or study.budget) for arm in study.arms}
     _refuse_duplicate_arms(budgeted)
+    for name, cfg in budgeted.items():  # what each run's Trainer would refuse, refused before the first one trains
+        try:
+            refuse_warmup_without_decay(cfg.train)
+        except UserError as err:
+            raise UserError(f"arm {name!r}: {err}") from None
     pairs = [(seed, arm) for seed in study.seeds for arm in study.arms]
     return [_run(study, index, arm, seed, budgeted[arm.name]) for index, (seed, arm) in enumerate(pairs)]
 
@@ -198,7 +204,7 @@ def probe_for(run: Run, study: Study, show_progress: bool) -> dict:
     return {"pooling": settings.pooling, **result["poolings"][settings.pooling], "seconds": result["seconds"]}
 
 
-def held_out_reports(run: Run, study: Study) -> dict:
+def held_out_reports(run: Run, study: Study, show_progress: bool) -> dict:
     """The study's further held-out sets (eval_data), each evaluated with the same fixed masks as training's."""
     cfg, reports = run.config, {}
     for name, paths in study.eval_data.items():
@@ -208,7 +214,7 @@ def held_out_reports(run: Run, study: Study) -> dict:
             continue
         reports[name] = evaluate_model(Path(cfg.train.out_dir) / "model", paths, batch_size=cfg.train.eval_batch_size,
                                        max_seq_length=cfg.data.max_seq_length, freq_cuts=cfg.masking.freq_cuts,
-                                       recalibrate=True)
+                                       recalibrate=True, show_progress=show_progress)
     return reports
 
 
@@ -249,7 +255,8 @@ def make_row(run: Run, study: Study, summary: dict, scorer_seconds: float, evalu
 def execute(run: Run, study: Study, results: Path, show_progress: bool) -> dict:
     summary, scorer_seconds = train_run(run.config, show_progress)
     trained = time.perf_counter()
-    evaluations = {"eval_data": held_out_reports(run, study), "glue": glue_for(run, study, show_progress),
+    evaluations = {"eval_data": held_out_reports(run, study, show_progress),
+                   "glue": glue_for(run, study, show_progress),
                    "probe": probe_for(run, study, show_progress)}  # in this order: the probes after GLUE
     row = make_row(run, study, summary, scorer_seconds, evaluations, time.perf_counter() - trained)
     append_row(results, row)

@@ -98,10 +98,17 @@ def same_config(recorded: str, cfg: Config) -> bool:
     """
     if recorded == config_text(cfg):
         return True
+    parsed = parsed_config(recorded)
+    return parsed is not None and config_text(parsed) == config_text(cfg)
+
+
+def parsed_config(text: str | None) -> Config | None:
+    """A recorded config.yaml as a Config; None for none, or one this mlmlab cannot read (a removed key, a wrong
+    type, a damaged file)."""
     try:
-        return config_text(from_dict(yaml.safe_load(recorded) or {})) == config_text(cfg)
-    except (UserError, yaml.YAMLError):  # a removed key, a wrong type, a damaged file: not this config
-        return False
+        return None if text is None else from_dict(yaml.safe_load(text) or {})
+    except (UserError, yaml.YAMLError):
+        return None
 
 
 def make_writable_folder(run_dir: Path) -> None:
@@ -127,9 +134,7 @@ def record_config(run_dir: Path, cfg: Config, resumed_from: Path | None, step: i
     checkpoint, that run's. The same command rerun later then finds its own config recorded.
     """
     text, path = config_text(cfg), run_dir / CONFIG_FILE
-    previous = read_text_or_none(path)
-    if resumed_from is not None:
-        previous = previous or read_text_or_none(resumed_from.parent / CONFIG_FILE)
+    previous = previous_config_text(run_dir, resumed_from)
     if previous == text and path.is_file():
         return
     with replacing(path, text):  # staged first: a config.yaml the disk refuses leaves no history line either
@@ -137,6 +142,15 @@ def record_config(run_dir: Path, cfg: Config, resumed_from: Path | None, step: i
             line = {"step": step, "resumed_from": str(resumed_from), "changes": config_diff(previous, text)}
             with open(run_dir / CONFIG_HISTORY, "a") as handle:
                 handle.write(json.dumps(line) + "\n")
+
+
+def previous_config_text(run_dir: Path, resumed_from: Path | None) -> str | None:
+    """The config the run trained with until this process: its config.yaml, or, resumed from another run's
+    checkpoint into a new folder, that run's."""
+    previous = read_text_or_none(run_dir / CONFIG_FILE)
+    if resumed_from is not None:
+        previous = previous or read_text_or_none(resumed_from.parent / CONFIG_FILE)
+    return previous
 
 
 def config_tree_at(run_dir: Path, step: int) -> tuple[dict, list[str]]:

@@ -37,6 +37,7 @@ from mlmlab.masking.schedules import rate_at
 from mlmlab.masking.select import Corruption, continuation_table, token_info_for
 from mlmlab.masking.strategies import build_strategy, mask_batch
 from mlmlab.model import IGNORE_INDEX, SparsePretraining
+from mlmlab.progress import progress_bar
 from mlmlab.signals import STOP_SIGNALS, exit_code
 from mlmlab.train import checkpoint
 from mlmlab.train.init import initial_model, resolve_init
@@ -45,7 +46,9 @@ from mlmlab.train.memory import refuse_unfitting
 from mlmlab.train.metrics import MetricsWriter
 from mlmlab.train.model_card import export_model_folder
 from mlmlab.train.mfu import MeasuredPeak, matmul_dtype, rates, training_flops
-from mlmlab.train.optim import build_optimizer, learning_rate, set_lr, training_progress
+from mlmlab.train.optim import (
+    build_optimizer, learning_rate, refuse_warmup_without_decay, resume_lr_note, set_lr, training_progress,
+)
 
 # Checkpoints hold the whole model and optimizer state, keyed by parameter name, whatever the
 # process count and sharding, so that any run can resume any checkpoint.
@@ -108,8 +111,7 @@ class _Window:
 
 
 def _progress_bar(cfg: TrainConfig, initial: int, shown: bool) -> tqdm:
-    return tqdm(total=None if cfg.max_minutes > 0 else cfg.max_steps, initial=initial, disable=not shown,
-                dynamic_ncols=True, desc="pretrain")
+    return progress_bar("pretrain", None if cfg.max_minutes > 0 else cfg.max_steps, shown, initial=initial)
 
 
 class _StopRequest:
@@ -244,6 +246,7 @@ class Trainer:
 
     def _set_up(self, cfg: Config, validate: Callable[..., dict] | None, resume: str | None, show_progress: bool):
         self._started = time.perf_counter()
+        refuse_warmup_without_decay(cfg.train)
         cfg = resolve_init(cfg)  # train.init: checked, and the model section taken from it, before anything else
         self.cfg, self.validate, self.show_progress = cfg, validate, show_progress
         self.accelerator = make_accelerator(cfg)
@@ -254,7 +257,8 @@ class Trainer:
         folder = checkpoint.open_run(self.run_dir, cfg, resume, self.accelerator.is_main_process)
         self.metrics = MetricsWriter(self.run_dir, enabled=self.accelerator.is_main_process)
         with self.accelerator.main_process_first():
-            self.train_store, self.valid_store, self.tokenizer = prepare_datasets(cfg.data, cfg.train.init)
+            self.train_store, self.valid_store, self.tokenizer = prepare_datasets(
+                cfg.data, cfg.train.init, show_progress=show_progress and self.accelerator.is_main_process)
         self.info = token_info_for(self.tokenizer, cfg.masking.mask_unk)
         refuse_unfitting(cfg, len(self.tokenizer), self.accelerator)  # before allocating any of it
         self.corruption = Corruption(cfg.masking.mask_prob, cfg.masking.random_prob)
@@ -275,6 +279,9 @@ class Trainer:
         self.module, self.optimizer = self.accelerator.prepare(self.module, self.optimizer)
         if folder is not None:  # after prepare: FSDP shards the optimizer state as it loads
             self.load_state_dict(checkpoint.read_training_state(folder))
+            previous = checkpoint.parsed_config(checkpoint.previous_config_text(self.run_dir, folder))
+            if note := resume_lr_note(previous and previous.train, cfg.train, self.state):
+                say(self.accelerator, note)
         self._elapsed_before = self.state.elapsed  # what earlier processes spent on this run
         self._clock_base = self.state.seconds  # the training seconds before the step that runs next (main process)
         with self._stop:  # from the first rewrite on, a stop signal waits for the step boundary

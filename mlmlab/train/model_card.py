@@ -104,6 +104,8 @@ def _data(cfg: Config, data: dict) -> str:
     return ("## Data\n\n| | files | documents | corpus tokens | instances | tokens in instances |\n|---|---|---|---|---|---|\n"
             + "\n".join(rows) + f"\n\nInstances of up to {cfg.data.max_seq_length} tokens"
             + (f", read from the {cfg.data.text_column!r} field" if cfg.data.text_column != "text" else "")
+            + (f", held-out ones from the {cfg.data.valid_text_column!r} field"
+               if cfg.data.valid_text_column not in ("", cfg.data.text_column) else "")
             + (f", documents grouped by {cfg.data.id_column!r}" if cfg.data.id_column else "") + ".")
 
 

@@ -1,0 +1,21 @@
+"""Progress on stderr for every command that takes long: one bar style, tqdm's, as training's.
+
+Bars are drawn when stderr is a terminal (tqdm's rule for ``disable=None``): a log file or a
+pipe would get every redraw. Lines (``say``) are written wherever stderr goes. A command's
+``--no-progress`` turns both off (``shown=False``), so stderr holds only warnings and errors.
+"""
+
+import sys
+
+from tqdm.auto import tqdm
+
+
+def progress_bar(desc: str, total: int | None = None, shown: bool = True, **options) -> tqdm:
+    """A bar on stderr when it is a terminal; ``total`` None counts without an end (a corpus streamed, a time budget)."""
+    return tqdm(total=total, desc=desc, disable=None if shown else True, dynamic_ncols=True, file=sys.stderr, **options)
+
+
+def say(text: str, shown: bool = True) -> None:
+    """A line on stderr, above any bar rather than through it."""
+    if shown:
+        tqdm.write(text, file=sys.stderr)
