@@ -148,7 +148,7 @@ def cmd_experiment(args) -> None:
 
     study, shard = load_study(args.study, out_dir=args.out), parse_shard(args.shard)
     if args.dry_run:
-        print(dry_run_text(study, shard, probe_steps=args.probe))
+        print(dry_run_text(study, shard, probe_steps=args.probe, show_progress=not args.no_progress))
     else:
         run_study(study, shard, show_progress=not args.no_progress)
 

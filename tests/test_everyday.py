@@ -1,5 +1,5 @@
 """Issue 29, as a new user meets mlmlab: progress on every long command, defaults that cannot silently
-misfire, `mlmlab config`, and the small things (a pipe
+misfire, cost estimates that count GLUE and probes, `mlmlab config`, and the small things (a pipe
 closed early, which model a GLUE table names, which files a tokenizer read)."""
 
 import dataclasses
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import SHARED_DATA
 from mlmlab.cli import build_parser, main
 from mlmlab.config import Config, TrainConfig
 from mlmlab.evaluate.glue import format_glue_table
@@ -18,6 +19,8 @@ from mlmlab.train.optim import learning_rate, resume_lr_note, training_progress
 from test_hostile_inputs import CORPUS, glue_argv, pretrain_argv, world  # noqa: F401 (world: a fixture)
 
 pytestmark = pytest.mark.usefixtures("no_progress_bars")  # transformers' own bars, not mlmlab's
+GLUE_DIR = SHARED_DATA / "glue"
+needs_glue = pytest.mark.skipif(not GLUE_DIR.is_dir(), reason="shared GLUE data not present")
 
 
 # ----- item 2: progress on stderr, off with --no-progress ----------------------------------------
@@ -141,6 +144,29 @@ def test_an_empty_validation_column_keeps_every_prepared_hash():
 
     data = Config().data
     assert dataset_hashes(data) == dataset_hashes(dataclasses.replace(data, valid_text_column=data.text_column))
+
+
+# ----- item 6: the dry run counts GLUE and probes, and says how far its FLOPs are from the time ---
+@needs_glue
+def test_the_dry_run_counts_glue_and_probes_and_compares_its_flops_with_the_timed_probe(tmp_path, capsys):
+    study = {"base": {"model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+                      "data": {"loader_workers": 0}, "train": {"batch_size": 8, "max_steps": 20, "warmup_steps": 2}},
+             "arms": [{"name": "dynamic"}], "seeds": [0], "glue_dir": str(GLUE_DIR), "out_dir": str(tmp_path / "out"),
+             "glue": {"tasks": ["WNLI"], "seeds": [0], "max_train_examples": 64, "epochs": 1},
+             "probe": {"tasks": ["WNLI"]}}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    assert main(["experiment", str(tmp_path / "study.yaml"), "--dry-run", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    row = next(line.split() for line in out.splitlines() if line.startswith("dynamic "))
+    assert float(row[-2]) > 0 and float(row[-1]) > 0  # GLUE FLOPs, probe FLOPs per run
+    assert "GLUE WNLI: every training row" in out and "probes WNLI" in out
+    assert main(["experiment", str(tmp_path / "study.yaml"), "--dry-run", "--probe", "1", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    timed = next(line.split() for line in out.splitlines() if line.startswith("  dynamic"))
+    assert float(timed[3].rstrip("x")) > 0  # the step's time against its FLOP estimate
+    ratios = dict(part.split() for part in out.split("timed / FLOP estimate over the arms: ")[1].splitlines()[0]
+                  .split(", "))
+    assert set(ratios) == {"training", "GLUE", "probes", "all"} and all(float(r.rstrip("x")) > 0 for r in ratios.values())
 
 
 # ----- item 7: mlmlab config ----------------------------------------------------------------------

@@ -152,12 +152,13 @@ def check_task_files(names: list[str], data_dir: Path) -> None:
                         "as in the glue_data folder holding CoLA/, SST-2/, ... (pass it as --data-dir)")
 
 
-def read_task(task: GlueTask, data_dir: Path, tokenizer) -> TaskData:
-    """The task's training rows (SST-2: the fixed sample) and dev sets, tokenized as GLUE fine-tuning does."""
+def read_task(task: GlueTask, data_dir: Path, tokenizer, max_rows: int | None = None) -> TaskData:
+    """The task's training rows (SST-2: the fixed sample) and dev sets, tokenized as GLUE fine-tuning does;
+    ``max_rows``: a fixed random sample of at most that many rows of each (what a study's dry run times)."""
     folder, max_length = data_dir / task.name, DEFAULT_SETTINGS[task.name].max_length
-    train = read_labeled(task, folder / TRAIN_FILE, TRAIN_SAMPLES.get(task.name))
-    splits = {"train": encode(train, tokenizer, max_length)}
-    splits |= {split: encode(read_labeled(task, folder / name), tokenizer, max_length)
+    train_rows = min((n for n in (TRAIN_SAMPLES.get(task.name), max_rows) if n is not None), default=None)
+    splits = {"train": encode(read_labeled(task, folder / TRAIN_FILE, train_rows), tokenizer, max_length)}
+    splits |= {split: encode(read_labeled(task, folder / name, max_rows), tokenizer, max_length)
                for split, name in task.dev_files.items()}
     return TaskData(task, splits)
 

@@ -109,8 +109,16 @@ def eval_flops(cfg: Config) -> float:
     return evaluation_count(cfg) * t.eval_batches * t.eval_batch_size * per_sequence
 
 
+def gpu_hours(flops: float) -> float:
+    return flops / (H100_PEAK_FLOPS * ASSUMED_MFU) / 3600
+
+
+def cpu_hours(flops: float) -> float:
+    return flops / CPU_FLOPS / 3600
+
+
 def run_cost(cfg: Config) -> dict:
-    """Estimated cost of one run of ``cfg`` as configured (GLUE fine-tuning not included)."""
+    """Estimated cost of one run of ``cfg`` as configured (GLUE fine-tuning and probes: downstream.py)."""
     flops = step_flops(cfg)
     steps = cfg.train.max_steps
     total = steps * flops["total"]
@@ -121,6 +129,6 @@ def run_cost(cfg: Config) -> dict:
         "flops": total,
         "flops_per_step": flops["total"],
         "scorer_share": flops["scorer"] / flops["total"],
-        "gpu_hours": total / (H100_PEAK_FLOPS * ASSUMED_MFU) / 3600,
-        "cpu_hours": (total + eval_flops(cfg)) / CPU_FLOPS / 3600,
+        "gpu_hours": gpu_hours(total),
+        "cpu_hours": cpu_hours(total + eval_flops(cfg)),
     }

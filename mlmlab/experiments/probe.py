@@ -4,7 +4,7 @@ FLOPs misprice what is not a matmul. The entropy scorer, for one, makes several 
 passes over (positions x vocabulary) logits: in the CPU study it cost 2.4x dynamic's wall
 time where FLOPs said 1.7x. So the dry run can time ``steps`` steps of each arm (after
 warm-up steps, from the arm's real config and data) and a few held-out batches, and
-extrapolate each run's training and evaluation time. GLUE fine-tuning is not included.
+extrapolate each run's training and evaluation time; downstream.py times GLUE fine-tuning and probes.
 """
 
 import dataclasses
@@ -14,26 +14,31 @@ from mlmlab.config import Config
 from mlmlab.devices import clock
 from mlmlab.evaluate.perplexity import evaluate_mlm, evaluated_batches
 from mlmlab.experiments.budget import evaluation_count
+from mlmlab.progress import progress_bar
 from mlmlab.train.loop import Trainer
 
 WARMUP_STEPS = 2  # thread pools, allocator, and ADM's first scoring step (a = 0 at step 0 scores nothing)
 EVAL_PROBE_BATCHES = 2
 
 
-def probe_run(cfg: Config, steps: int) -> dict:
-    """{"step_seconds", "eval_batch_seconds", "eval_batches"} of ``cfg`` on this machine (nothing is kept)."""
+def probe_run(cfg: Config, steps: int, show_progress: bool = False, label: str = "") -> dict:
+    """{"step_seconds", "eval_batch_seconds", "eval_batches"} of ``cfg`` on this machine (nothing is kept);
+    ``show_progress``: the data's preparation and the steps as bars on stderr."""
     with tempfile.TemporaryDirectory() as folder:
         probe = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out_dir=folder, eval_every=0,
                                                                    save_every=0))
-        trainer = Trainer(probe, validate=evaluate_mlm, show_progress=False)
+        trainer = Trainer(probe, validate=evaluate_mlm, show_progress=show_progress)
         batches = trainer.batches()
-        for _ in range(WARMUP_STEPS):
-            trainer.train_step(batches)
         device = trainer.accelerator.device
-        start = clock(device)
-        for _ in range(steps):
-            trainer.train_step(batches)
-        step_seconds = (clock(device) - start) / steps
+        with progress_bar(f"time {label}", WARMUP_STEPS + steps, show_progress, unit="step") as bar:
+            for _ in range(WARMUP_STEPS):
+                trainer.train_step(batches)
+                bar.update()
+            start = clock(device)
+            for _ in range(steps):
+                trainer.train_step(batches)
+                bar.update()
+            step_seconds = (clock(device) - start) / steps
         eval_batches = evaluated_batches(len(trainer.valid_store), cfg.train.eval_batch_size, cfg.train.eval_batches)
         timed = min(EVAL_PROBE_BATCHES, eval_batches)
         start = clock(device)

@@ -31,7 +31,10 @@ from mlmlab.evaluate.glue import run_glue
 from mlmlab.evaluate.linear_probe import check_task_files, run_probes
 from mlmlab.evaluate.perplexity import evaluate_mlm, evaluate_model, load_pretrained
 from mlmlab.evaluate.recalibrate import recalibrated_loss
-from mlmlab.experiments.budget import ASSUMED_MFU, CPU_FLOPS, H100_PEAK_FLOPS, apply_budget, run_cost
+from mlmlab.experiments.budget import (
+    ASSUMED_MFU, CPU_FLOPS, H100_PEAK_FLOPS, apply_budget, cpu_hours, gpu_hours, run_cost,
+)
+from mlmlab.experiments.downstream import Downstream, downstream_work, glue_settings, timed_downstream
 from mlmlab.experiments.gates import describe, gate_results
 from mlmlab.experiments.identity import config_changes, identity_hash, settings_of
 from mlmlab.experiments.probe import WARMUP_STEPS, probe_run, run_minutes
@@ -184,9 +187,8 @@ def glue_for(run: Run, study: Study, show_progress: bool) -> dict:
     if not settings.tasks:
         return {"skipped": "no GLUE tasks in the study"}
     run_dir = Path(run.config.train.out_dir)
-    options = {k: v for k, v in dataclasses.asdict(settings).items() if k not in ("tasks", "seeds") and v is not None}
     result = run_glue(run_dir / "model", settings.tasks, study.glue_dir, run_dir / "glue", seeds=settings.seeds,
-                      show_progress=show_progress, **options)
+                      show_progress=show_progress, **settings.options())
     tasks = {name: {"score": task["score"], "dev": task["dev"]}
              for name, task in result["tasks"].items() if task["status"] == "ok"}
     missing = [name for name, task in result["tasks"].items() if task["status"] != "ok"]
@@ -353,35 +355,62 @@ def check_gates(study: Study, planned: list[Run], rows: list[dict], log=print) -
     log(f"validity gates held on {study.gates.arm}: {describe(results)}")
 
 
-def dry_run_text(study: Study, shard: tuple[int, int] = (0, 1), probe_steps: int = 0, log=print) -> str:
-    """Every arm's config validated and its estimated cost; with ``probe_steps``, each arm's cost timed here too."""
+def dry_run_text(study: Study, shard: tuple[int, int] = (0, 1), probe_steps: int = 0,
+                 show_progress: bool = False) -> str:
+    """Every arm's config validated and its estimated cost, GLUE and probes included; with ``probe_steps``, each arm's
+    cost timed here too (``show_progress``: bars on stderr)."""
     runs = plan_runs(study)
     mine = shard_runs(runs, shard, study.gates.arm if study.gates else None)
+    arm_runs = runs[: len(study.arms)]  # the first seed's runs: one per arm
+    work = {setting: downstream_work(study, setting) for setting in {run.config.data.tokenizer for run in arm_runs}}
+    downstream = {run.arm.name: work[run.config.data.tokenizer].flops(run.config.model) for run in arm_runs}
     lines = [f"study {study.name}: {len(study.arms)} arms x {len(study.seeds)} seeds = {len(runs)} runs "
              f"({len(mine)} in shard {shard[0]}/{shard[1]}), budget {study.budget}, baseline {study.baseline}",
-             f"{'arm':<34} {'steps':>9} {'batch':>6} {'tokens':>10} {'FLOPs':>9} {'scorer':>7} {'GPU-h':>9} {'CPU-h':>9}"]
-    for run in runs[: len(study.arms)]:  # the first seed's runs: one per arm
-        c = run.cost
+             f"{'arm':<34} {'steps':>9} {'batch':>6} {'tokens':>10} {'FLOPs':>9} {'scorer':>7} {'GPU-h':>9} "
+             f"{'CPU-h':>9} {'GLUE FLOPs':>10} {'probe FLOPs':>11}"]
+    for run in arm_runs:
+        c, d = run.cost, downstream[run.arm.name]
         lines.append(f"{run.arm.name:<34} {c['steps']:>9} {c['sequences_per_step']:>6} {c['tokens']:>10.3g} "
-                     f"{c['flops']:>9.3g} {100 * c['scorer_share']:>6.1f}% {c['gpu_hours']:>9.3g} {c['cpu_hours']:>9.3g}")
+                     f"{c['flops']:>9.3g} {100 * c['scorer_share']:>6.1f}% {c['gpu_hours']:>9.3g} {c['cpu_hours']:>9.3g} "
+                     f"{d['glue']:>10.3g} {d['probes']:>11.3g}")
     finished = {row["key"] for row in finished_rows(Path(study.out_dir) / RESULTS_FILE)}
     left = [run for run in mine if run.key not in finished]
     if probe_steps:
-        lines += probed_cost_lines(runs[: len(study.arms)], left, probe_steps, log)
-    total = sum(run.cost["flops"] for run in left)
-    gpu, cpu = (sum(run.cost[k] for run in left) for k in ("gpu_hours", "cpu_hours"))
+        lines += probed_cost_lines(study, arm_runs, left, probe_steps, work, downstream, show_progress)
+    trained = sum(run.cost["flops"] for run in left)
+    evaluated = sum(sum(downstream[run.arm.name].values()) for run in left)
+    gpu = sum(run.cost["gpu_hours"] for run in left) + gpu_hours(evaluated)
+    cpu = sum(run.cost["cpu_hours"] for run in left) + cpu_hours(evaluated)
     lines += [
         f"this shard: {len(mine) - len(left)} of its {len(mine)} runs already in {Path(study.out_dir) / RESULTS_FILE}; "
-        f"the {len(left)} left: {total:.3g} training FLOPs, {gpu:.3g} GPU-hours or {cpu:.3g} CPU-hours; "
-        "GLUE fine-tuning and linear probes not included",
+        f"the {len(left)} left: {trained:.3g} training FLOPs and {evaluated:.3g} of GLUE fine-tuning and probes, "
+        f"{gpu:.3g} GPU-hours or {cpu:.3g} CPU-hours",
         f"assumptions: GPU-hours at {ASSUMED_MFU:.0%} MFU of an H100 SXM's ~{H100_PEAK_FLOPS / 1e12:.0f} TFLOP/s dense "
         f"bf16 peak (~{ASSUMED_MFU * H100_PEAK_FLOPS / 1e12:.0f} TFLOP/s achieved); CPU-hours (training + evaluation) "
         f"at ~{CPU_FLOPS / 1e9:.0f} GFLOP/s (a tiny-preset step, batch 32 x 128, takes ~0.5 s on 2 idle cores); "
         "FLOPs estimated from the model config (mlmlab/experiments/budget.py)",
+        downstream_note(study, work),
         "global batch per optimizer step = train.batch_size x train.grad_accum x processes; the table counts "
         "one process, so with N processes divide train.grad_accum by N to keep the batch",
     ]
     return "\n".join(lines + [f"left: {run.arm.name} seed {run.seed} ({run_state(run)})" for run in left])
+
+
+def downstream_note(study: Study, work: dict[str, Downstream]) -> str:
+    """What the GLUE and probe FLOPs count, and what they leave out."""
+    if not (study.glue.tasks or study.probe):
+        return "GLUE and probes: none in this study"
+    if not Path(study.glue_dir or "").is_dir():
+        return f"GLUE and probes: not counted, glue_dir {study.glue_dir!r} is not a folder (a run would refuse to start)"
+    counted = next(iter(work.values()))
+    skipped = [name for name in glue_settings(study) if name not in {task.name for task in counted.glue}]
+    parts = [f"GLUE {', '.join(task.name for task in counted.glue)}: every training row of every epoch, learning "
+             "rate and seed, padded as its batch is, and the dev predictions"] if counted.glue else []
+    parts += [f"probes {', '.join(task.name for task in counted.probes)}: every split's features, for both "
+              "encoders (the regressions are timed only with --probe)"] if counted.probes else []
+    parts += [f"GLUE tasks skipped, their files absent: {', '.join(skipped)}"] if skipped else []
+    return (f"GLUE and probes per run: FLOPs counted from the task files in {study.glue_dir} with each arm's tokenizer "
+            f"(mlmlab/experiments/downstream.py); {'; '.join(parts)}")
 
 
 def run_state(run: Run) -> str:
@@ -390,20 +419,42 @@ def run_state(run: Run) -> str:
     return f"resumes from its checkpoint at step {step_of(saved[-1])}" if saved else "not started"
 
 
-def probed_cost_lines(arm_runs: list[Run], left: list[Run], steps: int, log=print) -> list[str]:
-    """Each arm's seconds per step and minutes per run, timed on this machine, and the total of the runs left."""
-    lines = [f"timed here: {steps} steps per arm after {WARMUP_STEPS} warm-up steps; a run's minutes include its "
-             "held-out evaluations, not GLUE",
-             f"  {'arm':<30} {'s/step':>8} {'vs first':>10} {'min/run':>8}"]
-    minutes, first = {}, None
+def probed_cost_lines(study: Study, arm_runs: list[Run], left: list[Run], steps: int, work: dict[str, Downstream],
+                      downstream: dict[str, dict], show_progress: bool) -> list[str]:
+    """Each arm's minutes per run, timed on this machine, beside the FLOP estimate; the total of the runs left."""
+    lines = [f"timed here: {steps} steps per arm after {WARMUP_STEPS} warm-up steps, and {steps} fine-tuning steps and "
+             "a few batches of each GLUE and probe task (experiments/downstream.py); minutes per run, training with "
+             "its held-out evaluations; vs FLOPs: timed / the FLOP estimate at the CPU rate above",
+             f"  {'arm':<30} {'s/step':>8} {'vs first':>10} {'vs FLOPs':>9} {'train':>8} {'GLUE':>8} {'probes':>8} "
+             f"{'min/run':>8}"]
+    timed, estimated, first, by_model = {}, {}, None, {}
     for run in arm_runs:
-        log(f"probing {run.arm.name} ...")
-        probed = probe_run(run.config, steps)
+        cfg, name = run.config, run.arm.name
+        probed = probe_run(cfg, steps, show_progress, name)
         first = first or probed["step_seconds"]
-        minutes[run.arm.name] = run_minutes(run.config, probed)
-        lines.append(f"  {run.arm.name:<30} {probed['step_seconds']:>8.3f} {probed['step_seconds'] / first:>9.2f}x "
-                     f"{minutes[run.arm.name]:>8.1f}")
-    hours = sum(minutes[run.arm.name] for run in left) / 60
-    lines.append(f"this shard's runs left, timed: {hours:.2f} CPU-hours of training and evaluation (a shared machine "
-                 "runs slower)")
+        model_key = (json.dumps(dataclasses.asdict(cfg.model), sort_keys=True), cfg.data.tokenizer, cfg.train.init)
+        if model_key not in by_model:  # GLUE and probes cost the same for arms of one model and tokenizer
+            by_model[model_key] = timed_downstream(cfg, study, work[cfg.data.tokenizer], steps, show_progress)
+        seconds = by_model[model_key]
+        timed[name] = {"train": run_minutes(cfg, probed), "glue": seconds["glue"] / 60, "probes": seconds["probes"] / 60}
+        estimated[name] = {"train": 60 * run.cost["cpu_hours"],
+                           **{part: 60 * cpu_hours(flops) for part, flops in downstream[name].items()}}
+        step_estimate = run.cost["flops_per_step"] / CPU_FLOPS
+        lines.append(f"  {name:<30} {probed['step_seconds']:>8.3f} {probed['step_seconds'] / first:>9.2f}x "
+                     f"{probed['step_seconds'] / step_estimate:>8.1f}x {timed[name]['train']:>8.2f} "
+                     f"{timed[name]['glue']:>8.2f} {timed[name]['probes']:>8.2f} {sum(timed[name].values()):>8.2f}")
+    hours = sum(sum(timed[run.arm.name].values()) for run in left) / 60
+    lines.append(f"this shard's runs left, timed: {hours:.2f} CPU-hours of training, evaluation, GLUE and probes (a "
+                 f"shared machine runs slower); timed / FLOP estimate over the arms: {flop_ratios(timed, estimated)}")
     return lines
+
+
+def flop_ratios(timed: dict[str, dict], estimated: dict[str, dict]) -> str:
+    """"training 11.2x, GLUE 3.1x, probes 2.0x, all 8.0x": how far the FLOP estimate is from the timed probe."""
+    parts = {"training": "train", "GLUE": "glue", "probes": "probes"}
+    ratios = []
+    for label, part in [*parts.items(), ("all", None)]:
+        numerator = sum(times[part] if part else sum(times.values()) for times in timed.values())
+        denominator = sum(costs[part] if part else sum(costs.values()) for costs in estimated.values())
+        ratios.append(f"{label} {numerator / denominator:.1f}x" if denominator else f"{label} -")
+    return ", ".join(ratios)

@@ -83,6 +83,11 @@ class GlueSettings:
     max_train_examples: int | None = None  # fine-tune on a fixed random sample of N examples (CPU budgets)
     dropout: float | None = None  # fine-tuning dropout (evaluate.glue: BERT's 0.1 whatever the pretraining's)
 
+    def options(self) -> dict:
+        """run_glue's (and checked_settings's) keyword arguments besides tasks and seeds: the ones set."""
+        return {key: value for key, value in dataclasses.asdict(self).items()
+                if key not in ("tasks", "seeds") and value is not None}
+
 
 @dataclass(frozen=True)
 class ProbeSettings:
