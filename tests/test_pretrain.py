@@ -121,7 +121,7 @@ def test_a_held_out_set_smaller_than_a_batch_is_evaluated_whole(trained):
 def _command(out_dir, steps):
     return [sys.executable, "-m", "mlmlab.cli", "pretrain", "--no-progress", f"train.out_dir={out_dir}",
             f"train.max_steps={steps}", "train.save_every=2", "train.eval_every=0", "train.eval_batches=2",
-            "train.batch_size=8", "train.warmup_steps=3", "data.loader_workers=0", "train.log_every=1",
+            "train.batch_size=8", "train.warmup_steps=1", "data.loader_workers=0", "train.log_every=1",
             "model.dropout=0.1"]  # dropout on, so a bitwise resume must restore its generator too
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from accelerate.utils import DistributedType
+from transformers import BertConfig
 
 from mlmlab import seeding
 from mlmlab.config import Config, MaskingConfig, ModelConfig
@@ -184,7 +185,7 @@ class _StandInEncoder(torch.nn.Module):
         super().__init__()
         self.embed = torch.nn.Embedding(vocab, 32)
 
-    def forward(self, input_ids, attention_mask, token_type_ids):
+    def forward(self, input_ids, attention_mask, token_type_ids, inputs_embeds=None):  # BertModel's arguments
         return (self.embed(input_ids), None)
 
 
@@ -200,6 +201,7 @@ def test_chunked_entropy_peak_memory_is_below_the_naive_one():
     model = torch.nn.Module()
     model.bert, model.cls = _StandInEncoder(vocab), torch.nn.Module()
     model.cls.predictions = torch.nn.Linear(32, vocab)
+    model.config = BertConfig(vocab_size=vocab)  # what architectures.architecture_of reads: a BERT
     ids = torch.randint(5, vocab, (rows, length), generator=torch.Generator().manual_seed(0))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
     eligible = eligible_positions(ids, (0, 1, 2, 3, 4))
