@@ -5,10 +5,7 @@ A one- or two-layer H32 ModernBERT keeps each test to seconds.
 """
 
 import json
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,13 +18,13 @@ from transformers import (AutoModelForMaskedLM, AutoModelForSequenceClassificati
                           pipeline)
 
 from conftest import SAMPLE, SHARED_DATA
+from test_pretrain import assert_killed_run_resumes_bitwise
 from mlmlab import choices
 from mlmlab.cli import main
 from mlmlab.config import ModelConfig, load_config
 from mlmlab.evaluate.perplexity import evaluate_mlm
 from mlmlab.flops import encoder_forward_flops, local_attention_pairs
 from mlmlab.model import IGNORE_INDEX, SparsePretraining, build_model
-from mlmlab.train import checkpoint
 from mlmlab.train.loop import Trainer
 from mlmlab.train.optim import parameter_groups
 
@@ -160,28 +157,8 @@ def _command(out_dir, steps: int) -> list[str]:
             "model.dropout=0.1"]  # dropout on, so a bitwise resume must restore its generator too
 
 
-def _newest_step(run_dir) -> int:
-    found = checkpoint.complete_checkpoints(run_dir, check=False)
-    return checkpoint.step_of(found[-1]) if found else 0
-
-
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
-    steps = 10
-    subprocess.run(_command(tmp_path / "straight", steps), check=True, capture_output=True)
-    killed_dir = tmp_path / "killed"
-    kill_at = int(np.random.default_rng().integers(2, steps - 2) // 2 * 2) or 2
-    proc = subprocess.Popen(_command(killed_dir, steps), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while _newest_step(killed_dir) < kill_at and proc.poll() is None:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (killed_dir / "model").exists(), "the run finished before it was killed"
-    resumed = subprocess.run(_command(killed_dir, steps), capture_output=True, text=True)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "resuming from" in resumed.stdout + resumed.stderr
-    straight = load_file(tmp_path / "straight" / "model" / "model.safetensors")
-    again = load_file(killed_dir / "model" / "model.safetensors")
-    assert straight.keys() == again.keys() and all(torch.equal(straight[name], again[name]) for name in straight)
+    assert_killed_run_resumes_bitwise(tmp_path, _command)
 
 
 # ----- the exported folder -------------------------------------------------------------------

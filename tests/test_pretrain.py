@@ -135,21 +135,26 @@ def _weights(run_dir):
 
 
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
-    steps = 10
-    subprocess.run(_command(tmp_path / "straight", steps), check=True, capture_output=True)
+    assert_killed_run_resumes_bitwise(tmp_path, _command)
+
+
+def assert_killed_run_resumes_bitwise(tmp_path, command, steps: int = 10) -> None:
+    """command(out_dir, steps) trained straight, and again SIGKILLed after a random checkpoint then
+    resumed, ends in the same weights bit for bit (the architecture tests reuse it)."""
+    subprocess.run(command(tmp_path / "straight", steps), check=True, capture_output=True)
     killed_dir = tmp_path / "killed"
     kill_at = int(np.random.default_rng().integers(2, steps - 2) // 2 * 2) or 2
-    proc = subprocess.Popen(_command(killed_dir, steps), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(command(killed_dir, steps), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while _newest_step(killed_dir) < kill_at and proc.poll() is None:
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (killed_dir / "model").exists(), "the run finished before it was killed"
-    resumed = subprocess.run(_command(killed_dir, steps), capture_output=True, text=True)
+    resumed = subprocess.run(command(killed_dir, steps), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming from" in resumed.stdout + resumed.stderr
     straight, again = _weights(tmp_path / "straight"), _weights(killed_dir)
-    assert all(torch.equal(straight[name], again[name]) for name in straight)
+    assert straight.keys() == again.keys() and all(torch.equal(straight[name], again[name]) for name in straight)
 
 
 def test_sigterm_saves_a_checkpoint(tmp_path):
