@@ -2,7 +2,7 @@
 # Is it faster to run a study's runs two at a time on one thread each than one at a time on two?
 # One run alone (torch's default threads), then two at once with OMP_NUM_THREADS=1, each 300 steps
 # of the given run config; prints the median tokens/s after step 50 and the ratio. Idle machine only.
-#   benchmarks/parallel_runs.sh docs/adm-study-wp8k-9k/runs/dynamic/seed0/config.yaml
+#   benchmarks/parallel_runs.sh studies/adm-study-wp8k-9k/runs/dynamic/seed0/config.yaml
 set -e
 CFG=${1:?a run config.yaml}
 OUT=$(mktemp -d)

@@ -35,7 +35,7 @@ class ModelConfig:
     intermediate_size: int = 512  # 4x hidden, as in BERT
     max_position_embeddings: int = 512  # sequences longer than this are refused at prepare/train time
     # Hidden states (BERT's hidden_dropout_prob, 0.1); also attention's unless set below. Off by
-    # default, as cramming pretrains: in docs/dropout-wp8k (tiny, 9,000 steps, 3 seeds) no dropout
+    # default, as cramming pretrains: in studies/dropout-wp8k (tiny, 9,000 steps, 3 seeds) no dropout
     # reached a lower held-out loss than BERT's 0.1, at +28% tokens/s at mini (README, Throughput).
     dropout: float = 0.0
     # Attention probabilities (attention_probs_dropout_prob); null: model.dropout. 0 lets torch's

@@ -1,4 +1,5 @@
-"""The documentation: a short README as the front door, pages under docs/ with no dead links.
+"""The documentation: a short README as the front door, pages under docs/ and the committed studies'
+pages under studies/ with no dead links.
 
 Reads files only: no package import, no training.
 """
@@ -11,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
+STUDIES = ROOT / "studies"
 README_MAX_LINES = 200
 
 FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)  # fenced code blocks
@@ -21,8 +23,10 @@ HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
 
 
 def pages() -> list[Path]:
-    """The README, the top-level pages under docs/, and every README.md in docs/'s folders (study pages)."""
-    return [README, *sorted(DOCS.glob("*.md")), *sorted(DOCS.glob("*/**/README.md"))]
+    """The README, the top-level pages under docs/, and each committed study's README.md (its folder's and
+    its subfolders') and report.md under studies/."""
+    study_pages = [*STUDIES.glob("*/**/README.md"), *STUDIES.glob("*/report.md")]
+    return [README, *sorted(DOCS.glob("*.md")), *sorted(study_pages)]
 
 
 def prose(text: str) -> str:
@@ -84,6 +88,12 @@ def test_every_top_level_page_is_linked_from_the_readme():
     linked = {(ROOT / target.partition("#")[0]).resolve() for target in relative_links(README.read_text(encoding="utf-8"))}
     orphans = [str(page.relative_to(ROOT)) for page in sorted(DOCS.glob("*.md")) if page.resolve() not in linked]
     assert not orphans, f"pages under docs/ that the README does not link: {orphans}"
+
+
+def test_study_outputs_live_under_studies():
+    """docs/ holds the documents; a study's results sit under studies/<name>/ (issue 29, item 8)."""
+    assert not sorted(DOCS.rglob("results.jsonl")), "study outputs under docs/: move them to studies/<name>/"
+    assert sorted(STUDIES.glob("*/results.jsonl")), "no committed study under studies/"
 
 
 def readme_test_command() -> str:

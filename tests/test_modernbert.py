@@ -250,6 +250,6 @@ def test_an_existing_studys_run_keys_are_unchanged():
     from mlmlab.experiments.runner import plan_runs
     from mlmlab.experiments.study import load_study
 
-    results = Path(__file__).resolve().parent.parent / "docs" / "adm-study-wp8k-9k" / "results.jsonl"
+    results = Path(__file__).resolve().parent.parent / "studies" / "adm-study-wp8k-9k" / "results.jsonl"
     recorded = {json.loads(line)["key"] for line in results.read_text().splitlines() if line.strip()}
     assert recorded <= {run.key for run in plan_runs(load_study("adm-study-wp8k-9k"))}

@@ -143,7 +143,7 @@ def test_runs_of_different_precisions_train_side_by_side_in_one_process(tmp_path
 
 
 def test_auto_precision_is_bf16_on_cpus_with_amx_and_fp32_on_others(tmp_path, monkeypatch):
-    """Where bf16 autocast measured faster and ended where fp32 does (docs/precision-bf16-cpu)."""
+    """Where bf16 autocast measured faster and ended where fp32 does (studies/precision-bf16-cpu)."""
     import torch
 
     from mlmlab.devices import cpu_features

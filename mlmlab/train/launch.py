@@ -29,7 +29,7 @@ def auto_precision() -> str:
     AMX tiles, fp32 elsewhere.
 
     On AMX CPUs bf16 autocast trained 1.25x (tiny) and 1.11x (mini) the tokens/s of fp32 (issue 16)
-    and ended where fp32 does (docs/precision-bf16-cpu); without bf16 units it is slower.
+    and ended where fp32 does (studies/precision-bf16-cpu); without bf16 units it is slower.
     """
     if torch.cuda.is_available():
         return "bf16" if torch.cuda.is_bf16_supported() else "no"

@@ -6,7 +6,7 @@ pretrained representations themselves? Reads the run folders' model/ (not commit
 the machine that trained them) and prints one line per run, then the same architecture untrained
 (two init seeds); nothing is trained.
 
-    OMP_NUM_THREADS=1 python docs/adm-study-wp8k-9k/exploratory/stsb_zero_shot.py ../shared/data/glue
+    OMP_NUM_THREADS=1 python studies/adm-study-wp8k-9k/exploratory/stsb_zero_shot.py ../shared/data/glue
 """
 
 import dataclasses

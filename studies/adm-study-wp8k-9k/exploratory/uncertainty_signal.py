@@ -18,7 +18,7 @@ an id's mean masked loss at its other positions (what loss_ema estimates) rank-c
 Run from the repository root, on a machine that has the run folders' model/ directories (they
 are not committed):
 
-    python docs/adm-study-wp8k-9k/exploratory/uncertainty_signal.py > docs/adm-study-wp8k-9k/exploratory/uncertainty_signal.txt
+    python studies/adm-study-wp8k-9k/exploratory/uncertainty_signal.py > studies/adm-study-wp8k-9k/exploratory/uncertainty_signal.txt
 """
 
 import sys
@@ -31,14 +31,15 @@ from scipy.stats import spearmanr
 from mlmlab.data.loader import LoaderPosition, iterate_batches
 from mlmlab.data.resolve import held_out_store
 from mlmlab.evaluate.perplexity import load_pretrained
+from mlmlab.masking.buckets import frequency_buckets
 from mlmlab.masking.scorers import entropy_scores
 from mlmlab.masking.select import Corruption, eligible_positions, token_info_for
-from mlmlab.masking.strategies import frequency_buckets, mask_batch
+from mlmlab.masking.strategies import mask_batch
 from mlmlab.model import SparsePretraining, eval_mode
 
-RUNS = Path("docs/dropout-wp8k/runs")
+RUNS = Path("studies/dropout-wp8k/runs")
 # Both arms trained 9,000 steps with uniform dynamic masking. With hidden dropout 0.1 the models were still
-# on the unigram plateau at the end; with none they had left it (docs/dropout-wp8k). BERT's own 0.1/0.1
+# on the unigram plateau at the end; with none they had left it (studies/dropout-wp8k). BERT's own 0.1/0.1
 # arm would be the plateau's first choice, but its model folders were not kept.
 MODELS = {"hidden dropout 0.1": "no-attention-dropout", "no dropout": "no-dropout"}
 VALID = "../shared/data/enwiki_sample/valid.txt.gz"
