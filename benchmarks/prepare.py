@@ -3,7 +3,7 @@
 - ``tokenizer``: the corpus's sentences (split as prepare splits them, before the clock
   starts) through ``tokenizers``' ``encode_batch`` with its Rust threads on every core:
   the best a hand-written tokenizing loop gets, doing nothing else.
-- ``prepare``: ``mlmlab.data.store.prepare`` from the corpus file into a fresh folder, with
+- ``prepare``: ``mlmlab.data.build.prepare`` from the corpus file into a fresh folder, with
   its default worker count: reading and decompressing, sentence splitting, tokenizing,
   building NSP instances (or packed blocks) and writing the shards.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from mlmlab import choices
 from mlmlab.data.corpus import document_sentences, read_paragraph_documents
 from mlmlab.data.resolve import SAMPLE_TRAIN, tokenizer_dir_for
-from mlmlab.data.store import available_cores, prepare
+from mlmlab.data.build import available_cores, prepare
 from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.devices import describe_cpu
 

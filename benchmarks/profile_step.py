@@ -20,16 +20,13 @@ from mlmlab.devices import describe_cpu
 from throughput import build_arms, time_arm
 
 
-# mlmlab's phases, each timed as a whole (operators inside included).
-PHASES = {"masking": "_masked_micro_batches", "optimizer update": "_apply_update"}
-
-
 def label_phases(trainer) -> None:
-    """Wrap the trainer's phase methods in profiler ranges named "phase: ..."."""
-    for label, method in PHASES.items():
-        original = getattr(trainer, method)
-        setattr(trainer, method, _in_range(f"phase: {label}", original))
-    trainer.strategy.observe = _in_range("phase: strategy.observe", trainer.strategy.observe)
+    """Wrap mlmlab's phase methods in profiler ranges named "phase: ..." (each timed as a whole, operators
+    inside included)."""
+    phases = {"masking": (trainer.masker, "mask_step"), "optimizer update": (trainer, "_apply_update"),
+              "strategy.observe": (trainer.masker.strategy, "observe")}
+    for label, (owner, method) in phases.items():
+        setattr(owner, method, _in_range(f"phase: {label}", getattr(owner, method)))
 
 
 def _in_range(label: str, function):

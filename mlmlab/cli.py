@@ -15,6 +15,7 @@ from pathlib import Path
 from mlmlab import choices, jsonio
 from mlmlab.config import MaskingConfig, config_listing, frequency_cuts, load_config
 from mlmlab.errors import UserError, write_refusal
+from mlmlab.evaluate.glue_settings import GlueSettings
 from mlmlab.signals import exit_code, sigterm_unwinds
 
 
@@ -42,7 +43,8 @@ def cmd_tokenizer(args) -> None:
 
 
 def cmd_prepare(args) -> None:
-    from mlmlab.data.store import TokenStore, prepare, token_use
+    from mlmlab.data.build import prepare, token_use
+    from mlmlab.data.store import TokenStore
 
     out = prepare(args.corpus, tokenizer_dir=args.tokenizer, max_seq_length=args.max_seq_length,
                   objective=args.objective, short_seq_prob=args.short_seq_prob, seed=args.seed,
@@ -117,17 +119,20 @@ def cmd_evaluate(args) -> None:
     print(jsonio.dumps(report))
 
 
+def glue_settings_of(args) -> GlueSettings:
+    """The glue command's options as run_glue takes them."""
+    return GlueSettings(tasks="all" if args.task == ["all"] else args.task, seeds=tuple(args.seeds),
+                        learning_rates=args.lr, epochs=args.epochs, batch_size=args.batch_size,
+                        max_length=args.max_length, max_train_examples=args.max_train_examples, dropout=args.dropout)
+
+
 def cmd_glue(args) -> None:
     from mlmlab.evaluate.glue import format_glue_table, run_glue
     from mlmlab.files import require_output
 
     require_output(Path(args.out), "--out", folder=True)
-    tasks = "all" if args.task == ["all"] else args.task
-    results = run_glue(args.model, tasks, args.data_dir, args.out, seeds=tuple(args.seeds),
-                       learning_rates=args.lr, epochs=args.epochs, dropout=args.dropout,
-                       max_train_examples=args.max_train_examples,
-                       init=args.init, write_test_predictions=args.test_predictions,
-                       show_progress=not args.no_progress)
+    results = run_glue(args.model, glue_settings_of(args), args.data_dir, args.out, init=args.init,
+                       write_test_predictions=args.test_predictions, show_progress=not args.no_progress)
     print(format_glue_table(results))
 
 
@@ -285,17 +290,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_option(p)
     p.set_defaults(func=cmd_evaluate)
 
+    glue = GlueSettings()  # the defaults, shared with a study's glue block
     p = sub.add_parser("glue", help="fine-tune on GLUE tasks and report the standard metrics")
     p.add_argument("--model", required=True, help="a model folder written by mlmlab")
     p.add_argument("--task", nargs="+", default=["all"], help="task names (CoLA SST-2 MRPC STS-B QQP MNLI QNLI RTE WNLI) or all")
     p.add_argument("--data-dir", required=True, help="GLUE folder with one subfolder per task")
     p.add_argument("--out", default="glue_results", help="folder for glue_results.json / .md")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="fine-tuning seeds; the median is reported")
-    p.add_argument("--lr", type=float, nargs="+", default=None, help="learning-rate grid (default: per task)")
-    p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--dropout", type=float, default=None,
+    p.add_argument("--seeds", type=int, nargs="+", default=list(glue.seeds),
+                   help="fine-tuning seeds; the median over them is reported (default: %(default)s)")
+    p.add_argument("--lr", type=float, nargs="+", default=glue.learning_rates, help="learning-rate grid (default: per task)")
+    p.add_argument("--epochs", type=int, default=glue.epochs, help="(default: per task)")
+    p.add_argument("--batch-size", type=int, default=glue.batch_size, help="(default: per task)")
+    p.add_argument("--max-length", type=int, default=glue.max_length,
+                   help="longer inputs are truncated (default: per task)")
+    p.add_argument("--dropout", type=float, default=glue.dropout,
                    help="hidden and attention dropout while fine-tuning (default 0.1, BERT's, whatever the pretraining's)")
-    p.add_argument("--max-train-examples", type=int, default=None,
+    p.add_argument("--max-train-examples", type=int, default=glue.max_train_examples,
                    help="a fixed random sample of N training rows (the same for every seed and model)")
     p.add_argument("--init", choices=["pretrained", "random"], default="pretrained",
                    help="random: the same architecture from fresh weights, the no-pretraining baseline")

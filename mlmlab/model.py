@@ -11,7 +11,6 @@ Names: ``model`` is the transformers model (encoder + heads); its architecture's
 (``architecture_of(model)``) knows where the encoder and the heads are.
 """
 
-import json
 import math
 from pathlib import Path
 
@@ -24,13 +23,10 @@ from transformers import PreTrainedModel
 
 from mlmlab.architectures import architecture_named, architecture_of
 from mlmlab.config import ModelConfig
-from mlmlab.data.tokenizer import folder_vocab_hash, vocab_hash
 from mlmlab.errors import UserError
 from mlmlab.restoring import restoring
 
 IGNORE_INDEX = -100  # the label of every position that is not predicted (HF convention)
-WEIGHTS_FILE = "model.safetensors"
-VOCAB_HASH_KEY = "vocab_hash"  # config.json entry: the vocabulary the model was trained with
 
 
 def padded_vocab_size(vocab_size: int, multiple: int) -> int:
@@ -104,35 +100,6 @@ def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     except (SafetensorError, OSError) as err:
         raise UserError(f"cannot read the weights {path} ({str(err).splitlines()[0]}); the file is missing, "
                         "truncated or not safetensors: copy or export the model again") from None
-
-
-def read_model_config(model_dir: Path) -> dict:
-    """A model folder's config.json, or a UserError that names it (not the tokenizer or weights read after it)."""
-    path = Path(model_dir) / "config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{path} is not valid JSON ({err}); copy or export the model again") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{path} holds a {type(config).__name__}, not a model config; copy or export the model again")
-    return config
-
-
-def saved_vocab_hash(model_dir: Path) -> str:
-    """The vocabulary a model folder was trained with: recorded in config.json, else its tokenizer files' (older folders)."""
-    return read_model_config(model_dir).get(VOCAB_HASH_KEY) or folder_vocab_hash(model_dir)
-
-
-def refuse_other_tokenizer(model_dir: Path, tokenizer) -> None:
-    """A model folder whose tokenizer is not the vocabulary its config.json records (a swapped vocab.txt) is refused.
-
-    Same size or not: the ids would mean other tokens. A folder that records none (not mlmlab's) is not checked.
-    """
-    recorded = read_model_config(model_dir).get(VOCAB_HASH_KEY)
-    if recorded is not None and recorded != vocab_hash(tokenizer.get_vocab()):
-        raise UserError(f"{model_dir}: its tokenizer is not the vocabulary the model was trained with (vocabulary hash "
-                        f"{vocab_hash(tokenizer.get_vocab())}, trained with {recorded}); restore the folder's "
-                        "tokenizer files")
 
 
 def compile_model(model: PreTrainedModel) -> None:

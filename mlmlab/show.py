@@ -11,10 +11,10 @@ from mlmlab.data.resolve import tokenizer_dir_for
 from mlmlab.data.store import TokenStore
 from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.errors import UserError
-from mlmlab.evaluate.perplexity import load_pretrained
 from mlmlab.masking.select import Corruption, token_info_for
 from mlmlab.masking.strategies import UniformStrategy, build_strategy, mask_batch
 from mlmlab.model import IGNORE_INDEX
+from mlmlab.model_folder import load_pretrained
 
 INSTANCE_KEYS = ("next_sentence_label", "doc_a", "doc_b")
 

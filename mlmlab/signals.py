@@ -4,7 +4,7 @@ A scheduler's preemption, ``timeout`` and Ctrl-C signal every process of the job
 that died of it would take the main process down before it could save: a DataLoader reports
 a killed worker as an error, and a multiprocessing pool waits forever for the task a dead
 worker held. So workers let these signals pass, and the main process stops them itself: a
-DataLoader by its own shutdown message, prepare's pool with SIGKILL (data/store.py), and a
+DataLoader by its own shutdown message, prepare's pool with SIGKILL (data/build.py), and a
 SIGTERM from their parent (a DataLoader's fallback, multiprocessing at exit) still ends them.
 The main process stops as training decides (train/loop.py), or, outside training, unwinds as
 Ctrl-C does (``sigterm_unwinds``).

@@ -98,7 +98,7 @@ def test_corrupt_model_weights(capsys, tmp_path, tokenizer_dir):
     (folder / "config.json").write_text('{"model_type": "bert"}')
     (folder / "model.safetensors").write_bytes(b"not a safetensors file")
     code, err = run_cli(capsys, "evaluate", "--model", str(folder), "--data", str(tmp_path))
-    assert_one_line_error(code, err, "cannot load")
+    assert_one_line_error(code, err, "cannot read the weights", "truncated or not safetensors")
 
 
 def test_missing_corpus_file(capsys, tmp_path, tokenizer_dir):

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mlmlab.data.build import prepare, prepared_hash
 from mlmlab.data.corpus import read_documents, read_paragraph_documents, split_sentences
 from mlmlab.data.instances import (
     IS_NEXT,
@@ -23,7 +24,8 @@ from mlmlab.data.instances import (
     create_nsp_instances,
     truncate_seq_pair,
 )
-from mlmlab.data.store import TokenStore, dataset_hash, prepare, prepared_hash
+from mlmlab.data.hashing import dataset_hash
+from mlmlab.data.store import TokenStore
 from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer, ordinary_token_ids, train_tokenizer
 from mlmlab.errors import UserError
 
@@ -410,7 +412,7 @@ def test_prepare_reuses_hash_folder_and_refuses_a_different_one(vocab_dir, tmp_p
     monkeypatch.setenv("MLMLAB_CACHE", str(tmp_path / "cache"))
     first = prepare(corpus, vocab_dir, 64, num_workers=1)
     assert first.parent == tmp_path / "cache" and len(first.name) == 16
-    with caplog.at_level(logging.INFO, logger="mlmlab.data.store"):
+    with caplog.at_level(logging.INFO, logger="mlmlab.data.build"):
         assert prepare(corpus, vocab_dir, 64, num_workers=2) == first
     assert "reusing" in caplog.text
     out = tmp_path / "mine"
@@ -511,7 +513,7 @@ def test_token_store_errors_are_user_errors(vocab_dir, tmp_path):
 
 
 def test_hash_depends_on_corpus_content(vocab_dir, tmp_path):
-    from mlmlab.data.store import _validated_config
+    from mlmlab.data.build import _validated_config
 
     config = _validated_config("nsp", 128, 0.1, 1, 2000)
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"

@@ -17,6 +17,10 @@ from mlmlab.data.resolve import SAMPLE_VALID
 from mlmlab.errors import UserError
 from mlmlab.experiments import identity, report, runner
 from mlmlab.experiments import study as study_file
+from mlmlab.experiments.curves import mean_curve, progress_of, steps_to_target
+from mlmlab.experiments.decision import INCONCLUSIVE, decide
+from mlmlab.experiments.metrics import Metric, metrics_of
+from mlmlab.experiments.statistics import compare, holm
 
 TINY_BASE = {
     "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
@@ -367,8 +371,8 @@ def seed_rows(arm, perplexities, rare=None):
 
 def test_primary_interval_is_the_paired_t_interval_not_the_bootstrap_range():
     base, arm = seed_rows("dynamic", [100.0, 100.0, 100.0]), seed_rows("adm", [101.0, 104.0, 102.5])
-    metric = report.Metric("perplexity", ("eval", "perplexity"), True)
-    comparison = report.compare(arm, base, metric)
+    metric = Metric("perplexity", ("eval", "perplexity"), True)
+    comparison = compare(arm, base, metric)
     expected = stats.ttest_rel([101.0, 104.0, 102.5], [100.0] * 3).confidence_interval(0.95)
     assert (comparison.low, comparison.high) == pytest.approx((expected.low, expected.high))
     # with 3 seeds the bootstrap is the min-max of the differences (1, 4), which excludes 0; the t-interval does not
@@ -380,19 +384,19 @@ def test_primary_interval_is_the_paired_t_interval_not_the_bootstrap_range():
 
 def test_the_same_difference_in_every_seed_has_no_interval_and_is_not_significant():
     base, arm = seed_rows("dynamic", [100.0, 200.0, 300.0]), seed_rows("adm", [90.0, 190.0, 290.0])
-    metric = report.Metric("perplexity", ("eval", "perplexity"), True)
-    comparison = report.compare(arm, base, metric)
+    metric = Metric("perplexity", ("eval", "perplexity"), True)
+    comparison = compare(arm, base, metric)
     assert comparison.diff == -10.0 and not comparison.spread and not comparison.significant
     assert report.format_delta(comparison) == "-10 (the same in every seed: no interval)"
     assert "no significance is claimed" in report.verdict("adm", "dynamic", metric, comparison)
     rule = {"lower_is_better": True, "min_effect": 0.01, "guard": {}}
-    assert report.decide(rule, comparison, {})[0] == report.INCONCLUSIVE  # not a win from a zero-width interval
+    assert decide(rule, comparison, {})[0] == INCONCLUSIVE  # not a win from a zero-width interval
 
 
 def test_a_final_evaluation_logged_twice_counts_once_in_the_mean_curve():
     records = [{"step": 4, "loss": 3.0}, {"step": 4, "eval": {"mlm_loss": 2.0}}, {"step": 4, "eval": {"mlm_loss": 2.0}}]
     runs = [({"steps": 4}, records), ({"steps": 4}, [{"step": 4, "eval": {"mlm_loss": 5.0}}])]
-    xs, ys = report.mean_curve(runs, lambda r: r.get("eval", {}).get("mlm_loss"), report.progress_of)
+    xs, ys = mean_curve(runs, lambda r: r.get("eval", {}).get("mlm_loss"), progress_of)
     assert (xs, ys) == ([1.0], [3.5])  # (2 + 5) / 2, not (2 + 2 + 5) / 3
 
 
@@ -464,8 +468,8 @@ def test_an_arm_identical_to_the_baseline_is_reported_as_such_not_as_a_null(tmp_
 def test_bucket_differences_are_in_nats_and_skip_empty_buckets():
     base = seed_rows("dynamic", [100.0] * 3, rare=[4e5, 3e5, 2e5])
     arm = seed_rows("adm", [100.0] * 3, rare=[2e5, 1e5, None])  # seed 2: no rare targets, stored as null
-    nats = {m.label: m for m in report.metrics_of(base + arm)}["loss freq 10000_rest (nats)"]
-    comparison = report.compare(arm, base, nats)
+    nats = {m.label: m for m in metrics_of(base + arm)}["loss freq 10000_rest (nats)"]
+    comparison = compare(arm, base, nats)
     assert comparison.n == 2  # the null seed is left out of the pairs
     assert comparison.diff == pytest.approx((math.log(2e5 / 4e5) + math.log(1e5 / 3e5)) / 2)
     assert report.format_delta(comparison).startswith("-0.896 [")
@@ -530,21 +534,21 @@ def test_downstream_section_ranks_runs_by_loss_against_their_glue_scores():
         return synthetic_row(arm, seed, perplexity, 900, glue=glue)
 
     ordered = [row("dynamic", 0, 100, 0.4), row("dynamic", 1, 120, 0.3), row("adm", 0, 90, 0.7), row("adm", 1, 95, 0.5)]
-    text = "\n".join(report.downstream_section(ordered, report.metrics_of(ordered)))
+    text = "\n".join(report.downstream_section(ordered, metrics_of(ordered)))
     assert "| GLUE STS-B | 4 | -1.00 |" in text  # lower loss, higher score, in every pair of runs
     assert "GLUE avg" not in text  # one task: its average is the same column
     few = ordered[:3]
-    assert "| GLUE STS-B | 3 | too few runs |  |" in "\n".join(report.downstream_section(few, report.metrics_of(few)))
+    assert "| GLUE STS-B | 3 | too few runs |  |" in "\n".join(report.downstream_section(few, metrics_of(few)))
     without_glue = seed_rows("dynamic", [100.0, 101.0, 102.0, 103.0])
-    assert report.downstream_section(without_glue, report.metrics_of(without_glue)) == []
+    assert report.downstream_section(without_glue, metrics_of(without_glue)) == []
 
 
 def test_holm_adjusts_the_arms_p_values_together_step_down():
-    assert report.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    assert report.holm([0.2, math.nan, 0.01]) == pytest.approx([0.2, math.nan, 0.02], nan_ok=True)
-    assert report.holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])  # 2 x 0.8 capped at 1; monotone
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.2, math.nan, 0.01]) == pytest.approx([0.2, math.nan, 0.02], nan_ok=True)
+    assert holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])  # 2 x 0.8 capped at 1; monotone
     base, arm = seed_rows("dynamic", [100.0, 100.0, 100.0]), seed_rows("adm", [101.0, 104.0, 102.5])
-    comparison = report.compare(arm, base, report.Metric("perplexity", ("eval", "perplexity"), True))
+    comparison = compare(arm, base, Metric("perplexity", ("eval", "perplexity"), True))
     assert comparison.p == pytest.approx(stats.ttest_rel([101.0, 104.0, 102.5], [100.0] * 3).pvalue)
 
 
@@ -577,7 +581,7 @@ def test_a_win_that_holm_does_not_keep_is_inconclusive_in_the_holm_column(tmp_pa
         rows += decided_rows(name, [b + d for b, d in zip(base, (0.03, -0.02, -0.01, 0.01))])
     calls = decision_calls(tmp_path, rows)
     assert calls["strong"] == ("**win**", "**win**")
-    weak = report.compare(rows[8:12], rows[:4], report.Metric("l", ("eval", "mlm_loss"), True))
+    weak = compare(rows[8:12], rows[:4], Metric("l", ("eval", "mlm_loss"), True))
     assert weak.significant and 0.05 / 3 < weak.p < 0.05  # a win alone; second smallest of four p-values: x3
     assert calls["weak"] == ("**win**", "**inconclusive**")
 
@@ -597,8 +601,8 @@ def test_a_rare_token_gain_is_a_prior_shift_unless_the_prior_free_loss_wins(tmp_
 def test_steps_to_target_is_the_first_evaluation_below_it_in_steps_and_flops():
     records = [{"step": 50, "loss": 7.0}, {"step": 100, "eval": {"mlm_loss": 6.2}},
                {"step": 200, "eval": {"mlm_loss": 5.9}}, {"step": 300, "eval": {"mlm_loss": 5.5}}]
-    assert report.steps_to_target({}, records, "mlm_loss", 6.0) == 200
-    assert report.steps_to_target({}, records, "mlm_loss", 5.0) is None
+    assert steps_to_target({}, records, "mlm_loss", 6.0) == 200
+    assert steps_to_target({}, records, "mlm_loss", 5.0) is None
     rule = {"metric": "eval.mlm_loss", "lower_is_better": True, "min_effect": 0.01, "guard": {}, "target": 6.0}
     rows = [{"seed": 0, "decision": rule}]
     late = [{"step": 100, "eval": {"mlm_loss": 6.5}}, {"step": 400, "eval": {"mlm_loss": 5.8}}]
@@ -616,3 +620,12 @@ def test_a_decision_target_must_be_a_number_on_an_eval_figure(tmp_path):
     for bad in ({**decision, "target": "low"}, {**decision, "metric": "glue.average"}):
         with pytest.raises(UserError, match="target must be a finite number"):
             study_file.load_study(write_study(tmp_path, decision=bad))
+
+
+def test_the_reports_rerun_command_points_at_where_the_rows_are_now(tmp_path):
+    """A study folder that moved (docs/<name> -> studies/<name>) is grown where it is, not where it was trained."""
+    results = tmp_path / "studies" / "moved" / "results.jsonl"
+    results.parent.mkdir(parents=True)
+    runner.append_row(results, result_row("a", study_source="moved", out_dir="docs/moved"))
+    lines = report.commands(report.load_rows(results)[0], results, tmp_path / "report")
+    assert lines[0] == f"    mlmlab experiment moved --out {results.parent}"

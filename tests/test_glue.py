@@ -12,17 +12,9 @@ from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from mlmlab import jsonio
 from mlmlab.errors import UserError
-from mlmlab.evaluate.glue import (
-    check_only_head_is_new,
-    checked_settings,
-    compute_metrics,
-    format_glue_table,
-    load_model,
-    resolve_task_names,
-    run_glue,
-    task_score,
-)
+from mlmlab.evaluate.glue import check_only_head_is_new, compute_metrics, format_glue_table, load_model, run_glue, task_score
 from mlmlab.evaluate.glue_data import TASKS, read_labeled, read_unlabeled
+from mlmlab.evaluate.glue_settings import GlueSettings, resolve_task_names
 
 GLUE_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "glue"
 VOCAB = GLUE_DIR.parent / "bert_vocab" / "bert-base-uncased-vocab.txt"
@@ -140,6 +132,23 @@ def test_task_names_and_bad_arguments():
         resolve_task_names(["MRPC", "SQuAD"])
 
 
+def test_the_command_line_and_a_study_default_to_glue_settings(tmp_path):
+    """One definition of GLUE's defaults; the command line fine-tunes on every task by default, a study on none."""
+    from mlmlab.cli import build_parser, glue_settings_of
+    from mlmlab.experiments.identity import settings_of
+    from mlmlab.experiments.study import load_study
+
+    command_line = glue_settings_of(build_parser().parse_args(["glue", "--model", "m", "--data-dir", "d"]))
+    assert command_line == GlueSettings(tasks="all")
+    study = tmp_path / "study.yaml"
+    for glue, tasks in (("", ()), ("glue: {tasks: [RTE]}\n", ["RTE"])):
+        study.write_text(f"arms: [{{name: dynamic}}]\nseeds: [0]\n{glue}")
+        assert load_study(str(study)).glue == GlueSettings(tasks=tasks)
+    # Run keys hold the GLUE seeds: those of the studies that run no GLUE were made with the default's [0].
+    for name in ("adm-study-v3", "arch-plateau-wp8k"):
+        assert list(settings_of(load_study(name))["glue"]["seeds"]) == [0]
+
+
 def test_only_the_classifier_head_may_be_missing_from_a_checkpoint():
     check_only_head_is_new(Path("m"), ["classifier.weight", "classifier.bias", "bert.pooler.dense.weight"])
     with pytest.raises(UserError, match="lacks encoder weights"):
@@ -174,18 +183,19 @@ def test_fine_tuning_dropout_is_berts_whatever_the_pretrainings(tiny_model_dir, 
     config = AutoConfig.from_pretrained(dropout_free)
     config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
     config.save_pretrained(dropout_free)
-    default = checked_settings(["STS-B"], seeds=[0])["STS-B"].dropout
+    default = GlueSettings(tasks=["STS-B"]).per_task()["STS-B"].dropout
     assert default == 0.1
-    assert checked_settings(["STS-B"], seeds=[0], dropout=0.0)["STS-B"].dropout == 0.0
+    assert GlueSettings(tasks=["STS-B"], dropout=0.0).per_task()["STS-B"].dropout == 0.0
     for folder, dropout in [(dropout_free, default), (tiny_model_dir, 0.0)]:  # pretrained with none / with 0.1
         model = load_model(folder, TASKS["STS-B"], "pretrained", dropout)
         assert (model.config.hidden_dropout_prob, model.config.attention_probs_dropout_prob) == (dropout, dropout)
         assert model.bert.encoder.layer[0].output.dropout.p == dropout and model.dropout.p == dropout
 
 
-def tiny_run(model_dir, out_dir, tasks, seeds=(0,), **overrides):
-    settings = dict(learning_rates=[1e-3], epochs=1, batch_size=8, max_length=32, max_train_examples=48, show_progress=False)
-    return run_glue(model_dir, tasks, GLUE_DIR, out_dir, seeds=seeds, **(settings | overrides))
+def tiny_run(model_dir, out_dir, tasks, seeds=(0,), init="pretrained", write_test_predictions=False, **overrides):
+    settings = dict(learning_rates=[1e-3], epochs=1, batch_size=8, max_length=32, max_train_examples=48)
+    return run_glue(model_dir, GlueSettings(tasks, seeds, **(settings | overrides)), GLUE_DIR, out_dir, init=init,
+                    write_test_predictions=write_test_predictions, show_progress=False)
 
 
 @needs_glue
@@ -225,7 +235,7 @@ def test_results_json_and_markdown_carry_median_choice_and_average(tiny_model_di
 def test_every_requested_task_missing_is_an_error_not_an_empty_success(tiny_model_dir, tmp_path):
     """Some missing tasks are reported beside the others (MNLI above); all missing would run nothing."""
     with pytest.raises(UserError, match="none of the requested GLUE tasks .* QQP/train.tsv is missing"):
-        run_glue(tiny_model_dir, ["MNLI", "QQP", "QNLI"], GLUE_DIR, tmp_path, show_progress=False)
+        run_glue(tiny_model_dir, GlueSettings(["MNLI", "QQP", "QNLI"]), GLUE_DIR, tmp_path, show_progress=False)
     assert not (tmp_path / "glue_results.json").exists()
 
 
@@ -241,9 +251,10 @@ def test_every_requested_task_missing_is_an_error_not_an_empty_success(tiny_mode
     ],
 )
 def test_bad_arguments_fail_before_any_training(tiny_model_dir, tmp_path, arguments, expected):
+    settings = {name: arguments.pop(name) for name in ("epochs", "dropout", "seeds") if name in arguments}
     arguments = {"model_dir": tiny_model_dir, "show_progress": False} | arguments
     with pytest.raises(UserError, match=expected):
-        run_glue(tasks=["RTE"], data_dir=GLUE_DIR, out_dir=tmp_path, **arguments)
+        run_glue(settings=GlueSettings(["RTE"], **settings), data_dir=GLUE_DIR, out_dir=tmp_path, **arguments)
     assert not (tmp_path / "glue_results.json").exists()
 
 

@@ -15,10 +15,11 @@ import pytest
 from conftest import SAMPLE
 from mlmlab.cli import main
 from mlmlab.config import DataConfig
+from mlmlab.data.build import prepare, prepared_hash
 from mlmlab.data.corpus import read_paragraph_documents, resolve_paths
 from mlmlab.data.records import Columns
 from mlmlab.data.resolve import dataset_hashes
-from mlmlab.data.store import TokenStore, prepare, prepared_hash
+from mlmlab.data.store import TokenStore
 from mlmlab.data.tokenizer import adopt_vocab
 from mlmlab.errors import UserError
 
@@ -136,7 +137,7 @@ def test_columns_enter_the_hash_only_when_not_the_default(vocab_dir, tmp_path):
 
 def test_the_bundled_sample_keeps_its_prepared_hashes():
     # The hashes the bundled sample had before folders, tables and columns existed: studies key their runs
-    # by them (docs/adm-study-*). A change here reruns or refuses every finished run.
+    # by them (studies/adm-study-*). A change here reruns or refuses every finished run.
     assert dataset_hashes(DataConfig()) == {"train": "45aa3bd7c57ff7c8", "valid": "ac7ae8e507108116"}
     assert dataset_hashes(DataConfig(objective="mlm", max_seq_length=64)) == {
         "train": "0ffd6be365cffebb", "valid": "a2d0553439da607f"}

@@ -12,11 +12,11 @@ PACKAGE = ROOT / "mlmlab"
 
 # Bottom up (DESIGN.md). A module may import from its own layer or below, function-local imports included.
 LAYERS = [
-    ("mlmlab.errors", "mlmlab.seeding", "mlmlab.jsonio", "mlmlab.choices", "mlmlab.files", "mlmlab.markdown",
-     "mlmlab.devices", "mlmlab.restoring", "mlmlab.signals", "mlmlab.progress", "mlmlab"),
+    ("mlmlab.errors", "mlmlab.jsonio", "mlmlab.choices", "mlmlab.files", "mlmlab.markdown", "mlmlab.devices",
+     "mlmlab.restoring", "mlmlab.signals", "mlmlab.progress", "mlmlab"),
     ("mlmlab.config",),
     ("mlmlab.data",),
-    ("mlmlab.model", "mlmlab.architectures", "mlmlab.flops"),
+    ("mlmlab.model", "mlmlab.model_folder", "mlmlab.architectures", "mlmlab.flops"),
     ("mlmlab.masking",),
     ("mlmlab.train",),
     ("mlmlab.evaluate",),

@@ -112,8 +112,8 @@ def test_evaluate_on_wikitext_is_deterministic_with_chosen_buckets(trained, tmp_
 def test_a_held_out_set_smaller_than_a_batch_is_evaluated_whole(trained):
     trainer = trained["trainer"]
     store = trainer.valid_store
-    reports = [evaluate_mlm(trainer.module, store, trainer.info, batch_size=size, token_counts=trainer.train_store.token_counts)
-               for size in (len(store), len(store) + 7)]
+    reports = [evaluate_mlm(trainer.module, store, trainer.masker.info, batch_size=size,
+                            token_counts=trainer.train_store.token_counts) for size in (len(store), len(store) + 7)]
     assert reports[1]["masked_tokens"] == reports[0]["masked_tokens"] > 0  # not 0 tokens and a perplexity of 1
     assert reports[1]["perplexity"] == pytest.approx(reports[0]["perplexity"], rel=1e-5)
 

@@ -42,7 +42,7 @@ def trained(tmp_path_factory):
 
 
 def evaluate(trainer) -> dict:
-    return recalibrated_loss(trainer.model, trainer.valid_store, trainer.info, batch_size=16, max_batches=6,
+    return recalibrated_loss(trainer.model, trainer.valid_store, trainer.masker.info, batch_size=16, max_batches=6,
                              token_counts=trainer.train_store.token_counts, freq_cuts=(100, 1000))
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from mlmlab import seeding
+from mlmlab.masking import seeding
 
 
 def draw(seed=5, stream=seeding.STREAM_SELECT, examples=4000, epoch=0, length=64):

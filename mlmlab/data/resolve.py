@@ -10,9 +10,10 @@ import shutil
 from pathlib import Path
 
 from mlmlab.config import DataConfig
+from mlmlab.data.build import cache_root, prepare, prepared_hash
 from mlmlab.data.corpus import is_prepared_dataset, refuse_missing_fields
 from mlmlab.data.records import Columns
-from mlmlab.data.store import TokenStore, cache_root, prepare, prepared_hash
+from mlmlab.data.store import TokenStore
 from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer, vocab_hash
 from mlmlab.data.wikitext import UNK_MARKER, is_wikitext, write_plain
 from mlmlab.errors import UserError

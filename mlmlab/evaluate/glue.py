@@ -3,16 +3,14 @@
 For each task: fine-tune a fresh copy of the checkpoint for every (learning rate, seed),
 score the dev set, take the median over seeds per learning rate, and choose the learning
 rate with the best median. The dev set is used both to choose and to report, as is
-customary for GLUE dev numbers (optimistic; the test set needs a GLUE submission).
-
-Defaults follow cramming's "GLUE-sane" spirit (one small recipe for every task, a few
-seeds, no per-task tuning) scaled down so that the tiny preset runs on a laptop CPU.
+customary for GLUE dev numbers (optimistic; the test set needs a GLUE submission). The
+settings, each task's and the run's choices over them, are glue_settings.py's.
 """
 
 import dataclasses
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,21 +20,21 @@ import torch
 import transformers
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from mlmlab import jsonio, markdown
 from mlmlab.architectures import ADAPTERS, Bert
-from mlmlab.config import BELOW_ONE, POSITIVE, SEEDS, check_range
 from mlmlab.devices import compute_device
 from mlmlab.errors import UserError
 from mlmlab.files import lock_folder
-from mlmlab.model import WEIGHTS_FILE, refuse_other_tokenizer, weight_shapes
+from mlmlab.model_folder import load_any_tokenizer, read_config, saved_weight_shapes
 from mlmlab.progress import progress_bar, say
 from mlmlab.restoring import restoring
 from mlmlab.train.optim import parameter_groups
 from mlmlab.evaluate.glue_data import (
     TASKS, TRAIN_FILE, GlueSplit, GlueTask, missing_files, read_labeled, read_unlabeled,
 )
+from mlmlab.evaluate.glue_settings import FineTuneSettings, GlueSettings
 
 SELECTION_NOTE = (
     "Dev sets are used both to choose the learning rate (best median over seeds) and to report the scores, "
@@ -44,38 +42,6 @@ SELECTION_NOTE = (
 )
 EVAL_BATCH_SIZE = 128  # no gradients at evaluation, so larger batches only cost activation memory
 MAX_GRAD_NORM = 1.0  # as in BERT's run_classifier.py; keeps tiny random-init models from diverging
-
-
-@dataclass(frozen=True)
-class FineTuneSettings:
-    learning_rates: tuple[float, ...]  # the grid searched; each is run with every seed
-    epochs: int
-    batch_size: int
-    max_length: int  # longer inputs are truncated (longest segment first); batches pad to their longest
-    warmup_ratio: float = 0.1  # linear warmup over this fraction of steps, then linear decay to zero (BERT)
-    weight_decay: float = 0.01  # AdamW decay, not applied to biases and LayerNorm weights (BERT)
-    # Hidden and attention dropout while fine-tuning (BERT's 0.1), whatever the model was pretrained
-    # with: mlmlab pretrains without dropout by default, and GLUE should compare pretrained models,
-    # not fine-tuning recipes.
-    dropout: float = 0.1
-
-
-# Small tasks (<10k examples) get batch 16 and 5 epochs as in cramming; large ones 2 epochs
-# at batch 32, which keeps SST-2 to minutes on a CPU. RTE gets 3 epochs: its long pairs make
-# an epoch cost about twice MRPC's. Two learning rates: tiny models want the higher one,
-# base-size ones the lower.
-LEARNING_RATES = (5e-5, 1e-4)
-DEFAULT_SETTINGS: dict[str, FineTuneSettings] = {
-    "CoLA": FineTuneSettings(LEARNING_RATES, epochs=5, batch_size=16, max_length=128),
-    "SST-2": FineTuneSettings(LEARNING_RATES, epochs=2, batch_size=32, max_length=64),  # short sentences
-    "MRPC": FineTuneSettings(LEARNING_RATES, epochs=5, batch_size=16, max_length=128),
-    "STS-B": FineTuneSettings(LEARNING_RATES, epochs=5, batch_size=16, max_length=128),
-    "QQP": FineTuneSettings(LEARNING_RATES, epochs=2, batch_size=32, max_length=128),
-    "MNLI": FineTuneSettings(LEARNING_RATES, epochs=2, batch_size=32, max_length=128),
-    "QNLI": FineTuneSettings(LEARNING_RATES, epochs=2, batch_size=32, max_length=128),
-    "RTE": FineTuneSettings(LEARNING_RATES, epochs=3, batch_size=16, max_length=128),
-    "WNLI": FineTuneSettings(LEARNING_RATES, epochs=5, batch_size=16, max_length=128),
-}
 
 METRIC_FUNCTIONS = {
     "mcc": matthews_corrcoef,
@@ -86,42 +52,25 @@ METRIC_FUNCTIONS = {
 }
 
 
-def run_glue(
-    model_dir,
-    tasks,
-    data_dir,
-    out_dir,
-    *,
-    seeds: Sequence[int] = (0, 1, 2),
-    learning_rates: Sequence[float] | None = None,
-    epochs: int | None = None,
-    batch_size: int | None = None,
-    max_length: int | None = None,
-    dropout: float | None = None,
-    init: str = "pretrained",
-    max_train_examples: int | None = None,
-    write_test_predictions: bool = False,
-    show_progress: bool = True,
-) -> dict:
-    """Fine-tune model_dir on each GLUE task and write glue_results.json and glue_results.md to out_dir.
+def run_glue(model_dir, settings: GlueSettings, data_dir, out_dir, *, init: str = "pretrained",
+             write_test_predictions: bool = False, show_progress: bool = True) -> dict:
+    """Fine-tune model_dir on each of ``settings.tasks`` and write glue_results.json and glue_results.md to out_dir.
 
-    tasks: "all", one task name, or a list of names. learning_rates/epochs/batch_size/max_length/
-    dropout override every task's default. init="random" fine-tunes the same architecture from fresh
-    weights (the baseline showing what pretraining bought). Tasks whose files are absent are
-    reported with status "missing". Returns the dict written to glue_results.json.
+    init="random" fine-tunes the same architecture from fresh weights (the baseline showing what
+    pretraining bought). Tasks whose files are absent are reported with status "missing". Returns
+    the dict written to glue_results.json.
     """
     model_dir, data_dir, out_dir = Path(model_dir), Path(data_dir), Path(out_dir)
     # Every argument is checked before the first task trains, not minutes later.
     check_arguments(model_dir, data_dir, init)
-    settings = checked_settings(tasks, seeds=seeds, learning_rates=learning_rates, epochs=epochs, batch_size=batch_size,
-                                max_length=max_length, dropout=dropout, max_train_examples=max_train_examples)
-    refuse_all_missing(list(settings), data_dir)
-    context = RunContext(model_dir, load_model_tokenizer(model_dir), init, tuple(seeds), max_train_examples,
-                         write_test_predictions, show_progress, compute_device())
-    results = {"model_dir": str(model_dir), "init": init, "seeds": list(seeds), "selection": SELECTION_NOTE,
-               "max_train_examples": max_train_examples, "tasks": {}, "average": None}
+    per_task = settings.per_task()
+    refuse_all_missing(list(per_task), data_dir)
+    context = RunContext(model_dir, load_any_tokenizer(model_dir), init, tuple(settings.seeds),
+                         settings.max_train_examples, write_test_predictions, show_progress, compute_device())
+    results = {"model_dir": str(model_dir), "init": init, "seeds": list(settings.seeds), "selection": SELECTION_NOTE,
+               "max_train_examples": settings.max_train_examples, "tasks": {}, "average": None}
     with lock_folder(out_dir, f"the GLUE output folder {out_dir}", "give --out another folder"):
-        for name, task_settings in settings.items():
+        for name, task_settings in per_task.items():
             results["tasks"][name] = evaluate_task(TASKS[name], data_dir, task_settings, context, out_dir)
             results["average"] = glue_average(results["tasks"])
             write_results(results, out_dir)  # after every task, so a long run keeps what it finished
@@ -143,50 +92,13 @@ class RunContext:
 
 
 def check_arguments(model_dir: Path, data_dir: Path, init: str) -> None:
-    if not (model_dir / "config.json").is_file():
-        raise UserError(f"{model_dir} has no config.json; pass a checkpoint folder saved by mlmlab (save_pretrained)")
+    read_config(model_dir)
     if init == "pretrained":
-        weight_shapes(model_dir / WEIGHTS_FILE)  # a missing or truncated weights file, before any task reads data
+        saved_weight_shapes(model_dir)  # a missing or truncated weights file, before any task reads data
     if not data_dir.is_dir():
         raise UserError(f"GLUE data folder {data_dir} does not exist; pass the glue_data folder holding CoLA/, SST-2/, ...")
     if init not in ("pretrained", "random"):
         raise UserError(f"init={init!r} is not known; use 'pretrained' or 'random'")
-
-
-def checked_settings(tasks, *, seeds, learning_rates=None, epochs=None, batch_size=None, max_length=None,
-                     dropout=None, max_train_examples=None) -> dict[str, FineTuneSettings]:
-    """Each task's fine-tuning settings with the overrides applied, or a UserError naming the bad one.
-
-    Also what a study checks when it is read, so a bad setting fails before hours of pretraining.
-    """
-    if not isinstance(seeds, (list, tuple)) or not seeds or not all(_is_int(seed) for seed in seeds):
-        raise UserError(f"seeds {seeds!r} must be a non-empty list of integers, e.g. --seeds 0 1 2")
-    for seed in seeds:  # transformers.set_seed seeds numpy, which takes only 32-bit seeds
-        check_range("seeds", seed, SEEDS, 0)
-    counts = {"epochs": epochs, "batch_size": batch_size, "max_length": max_length,
-              "max_train_examples": max_train_examples}
-    for name, value in counts.items():
-        if value is not None and not (_is_int(value) and value >= 1):
-            raise UserError(f"{name}={value!r} must be a whole number >= 1")
-    if learning_rates is not None and (not isinstance(learning_rates, (list, tuple)) or
-                                       not all(_is_number(lr) for lr in learning_rates)):
-        raise UserError(f"learning_rates {learning_rates!r} must be a list of positive numbers")
-    for learning_rate in learning_rates or ():  # an infinite one trained to a constant prediction, reported as a score
-        check_range("learning_rates", learning_rate, POSITIVE, 1e-4)
-    if dropout is not None and not _is_number(dropout):
-        raise UserError(f"dropout={dropout!r} must be a number; BERT fine-tunes with 0.1")
-    check_range("dropout", dropout, BELOW_ONE, 0.1)
-    overrides = {"learning_rates": tuple(learning_rates) if learning_rates is not None else None,
-                 "epochs": epochs, "batch_size": batch_size, "max_length": max_length, "dropout": dropout}
-    return {name: with_overrides(DEFAULT_SETTINGS[name], overrides) for name in resolve_task_names(tasks)}
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def refuse_all_missing(names: list[str], data_dir: Path) -> None:
@@ -196,29 +108,6 @@ def refuse_all_missing(names: list[str], data_dir: Path) -> None:
         first = next(iter(missing.values()))[0]
         raise UserError(f"none of the requested GLUE tasks has its files in {data_dir} (e.g. {first} is missing); "
                         "pass the glue_data folder holding CoLA/, SST-2/, ... as --data-dir")
-
-
-def resolve_task_names(tasks) -> list[str]:
-    """Canonical names in GLUE order; accepts "all", a name, or names in any case, with or without the hyphen."""
-    if isinstance(tasks, str):
-        tasks = list(TASKS) if tasks.lower() == "all" else [tasks]
-    by_key = {name.lower().replace("-", ""): name for name in TASKS}
-    unknown = [name for name in tasks if name.lower().replace("-", "") not in by_key]
-    if unknown or not tasks:
-        raise UserError(f"unknown GLUE task(s) {', '.join(unknown) or '(none given)'}; use 'all' or some of {', '.join(TASKS)}")
-    wanted = {by_key[name.lower().replace("-", "")] for name in tasks}
-    return [name for name in TASKS if name in wanted]
-
-
-def with_overrides(settings: FineTuneSettings, overrides: dict) -> FineTuneSettings:
-    chosen = {field: value for field, value in overrides.items() if value is not None}
-    settings = dataclasses.replace(settings, **chosen)
-    if not settings.learning_rates or settings.epochs < 1 or settings.batch_size < 1 or settings.max_length < 8:
-        raise UserError(
-            f"fine-tuning settings {settings} are invalid; give at least one learning rate, "
-            "epochs and batch_size >= 1 and max_length >= 8"
-        )
-    return settings
 
 
 # ---------------------------------------------------------------- one task
@@ -357,16 +246,6 @@ def collate(split: EncodedSplit, rows: list[int], device: torch.device) -> dict[
         pad = split.pad_token_id if key == "input_ids" else 0  # attention_mask 0 hides the padding
         batch[key] = torch.tensor([values[row] + [pad] * (longest - len(values[row])) for row in rows])  # (B, T)
     return {key: tensor.to(device) for key, tensor in batch.items()}
-
-
-def load_model_tokenizer(model_dir: Path):
-    """The tokenizer saved with a model (any AutoTokenizer folder), or a UserError; no size checks."""
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    except (OSError, ValueError) as error:
-        raise UserError(f"{model_dir}: no usable tokenizer ({error}); save the tokenizer into the checkpoint folder") from None
-    refuse_other_tokenizer(model_dir, tokenizer)
-    return tokenizer
 
 
 def load_model(model_dir: Path, task: GlueTask, init: str, dropout: float) -> torch.nn.Module:

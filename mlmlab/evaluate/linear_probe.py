@@ -1,7 +1,7 @@
 """Frozen linear probes: a downstream measure that still ranks weak encoders.
 
 Fine-tuning a weak encoder on a small GLUE task splits models into groups by chance
-(docs/adm-study-wp8k-9k: STS-B near 0.2, 0.4 or 0.7 per model). A linear probe reads what
+(studies/adm-study-wp8k-9k: STS-B near 0.2, 0.4 or 0.7 per model). A linear probe reads what
 the frozen encoder already holds, with nothing left to chance but a fixed seed:
 
 1. Features, computed once per split with the frozen encoder (eval mode, no gradients,
@@ -57,10 +57,12 @@ from mlmlab import choices, jsonio, markdown
 from mlmlab.devices import compute_device
 from mlmlab.errors import UserError
 from mlmlab.evaluate.glue import (
-    DEFAULT_SETTINGS, EVAL_BATCH_SIZE, EncodedSplit, check_arguments, collate, compute_metrics, encode,
-    load_model, load_model_tokenizer, nan_as_worst, percent, resolve_task_names, task_score,
+    EVAL_BATCH_SIZE, EncodedSplit, check_arguments, collate, compute_metrics, encode, load_model, nan_as_worst,
+    percent, task_score,
 )
 from mlmlab.evaluate.glue_data import TASKS, TRAIN_FILE, GlueTask, missing_files, read_labeled
+from mlmlab.evaluate.glue_settings import TASK_SETTINGS, resolve_task_names
+from mlmlab.model_folder import load_any_tokenizer, read_config
 from mlmlab.progress import progress_bar
 
 DEFAULT_TASKS = ("SST-2", "MRPC", "CoLA")
@@ -114,7 +116,7 @@ def run_probes(
     names = checked_arguments(tasks or DEFAULT_TASKS, poolings, seed)
     check_arguments(model_dir, data_dir, PRETRAINED)
     check_task_files(names, data_dir)
-    tokenizer = load_model_tokenizer(model_dir)
+    tokenizer = load_any_tokenizer(model_dir)
     data = {name: read_task(TASKS[name], data_dir, tokenizer) for name in names}  # every file read before any forward
     device = compute_device()
     features = {init: encoder_features(model_dir, init, data, seed, device, show_progress)
@@ -155,7 +157,7 @@ def check_task_files(names: list[str], data_dir: Path) -> None:
 def read_task(task: GlueTask, data_dir: Path, tokenizer, max_rows: int | None = None) -> TaskData:
     """The task's training rows (SST-2: the fixed sample) and dev sets, tokenized as GLUE fine-tuning does;
     ``max_rows``: a fixed random sample of at most that many rows of each (what a study's dry run times)."""
-    folder, max_length = data_dir / task.name, DEFAULT_SETTINGS[task.name].max_length
+    folder, max_length = data_dir / task.name, TASK_SETTINGS[task.name].max_length
     train_rows = min((n for n in (TRAIN_SAMPLES.get(task.name), max_rows) if n is not None), default=None)
     splits = {"train": encode(read_labeled(task, folder / TRAIN_FILE, train_rows), tokenizer, max_length)}
     splits |= {split: encode(read_labeled(task, folder / name, max_rows), tokenizer, max_length)
@@ -183,7 +185,7 @@ def encoder_features(model_dir: Path, init: str, data: dict[str, TaskData], seed
                      show_progress: bool) -> dict[str, dict[str, Features]]:
     """task -> split -> Features of one encoder; random-init features come from the process's cache when there."""
     encoder = functools.cache(lambda: load_encoder(model_dir, init, seed, device))  # not loaded if all is cached
-    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    config = read_config(model_dir)
     features = {}
     for name, task_data in data.items():
         features[name] = {}

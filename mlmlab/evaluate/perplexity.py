@@ -15,17 +15,17 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from mlmlab.architectures import saved_architecture
 from mlmlab.config import MaskingConfig
 from mlmlab.data.loader import LoaderPosition, iterate_batches
 from mlmlab.data.records import Columns
 from mlmlab.data.resolve import held_out_store, require_vocab
-from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.devices import compute_device
 from mlmlab.errors import UserError
+from mlmlab.masking.buckets import frequency_buckets
+from mlmlab.masking.evaluation import eval_masks
 from mlmlab.masking.select import token_info_for
-from mlmlab.masking.strategies import eval_masks, frequency_buckets
-from mlmlab.model import WEIGHTS_FILE, SparsePretraining, eval_mode, read_model_config, saved_vocab_hash
+from mlmlab.model import SparsePretraining, eval_mode
+from mlmlab.model_folder import load_pretrained, saved_token_counts, saved_vocab_hash
 from mlmlab.progress import progress_bar
 
 DEFAULT_BUCKETS = MaskingConfig().freq_cuts  # the same as training's
@@ -121,20 +121,6 @@ def _summarise(totals: _Totals, names: list[str]) -> dict:
     return report
 
 
-def load_pretrained(model_dir):
-    """The model (BertForPreTraining, ModernBertForMaskedLM) and its tokenizer from an mlmlab model folder, or a clear error."""
-    folder = Path(model_dir)
-    if not (folder / "config.json").is_file() or not (folder / WEIGHTS_FILE).is_file():
-        raise UserError(f"{folder} is not a model folder (needs config.json and model.safetensors); "
-                        "pass the model/ folder of a run or a checkpoint's model/ folder")
-    config = read_model_config(folder)
-    try:  # a model type mlmlab does not train is refused by saved_architecture
-        bert = saved_architecture(config).model_class.from_pretrained(folder)
-    except Exception as err:  # transformers raises many types for foreign or corrupt files
-        raise UserError(f"cannot load the model in {folder}: {str(err).splitlines()[0]}") from None
-    return bert, load_tokenizer(folder)
-
-
 def evaluate_model(model_dir, data, *, batch_size: int = 32, max_batches: int | None = None,
                    max_seq_length: int = 128, freq_cuts: tuple[int, ...] = DEFAULT_BUCKETS,
                    columns: Columns = Columns(), recalibrate: bool = False, show_progress: bool = False) -> dict:
@@ -145,15 +131,16 @@ def evaluate_model(model_dir, data, *, batch_size: int = 32, max_batches: int | 
     ``recalibrate``: also the prior-free loss (recalibrate.py) as report["recalibrated"]. ``show_progress``:
     bars on stderr (preparing, evaluating).
     """
+    model_dir = Path(model_dir)
     bert, tokenizer = load_pretrained(model_dir)
-    store = held_out_store([data] if isinstance(data, (str, Path)) else list(data), Path(model_dir), max_seq_length,
+    store = held_out_store([data] if isinstance(data, (str, Path)) else list(data), model_dir, max_seq_length,
                            columns, show_progress)
-    require_vocab(store, saved_vocab_hash(Path(model_dir)), f"the model's ({model_dir})")
+    require_vocab(store, saved_vocab_hash(model_dir), f"the model's ({model_dir})")
     if store.max_seq_length > bert.config.max_position_embeddings:
         raise UserError(f"{data} holds sequences of up to {store.max_seq_length} tokens, more than the model's "
                         f"{bert.config.max_position_embeddings} positions; prepare it with a smaller --max-seq-length")
-    counts_path = Path(model_dir) / "token_counts.npy"
-    counts = np.load(counts_path) if counts_path.is_file() else store.token_counts
+    pretraining_counts = saved_token_counts(model_dir)
+    counts = store.token_counts if pretraining_counts is None else pretraining_counts
     device = compute_device()
     report = evaluate_mlm(bert.to(device), store, token_info_for(tokenizer), batch_size=batch_size,
                           max_batches=max_batches, device=device, token_counts=counts, freq_cuts=freq_cuts,
@@ -164,7 +151,7 @@ def evaluate_model(model_dir, data, *, batch_size: int = 32, max_batches: int | 
         report["recalibrated"] = recalibrated_loss(bert, store, token_info_for(tokenizer), batch_size=batch_size,
                                                    max_batches=max_batches, token_counts=counts, device=device,
                                                    freq_cuts=freq_cuts, show_progress=show_progress)
-    report["frequency_source"] = "pretraining corpus" if counts_path.is_file() else "evaluated data"
+    report["frequency_source"] = "evaluated data" if pretraining_counts is None else "pretraining corpus"
     report["dataset"] = store.meta["hash"][:16]  # what was evaluated: rows made before a data fix differ here
     return report
 

@@ -23,6 +23,7 @@ from mlmlab.config import Config
 from mlmlab.data.resolve import tokenizer_dir_for
 from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.flops import TRAINING_PASSES, encoder_forward_flops, head_flops
+from mlmlab.masking.evaluation import EVAL_RATE
 from mlmlab.masking.schedules import rate_at
 from mlmlab.masking.scorers import GRAD_NORM_RATE
 from mlmlab.model import padded_vocab_size
@@ -105,7 +106,7 @@ def eval_flops(cfg: Config) -> float:
     t = cfg.train
     vocab = padded_vocab_size(vocab_size_for(cfg.data.tokenizer), cfg.model.pad_vocab_multiple)
     seq = cfg.data.max_seq_length
-    per_sequence = encoder_forward_flops(cfg.model, seq) + head_flops(cfg.model, vocab, 0.15 * seq)
+    per_sequence = encoder_forward_flops(cfg.model, seq) + head_flops(cfg.model, vocab, EVAL_RATE * seq)
     return evaluation_count(cfg) * t.eval_batches * t.eval_batch_size * per_sequence
 
 

@@ -32,10 +32,9 @@ from mlmlab.config import Config, ModelConfig
 from mlmlab.data.resolve import tokenizer_dir_for
 from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.devices import clock, compute_device
-from mlmlab.evaluate.glue import (
-    EVAL_BATCH_SIZE, EncodedSplit, FineTuneSettings, checked_settings, encode, load_model, predict, train_model,
-)
+from mlmlab.evaluate.glue import EVAL_BATCH_SIZE, EncodedSplit, encode, load_model, predict, train_model
 from mlmlab.evaluate.glue_data import TASKS, TRAIN_FILE, missing_files, read_labeled
+from mlmlab.evaluate.glue_settings import FineTuneSettings
 from mlmlab.evaluate.linear_probe import PRETRAINED, RANDOM_INIT, load_encoder, probe_task, read_task, split_features
 from mlmlab.experiments.probe import EVAL_PROBE_BATCHES, WARMUP_STEPS
 from mlmlab.experiments.study import Study
@@ -90,7 +89,7 @@ def downstream_work(study: Study, tokenizer_setting: str) -> Downstream:
 
 def glue_settings(study: Study) -> dict[str, FineTuneSettings]:
     """Each GLUE task's fine-tuning settings as the study's runs get them (runner.glue_for)."""
-    return checked_settings(study.glue.tasks, seeds=study.glue.seeds, **study.glue.options()) if study.glue.tasks else {}
+    return study.glue.per_task() if study.glue.tasks else {}
 
 
 def glue_work(study: Study, tokenizer) -> list[TaskWork]:

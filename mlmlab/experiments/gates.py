@@ -33,3 +33,9 @@ def gate_results(minimum: dict, rows: list[dict]) -> list[dict]:
 def describe(results: list[dict]) -> str:
     return "; ".join(f"{r['path']} not measured" if math.isnan(r["mean"]) else
                      f"{r['path']} {r['mean']:.4g} {'>=' if r['held'] else '<'} {r['least']:g}" for r in results)
+
+
+def gate_outcomes(rows: list[dict], groups) -> tuple[dict | None, list[dict]]:
+    """The study's validity gates as its rows recorded them (None: no gates), and each gate's outcome."""
+    gates = next((row["gates"] for row in rows if row.get("gates")), None)
+    return gates, gate_results(gates["min"], groups.get(gates["arm"], [])) if gates else []

@@ -29,7 +29,7 @@ from mlmlab.files import WriterLock
 from mlmlab.data.resolve import dataset_hashes
 from mlmlab.evaluate.glue import run_glue
 from mlmlab.evaluate.linear_probe import check_task_files, run_probes
-from mlmlab.evaluate.perplexity import evaluate_mlm, evaluate_model, load_pretrained
+from mlmlab.evaluate.perplexity import evaluate_mlm, evaluate_model
 from mlmlab.evaluate.recalibrate import recalibrated_loss
 from mlmlab.experiments.budget import (
     ASSUMED_MFU, CPU_FLOPS, H100_PEAK_FLOPS, apply_budget, cpu_hours, gpu_hours, run_cost,
@@ -40,6 +40,7 @@ from mlmlab.experiments.identity import config_changes, identity_hash, settings_
 from mlmlab.experiments.probe import WARMUP_STEPS, probe_run, run_minutes
 from mlmlab.experiments.results import RESULTS_FILE, read_rows
 from mlmlab.experiments.study import Arm, Study
+from mlmlab.model_folder import load_pretrained
 from mlmlab.train.checkpoint import complete_checkpoints, step_of
 from mlmlab.train.loop import Trainer
 from mlmlab.train.optim import refuse_warmup_without_decay
@@ -175,10 +176,10 @@ def train_run(cfg: Config, show_progress: bool) -> tuple[dict, float]:
     summary = trainer.train()
     model, _ = load_pretrained(Path(cfg.train.out_dir) / "model")  # the saved model: whole on every process
     summary["eval"]["recalibrated"] = recalibrated_loss(
-        model, trainer.valid_store, trainer.info, batch_size=cfg.train.eval_batch_size,
+        model, trainer.valid_store, trainer.masker.info, batch_size=cfg.train.eval_batch_size,
         max_batches=cfg.train.eval_batches, token_counts=trainer.train_store.token_counts,
         freq_cuts=cfg.masking.freq_cuts)
-    return summary, float(getattr(trainer.strategy, "score_seconds_total", 0.0))
+    return summary, float(getattr(trainer.masker.strategy, "score_seconds_total", 0.0))
 
 
 def glue_for(run: Run, study: Study, show_progress: bool) -> dict:
@@ -187,8 +188,7 @@ def glue_for(run: Run, study: Study, show_progress: bool) -> dict:
     if not settings.tasks:
         return {"skipped": "no GLUE tasks in the study"}
     run_dir = Path(run.config.train.out_dir)
-    result = run_glue(run_dir / "model", settings.tasks, study.glue_dir, run_dir / "glue", seeds=settings.seeds,
-                      show_progress=show_progress, **settings.options())
+    result = run_glue(run_dir / "model", settings, study.glue_dir, run_dir / "glue", show_progress=show_progress)
     tasks = {name: {"score": task["score"], "dev": task["dev"]}
              for name, task in result["tasks"].items() if task["status"] == "ok"}
     missing = [name for name, task in result["tasks"].items() if task["status"] != "ok"]

@@ -51,7 +51,7 @@ from mlmlab import choices
 from mlmlab.config import NON_NEGATIVE, SEEDS, check_range, load_config, read_yaml, set_dotted, to_dict
 from mlmlab.errors import UserError
 from mlmlab.evaluate import linear_probe, perplexity
-from mlmlab.evaluate.glue import checked_settings, resolve_task_names
+from mlmlab.evaluate.glue_settings import GlueSettings, resolve_task_names
 from mlmlab.evaluate.glue_data import TASKS
 
 STUDY_DIR = Path(__file__).resolve().parent.parent / "configs" / "studies"
@@ -68,25 +68,6 @@ ROW_PATHS = ("row paths: eval.<figure> (mlm_loss, perplexity, mlm_accuracy, nsp_
              "eval_data.<name>.<figure>, glue.average, glue.tasks.<task>.dev.<metric> of the study's GLUE tasks, "
              "probe.average_gain, probe.tasks.<task>.<metric, random_init_<metric>, score or gain> of its probe tasks, "
              + ", ".join(ROW_NUMBERS))
-
-
-@dataclass(frozen=True)
-class GlueSettings:
-    """Arguments of evaluate.glue.run_glue; None keeps that module's per-task default."""
-
-    tasks: list = field(default_factory=list)  # empty: no GLUE
-    seeds: list = field(default_factory=lambda: [0])
-    learning_rates: list | None = None
-    epochs: int | None = None
-    batch_size: int | None = None
-    max_length: int | None = None
-    max_train_examples: int | None = None  # fine-tune on a fixed random sample of N examples (CPU budgets)
-    dropout: float | None = None  # fine-tuning dropout (evaluate.glue: BERT's 0.1 whatever the pretraining's)
-
-    def options(self) -> dict:
-        """run_glue's (and checked_settings's) keyword arguments besides tasks and seeds: the ones set."""
-        return {key: value for key, value in dataclasses.asdict(self).items()
-                if key not in ("tasks", "seeds") and value is not None}
 
 
 @dataclass(frozen=True)
@@ -314,9 +295,8 @@ def _glue_settings(value) -> GlueSettings:
     except (TypeError, ValueError):
         raise UserError(f"glue learning_rates must be a list of numbers, got {value.get('learning_rates')!r}") from None
     if settings.tasks:  # a bad setting fails now, not after hours of pretraining
-        options = {k: v for k, v in dataclasses.asdict(settings).items() if k != "tasks"}
         try:
-            checked_settings(settings.tasks, **options)
+            settings.per_task()
         except UserError as err:
             raise UserError(f"study key 'glue': {err}") from None
     return settings

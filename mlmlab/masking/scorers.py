@@ -51,7 +51,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mlmlab import choices, seeding
+from mlmlab import choices
+from mlmlab.masking import seeding
 from mlmlab.masking.select import Corruption, select_and_corrupt
 from mlmlab.model import IGNORE_INDEX, SparsePretraining, encode, eval_mode, predict
 

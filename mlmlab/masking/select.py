@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mlmlab import seeding
 from mlmlab.data.tokenizer import ordinary_token_ids
+from mlmlab.masking import seeding
 from mlmlab.model import IGNORE_INDEX
 
 

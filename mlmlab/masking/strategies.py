@@ -18,21 +18,11 @@ within a bucket (select.gumbel_top_k_grouped). Rescaling scores per bucket would
 Gumbel-top-k's inclusion probabilities are not proportional to the weights. The quotas
 apply at every step, also where the weights are uniform (a = 0, unscored steps).
 
-The training loop, per step (all randomness is counter-based, so resume is exact):
-
-    key = strategy.epoch_key(epoch)
-    weights = strategy.weights(model, batch, progress, key, step)  # (B, T) or None = uniform; step: from 1
-    groups = strategy.selection_groups(batch)                # (B, T) frequency buckets, or None
-    masked = mask_batch(batch, seed=..., epoch_key=key, rate=rate_at(cfg, progress),
-                        info=info, corruption=..., weights=weights, groups=groups, whole_word=cfg.whole_word,
-                        continuation=table)
-    result = sparse_pretraining(**masked)                     # model.SparsePretraining
-    strategy.observe(masked, result)                          # every micro-batch
-    strategy.learn(gather)                                    # once per step: ADM's loss tables
-    logs.update(strategy.stats(total))                        # window since the previous stats() call
+A training step calls a strategy in the order masker.py's docstring gives.
 """
 
-import numpy as np
+from collections import deque
+
 import torch
 
 from mlmlab import choices
@@ -40,33 +30,13 @@ from mlmlab.config import MaskingConfig
 from mlmlab.devices import clock
 from mlmlab.errors import UserError
 from mlmlab.masking import scorers
+from mlmlab.masking.buckets import frequency_buckets
 from mlmlab.masking.schedules import adapt_factor
+from mlmlab.masking.seeding import STREAM_SCORED_ROWS, row_uniforms
 from mlmlab.masking.select import Corruption, TokenInfo, eligible_positions, select_and_corrupt
 from mlmlab.model import IGNORE_INDEX
-from mlmlab.seeding import STREAM_SCORED_ROWS, row_uniforms
 
 LEGACY_STEP_KEY = "step"  # in the masking state of checkpoints made before the optimizer step drove scoring
-EVAL_SEED = 20190611  # evaluation masks: fixed, uniform, the same whatever trained the model
-EVAL_RATE = 0.15
-
-
-def frequency_buckets(token_counts, cuts: tuple[int, ...], vocab_size: int) -> tuple[torch.Tensor, list[str]]:
-    """(V,) bucket index of every id by corpus-frequency rank, and the bucket names.
-
-    Cut-offs at or beyond the vocabulary size are dropped: the bucket they would open holds
-    no id, and a bucket that is empty by construction is noise in every table (an 8k
-    vocabulary with the default 1000,10000 gets buckets 0_1000 and 1000_rest).
-    """
-    cuts = tuple(cut for cut in cuts if cut < vocab_size)
-    counts = np.zeros(vocab_size, dtype=np.float64)
-    given = np.asarray(token_counts, dtype=np.float64)[:vocab_size]
-    counts[: len(given)] = given
-    rank = np.empty(vocab_size, dtype=np.int64)
-    rank[np.argsort(-counts, kind="stable")] = np.arange(vocab_size)
-    bucket = np.searchsorted(np.asarray(cuts), rank, side="right")
-    edges = (0, *cuts, None)
-    names = [f"{lo}_{hi if hi is not None else 'rest'}" for lo, hi in zip(edges[:-1], edges[1:])]
-    return torch.from_numpy(bucket), names
 
 
 class UniformStrategy:
@@ -140,7 +110,9 @@ class AdaptiveStrategy(UniformStrategy):
         if cfg.scorer == choices.FREQUENCY:
             self.frequency_scorer = scorers.FrequencyScorer(token_counts, vocab_size)
         self._group_table = None  # frequency_neutral: bucket_of on the batches' device (observe() counts on the CPU)
-        self._scores = None  # (B, T) normalised scores of the last scored batch, for stats()
+        # stats(): (scores, counted) of each weights() call, (B, T) each, until observe() takes its own batch's
+        # (grad_accum: a step asks the weights of all its micro-batches before the first one is observed).
+        self._unobserved_scores = deque()
         self._observed = []  # loss scorers: observations of this step's micro-batches, for learn()
 
     def epoch_key(self, epoch: int) -> int:
@@ -153,15 +125,32 @@ class AdaptiveStrategy(UniformStrategy):
         it, not a count of calls, so every micro-batch and process of one step is scored alike, and a
         run scores the same steps however its global batch is split.
         """
+        weights, scores = self._weights_and_scores(model, batch, progress, epoch_key, step)
+        self._unobserved_scores.append(scores)
+        return weights
+
+    def _weights_and_scores(self, model, batch: dict, progress: float, epoch_key: int, step: int):
+        """weights() and, for stats(), (scores, counted): the normalised scores and the (B, T) positions they
+        describe (eligible, in scored rows); (None, None) where the weights are uniform."""
         cfg = self.cfg
         self.a = adapt_factor(cfg.adapt_schedule, progress, cfg.a_max)
-        self._scores = None
         model_scorer = cfg.scorer in choices.MODEL_SCORERS  # only model passes cost enough to thin out
         if self.a == 0.0 or (model_scorer and (step - 1) % cfg.score_every):
-            return None  # uniform: exactly the dynamic masks, and no scoring cost
-        input_ids = batch["input_ids"]  # (B, T)
-        eligible = eligible_positions(input_ids, self.info.special_ids)  # (B, T)
+            return None, None  # uniform: exactly the dynamic masks, and no scoring cost
+        eligible = eligible_positions(batch["input_ids"], self.info.special_ids)  # (B, T)
         scored = self._scored_rows(batch, epoch_key) if model_scorer else None  # (B,) bool; None: every row
+        scores = normalise(self._raw_scores(model, batch, eligible, scored, step), eligible, cfg.normalize)  # (B, T)
+        weights = blend(scores, self.a, cfg.floor)
+        counted = eligible.clone()  # (B, T)
+        if scored is not None:
+            weights[~scored] = 1.0  # rows not scored: uniform
+            counted[~scored] = False
+        return weights, (scores, counted)
+
+    def _raw_scores(self, model, batch: dict, eligible: torch.Tensor, scored: torch.Tensor | None,
+                    step: int) -> torch.Tensor:
+        """(B, T) the scorer's scores of the ``scored`` rows (None: every row), 0 in the others; timed for stats()."""
+        input_ids = batch["input_ids"]  # (B, T)
         rows = slice(None) if scored is None else scored
         start = clock(input_ids.device)
         raw = torch.zeros(input_ids.shape, device=input_ids.device)  # (B, T)
@@ -170,12 +159,7 @@ class AdaptiveStrategy(UniformStrategy):
         if len(head["input_ids"]):
             raw[rows] = self._score(head, model, eligible[rows], step)
         self._add_seconds(clock(input_ids.device) - start)
-        scores = normalise(raw, eligible, cfg.normalize)  # (B, T)
-        weights = blend(scores, self.a, cfg.floor)
-        if scored is not None:
-            weights[~scored] = 1.0  # rows not scored: uniform
-        self._scores = torch.where(eligible[rows], scores[rows], 0.0), eligible[rows]
-        return weights
+        return raw
 
     def _scored_rows(self, batch: dict, epoch_key: int) -> torch.Tensor | None:
         """Under score_fraction < 1, (B,) which sequences to score; None: every one.
@@ -223,15 +207,20 @@ class AdaptiveStrategy(UniformStrategy):
             labels = batch["labels"]  # (B, T): the original ids where selected
             original = torch.where(labels != IGNORE_INDEX, labels, batch["input_ids"])  # (B, T)
             self._observed.append(self.loss_scorer.observations(original, selected_index, result["token_losses"]))
-        if self._scores is not None:
-            scores, eligible = self._scores
-            flat = scores.flatten()
-            chosen = selected_index[selected_index < flat.numel()]  # rows that were scored
-            if chosen.numel() and eligible.any():
-                self._score_sums[0] += float(flat.index_select(0, chosen).mean())
-                self._score_sums[1] += float(scores[eligible].mean())
-                self._score_sums[2] += 1
-            self._scores = None
+        # The oldest weights() call's scores are this batch's; none where weights() was not asked (a caller
+        # feeding the loss tables directly).
+        scores = self._unobserved_scores.popleft() if self._unobserved_scores else None
+        if scores is not None:
+            self._add_score_sums(*scores, selected_index)
+
+    def _add_score_sums(self, scores: torch.Tensor, counted: torch.Tensor, selected_index: torch.Tensor) -> None:
+        """Mean score of the selected and of all counted positions (both (B, T)); selected_index: (M,) flat."""
+        selected = torch.zeros(counted.numel(), dtype=torch.bool, device=counted.device)
+        selected = selected.index_fill_(0, selected_index, True).view_as(counted) & counted  # (B, T)
+        if selected.any():
+            self._score_sums[0] += float(scores[selected].mean())
+            self._score_sums[1] += float(scores[counted].mean())
+            self._score_sums[2] += 1
 
     def learn(self, gather=None) -> None:
         """One update of the loss tables from all of the step's micro-batches, on every process.
@@ -345,8 +334,3 @@ def mask_batch(
         groups=groups,
     )
     return {**batch, "input_ids": masked, "labels": labels}
-
-
-def eval_masks(batch: dict, info: TokenInfo) -> dict:
-    """The fixed uniform 15% masks every evaluation uses, so strategies stay comparable."""
-    return mask_batch(batch, seed=EVAL_SEED, epoch_key=0, rate=EVAL_RATE, info=info, corruption=Corruption())

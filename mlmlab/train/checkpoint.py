@@ -6,12 +6,12 @@ checkpoint and every changed key), ``metrics.jsonl``, checkpoints ``ckpt-<step>`
 end ``model/``, and ``.lock``, which the one process writing the run holds (``lock_run``; a
 second is refused). A checkpoint folder holds:
 
-- ``model/``: a HuggingFace folder (safetensors weights, config, tokenizer, the
+- ``model/``: a model folder (model_folder.py: safetensors weights, config, tokenizer, the
   pretraining corpus's ``token_counts.npy``) that the Auto classes load;
-- ``training_state.pt``: optimizer state (keyed by parameter name), masking strategy
-  state, RNG states and the fp16 loss scale (``torch.save``, read back with
+- ``training_state.pt`` (``STATE_TENSORS_FILE``): optimizer state (keyed by parameter name),
+  masking strategy state, RNG states and the fp16 loss scale (``torch.save``, read back with
   ``weights_only=True``; the LR is a pure function of the step, so no scheduler state);
-- ``trainer_state.json``: step, loader position, counters;
+- ``trainer_state.json`` (``PROGRESS_FILE``): step, loader position, token and time counters;
 - ``manifest.json``, written last: the sha256 of every file, so a truncated or edited
   checkpoint is detected and skipped rather than resumed from.
 
@@ -19,7 +19,6 @@ It is written under a staging name and renamed when complete. A resume refuses, 
 line, a checkpoint of another architecture or vocabulary: loading part of one is never silent.
 """
 
-import copy
 import hashlib
 import json
 import os
@@ -32,19 +31,19 @@ import yaml
 from transformers import PreTrainedConfig, PreTrainedModel
 
 from mlmlab.config import Config, config_text, flat_keys, from_dict, read_yaml
-from mlmlab.architectures import architecture_named, entry_name, saved_architecture, saved_settings
-from mlmlab.data.tokenizer import vocab_hash
+from mlmlab.architectures import entry_name, saved_architecture, saved_settings
 from mlmlab.errors import UserError
 from mlmlab.files import WriterLock, building, file_sha256, lock_folder, remove_stale_staging_like, replacing
-from mlmlab.model import VOCAB_HASH_KEY, WEIGHTS_FILE, load_weights, saved_vocab_hash
+from mlmlab.model_folder import (is_model_folder, load_saved_weights, read_config, refuse_other_vocabulary,
+                                 write_model_folder)
 
 MANIFEST = "manifest.json"
 PREFIX = "ckpt-"
 CONFIG_FILE = "config.yaml"
 CONFIG_HISTORY = "config_history.jsonl"
 MODEL_DIR = "model"
-TRAINING_STATE = "training_state.pt"
-TRAINER_STATE = "trainer_state.json"
+STATE_TENSORS_FILE = "training_state.pt"  # optimizer, masking and RNG states, loss scale: what a resume restores
+PROGRESS_FILE = "trainer_state.json"  # the trainer's step, loader position, token and time counters
 RESUME_LATEST = "auto"  # --resume auto: the newest intact checkpoint of the run
 
 
@@ -251,7 +250,7 @@ def save_run_state(run_dir: Path, step: int, model_config: PreTrainedConfig, wei
     """The checkpoint of ``step``: the exported model and a Trainer's ``state_dict``."""
 
     def write(folder: Path) -> None:
-        export_model(folder / MODEL_DIR, model_config, weights, tokenizer, token_counts)
+        write_model_folder(folder / MODEL_DIR, model_config, weights, tokenizer, token_counts)
         write_training_state(folder, training_state)
 
     return save(run_dir, step, write, keep_last)
@@ -259,27 +258,8 @@ def save_run_state(run_dir: Path, step: int, model_config: PreTrainedConfig, wei
 
 def write_training_state(folder: Path, states: dict) -> None:
     """A Trainer's state_dict: its "trainer" entry as JSON, the tensors as one torch file."""
-    save_torch({key: value for key, value in states.items() if key != "trainer"}, folder / TRAINING_STATE)
-    (folder / TRAINER_STATE).write_text(json.dumps(states["trainer"]))
-
-
-def export_model(folder: Path, config: PreTrainedConfig, state_dict: dict, tokenizer, token_counts: np.ndarray) -> None:
-    """A HuggingFace folder: safetensors weights, config and tokenizer.
-
-    Saved from a plain copy, built on the meta device (no init, no RNG draw) and given the
-    gathered weights: ``save_pretrained`` inspects the model's own parameters, which under
-    FSDP are shards whose gathering would wait for the other processes forever.
-    """
-    config = copy.deepcopy(config)  # the running model's stays as it is
-    setattr(config, VOCAB_HASH_KEY, vocab_hash(tokenizer.get_vocab()))  # what evaluate, GLUE and resume compare
-    with torch.device("meta"):
-        plain = architecture_named(config.model_type).model_class(config)
-    plain.load_state_dict(state_dict, assign=True)
-    plain.tie_weights()
-    plain.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
-    # Frequency buckets of later evaluations are defined by the pretraining corpus.
-    np.save(folder / "token_counts.npy", token_counts)
+    save_torch({key: value for key, value in states.items() if key != "trainer"}, folder / STATE_TENSORS_FILE)
+    (folder / PROGRESS_FILE).write_text(json.dumps(states["trainer"]))
 
 
 def _write_manifest(folder: Path) -> None:
@@ -345,7 +325,7 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
         return _latest_or_refuse(run_dir)
     folder = Path(resume)
     problem = verify(folder) if folder.is_dir() else "no such folder"
-    if problem and (folder / "config.json").is_file() and (folder / WEIGHTS_FILE).is_file():
+    if problem and is_model_folder(folder):
         raise UserError(f"cannot resume from {folder}: it is a model folder, not a checkpoint (ckpt-*); to start "
                         f"a new run from its weights, pass --init {folder}")
     if problem:
@@ -375,7 +355,7 @@ def _refuse_later_checkpoints(folder: Path, run_dir: Path) -> None:
     """
     if folder.resolve().parent != Path(run_dir).resolve():
         return
-    resumed_step = json.loads((folder / TRAINER_STATE).read_text())["step"]
+    resumed_step = read_progress(folder)["step"]
     later = [other.name for other in complete_checkpoints(run_dir) if step_of(other) > resumed_step]
     if later:
         raise UserError(f"cannot resume from {folder} inside its own run: {run_dir} holds later checkpoints "
@@ -389,7 +369,7 @@ def load_resumed_weights(model: PreTrainedModel, folder: Path, tokenizer) -> Non
     The same architecture and vocabulary (the config.json entries that fix the weights' shapes or
     meaning), and every weight: a resume allows no missing key.
     """
-    saved = json.loads((folder / MODEL_DIR / "config.json").read_text())
+    saved = read_config(folder / MODEL_DIR)
     built = model.config.to_dict()
     theirs, ours = saved_settings(saved), saved_settings(built)
     for setting, value in theirs.items():
@@ -401,15 +381,20 @@ def load_resumed_weights(model: PreTrainedModel, folder: Path, tokenizer) -> Non
         raise UserError(f"cannot resume from {folder}: its model has vocab_size={saved.get('vocab_size')}, this config "
                         f"gives {built['vocab_size']} (set by the vocabulary size: data.tokenizer, "
                         "model.pad_vocab_multiple); resume with the config it was trained with or start a new train.out_dir")
-    if saved_vocab_hash(folder / MODEL_DIR) != vocab_hash(tokenizer.get_vocab()):
-        raise UserError(f"cannot resume from {folder}: it was trained with another vocabulary than data.tokenizer's "
-                        "(same size or not); resume with its tokenizer (its model/ folder) or start a new train.out_dir")
-    load_weights(model, folder / MODEL_DIR / WEIGHTS_FILE)
+    refuse_other_vocabulary(folder / MODEL_DIR, tokenizer, f"cannot resume from {folder}: it was trained with another "
+                            "vocabulary than data.tokenizer's", "resume with its tokenizer (its model/ folder) or start a "
+                            "new train.out_dir")
+    load_saved_weights(model, folder / MODEL_DIR)
 
 
 def read_training_state(folder: Path) -> dict:
     """What ``write_training_state`` wrote, as the Trainer's ``load_state_dict`` takes it."""
-    return {**load_torch(folder / TRAINING_STATE), "trainer": json.loads((folder / TRAINER_STATE).read_text())}
+    return {**load_torch(folder / STATE_TENSORS_FILE), "trainer": read_progress(folder)}
+
+
+def read_progress(folder: Path) -> dict:
+    """A checkpoint's progress: the trainer's step, loader position, token and time counters."""
+    return json.loads((folder / PROGRESS_FILE).read_text())
 
 
 def load_torch(path: Path):

@@ -17,8 +17,9 @@ from mlmlab.devices import compute_device
 from mlmlab.errors import UserError
 from mlmlab.files import lock_beside
 from mlmlab.masking.select import token_info_for
-from mlmlab.model import WEIGHTS_FILE, build_model, load_weights
-from mlmlab.train.checkpoint import CONFIG_FILE, MANIFEST, MODEL_DIR, TRAINER_STATE, config_tree_at, latest, verify
+from mlmlab.model import build_model
+from mlmlab.model_folder import load_saved_weights
+from mlmlab.train.checkpoint import CONFIG_FILE, MANIFEST, MODEL_DIR, config_tree_at, latest, read_progress, verify
 from mlmlab.train.metrics import METRICS_FILE
 from mlmlab.train.model_card import export_model_folder
 
@@ -34,7 +35,7 @@ def _export(folder: Path, out: Path, validate: Callable[..., dict], log) -> Path
     """``export_run`` once ``out`` is this process's to write."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} exists and is not empty; give --out a new folder")
-    step = json.loads((folder / TRAINER_STATE).read_text())["step"]
+    step = read_progress(folder)["step"]
     cfg = run_config(folder, step, log)
     try:
         train, valid, tokenizer = prepare_datasets(cfg.data, cfg.train.init)
@@ -90,7 +91,7 @@ def recorded_evaluation(run_dir: Path, step: int) -> dict | None:
 def evaluate_checkpoint(folder: Path, cfg: Config, train, valid, tokenizer, validate) -> dict:
     """Held-out figures of a checkpoint, as the Trainer measures them."""
     model = build_model(cfg.model, len(tokenizer), tokenizer.pad_token_id)
-    load_weights(model, folder / MODEL_DIR / WEIGHTS_FILE)  # the one weight loader; nothing may be missing
+    load_saved_weights(model, folder / MODEL_DIR)  # the one weight loader; nothing may be missing
     device = compute_device()
     return validate(model.to(device), valid, token_info_for(tokenizer, cfg.masking.mask_unk),
                     batch_size=cfg.train.eval_batch_size, max_batches=cfg.train.eval_batches, device=device,

@@ -18,7 +18,6 @@ A BertForMaskedLM folder has no pooler and no NSP head: they start fresh, and th
 """
 
 import dataclasses
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,10 +28,11 @@ from mlmlab import choices
 from mlmlab.architectures import ADAPTERS, architecture_of, entry_name, saved_architecture, saved_settings
 from mlmlab.config import Config, ModelConfig
 from mlmlab.data.resolve import standalone_tokenizer, tokenizer_dir_for
-from mlmlab.data.tokenizer import load_tokenizer, vocab_hash
+from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.errors import UserError
-from mlmlab.model import (VOCAB_HASH_KEY, WEIGHTS_FILE, build_model, compile_model, current_name, load_weights,
-                          refuse_other_tokenizer, saved_vocab_hash, weight_shapes)
+from mlmlab.model import build_model, compile_model, current_name
+from mlmlab.model_folder import (check_own_tokenizer, load_saved_weights, read_config, refuse_other_vocabulary,
+                                 saved_weight_shapes)
 
 
 def resolve_init(cfg: Config) -> Config:
@@ -40,28 +40,13 @@ def resolve_init(cfg: Config) -> Config:
     if not cfg.train.init:
         return cfg
     folder = Path(cfg.train.init)
-    saved = read_model_config(folder)
+    named = f"train.init={folder}"
+    saved = read_config(folder, named)
+    saved_weight_shapes(folder, named)  # a missing or damaged weights file, before any slow set-up
     _refuse_other_models(folder, saved)
     _check_positions(folder, saved, cfg.data.max_seq_length)
-    _check_vocabulary(folder, saved, cfg.data.tokenizer)
+    _check_vocabulary(folder, cfg.data.tokenizer)
     return _with_architecture(cfg, folder, saved)
-
-
-def read_model_config(folder: Path) -> dict:
-    """The config.json of a model folder that also holds safetensors weights, or a UserError saying what is missing."""
-    if not folder.is_dir():
-        raise UserError(f"train.init={folder}: no such folder; give a model folder (config.json + model.safetensors), "
-                        "e.g. a run's model/")
-    if not (folder / WEIGHTS_FILE).is_file():
-        pickled = "a pytorch_model.bin, which mlmlab never unpickles: save it once as safetensors with transformers" \
-            if (folder / "pytorch_model.bin").is_file() else "no weights mlmlab reads"
-        raise UserError(f"train.init={folder} has no {WEIGHTS_FILE} ({pickled}: "
-                        "from_pretrained(DIR).save_pretrained(DIR)); give a model folder with safetensors weights")
-    try:
-        return json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"train.init={folder}: cannot read its config.json ({type(err).__name__}); "
-                        "give a HuggingFace model folder") from None
 
 
 def _refuse_other_models(folder: Path, saved: dict) -> None:
@@ -86,21 +71,15 @@ def _check_positions(folder: Path, saved: dict, max_seq_length: int) -> None:
                         "while it trains at 128)")
 
 
-def _check_vocabulary(folder: Path, saved: dict, tokenizer_setting: str) -> None:
+def _check_vocabulary(folder: Path, tokenizer_setting: str) -> None:
     """The run's tokenizer must be the vocabulary the checkpoint was trained with, id for id: data.tokenizer's, or
     the folder's own, checked as evaluate and glue check it (a swapped vocab.txt trained with the wrong ids)."""
     if not tokenizer_setting:
-        refuse_other_tokenizer(folder, load_tokenizer(standalone_tokenizer(folder)))
+        check_own_tokenizer(folder, load_tokenizer(standalone_tokenizer(folder)))
         return
-    has_files = (folder / "tokenizer.json").is_file() or (folder / "vocab.txt").is_file()
-    if not has_files and VOCAB_HASH_KEY not in saved:
-        raise UserError(f"cannot check that data.tokenizer is the vocabulary train.init={folder} was trained with: the "
-                        "folder holds no tokenizer files; copy the model's vocab.txt / tokenizer.json into it")
-    expected, given = saved_vocab_hash(folder), vocab_hash(load_tokenizer(tokenizer_dir_for(tokenizer_setting)).get_vocab())
-    if given != expected:
-        raise UserError(f"data.tokenizer={tokenizer_setting} is another vocabulary than train.init={folder}'s "
-                        f"(vocabulary hash {given}, the model's {expected}); leave data.tokenizer empty to use the "
-                        "model's own tokenizer")
+    refuse_other_vocabulary(folder, load_tokenizer(tokenizer_dir_for(tokenizer_setting)),
+                            f"data.tokenizer={tokenizer_setting} is another vocabulary than train.init={folder}'s",
+                            "leave data.tokenizer empty to use the model's own tokenizer")
 
 
 def _with_architecture(cfg: Config, folder: Path, saved: dict) -> Config:
@@ -134,14 +113,14 @@ def initial_model(cfg: Config, tokenizer, resuming: bool, log: Callable[[str], N
 
 def load_init_weights(model: PreTrainedModel, folder: Path, log: Callable[[str], None]) -> None:
     """train.init's weights into a freshly built model; a part it may lack (a BERT's pooler, NSP head) stays fresh."""
-    rows = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("vocab_size")
+    rows = read_config(folder).get("vocab_size")
     if rows != model.config.vocab_size:
         raise UserError(f"train.init={folder} has vocab_size={rows} embedding rows, this config builds "
                         f"{model.config.vocab_size} (the tokenizer's tokens padded to a multiple of "
                         "model.pad_vocab_multiple); set model.pad_vocab_multiple so that they match (1: no padding)")
-    names = [current_name(name) or "" for name in weight_shapes(folder / WEIGHTS_FILE)]
+    names = [current_name(name) or "" for name in saved_weight_shapes(folder)]
     optional = architecture_of(model).optional_parts
     fresh = [part for prefix, part in optional.items() if not any(name.startswith(prefix) for name in names)]
-    load_weights(model, folder / WEIGHTS_FILE, allowed_missing=tuple(optional))
+    load_saved_weights(model, folder, allowed_missing=tuple(optional))
     note = f"; it has no {' and no '.join(fresh)}: {'they start' if len(fresh) > 1 else 'it starts'} fresh" if fresh else ""
     log(f"starting from the weights of {folder} (weights only: optimizer, step and schedules start fresh){note}")

@@ -5,7 +5,8 @@ masked first, so the MLM loss can be normalised by the number of masked tokens o
 whole global batch (all micro-batches, all ranks): the gradient then equals that of
 one big batch, whatever the split.
 
-The Trainer only trains. What it calls owns its own part, torchtitan-style: the launch
+The Trainer only trains. What it calls owns its own part, torchtitan-style: the masking
+(``masking/masker.py``: one call masks a step's micro-batches, one learns from their results), the launch
 (``launch.py``), the run folder, checkpoints and export (``checkpoint.py``), the start from
 another model's weights (``init.py``), the final model folder and its card (``model_card.py``),
 the metrics files (``metrics.py``), the LR schedule (``optim.py``), and held-out evaluation,
@@ -29,13 +30,11 @@ from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from mlmlab import choices, jsonio
-from mlmlab.config import Config, TrainConfig
+from mlmlab.config import Config, ModelConfig, TrainConfig
 from mlmlab.data.loader import LoaderPosition, iterate_batches
 from mlmlab.data.resolve import prepare_datasets
 from mlmlab.errors import UserError
-from mlmlab.masking.schedules import rate_at
-from mlmlab.masking.select import Corruption, continuation_table, token_info_for
-from mlmlab.masking.strategies import build_strategy, mask_batch
+from mlmlab.masking.masker import Masker
 from mlmlab.model import IGNORE_INDEX, SparsePretraining
 from mlmlab.progress import progress_bar
 from mlmlab.signals import STOP_SIGNALS, exit_code
@@ -76,6 +75,19 @@ class TrainerState:
         if self.step == cfg.warmup_steps:
             self.warmup_end_progress = training_progress(cfg, self.step, self.seconds)
 
+    def skip(self, max_bad_steps: int, run_dir: Path) -> None:
+        """One more non-finite loss, its step skipped; training stops at ``max_bad_steps`` in a row."""
+        self.bad_steps += 1
+        if self.bad_steps >= max_bad_steps:
+            raise UserError(f"{self.bad_steps} non-finite losses in a row at step {self.step}; lower train.lr or "
+                            f"check the data; the last good checkpoint is kept in {run_dir}")
+
+    def apply(self, tokens: int, flops: float) -> None:
+        """An applied update, of ``tokens`` non-padding tokens and ``flops`` model FLOPs over all ranks."""
+        self.bad_steps = 0
+        self.tokens += tokens
+        self.flops += flops
+
     def state_dict(self) -> dict:
         return {**dataclasses.asdict(self), "position": self.position.state_dict()}
 
@@ -104,10 +116,11 @@ class _Window:
     def rates(self, peak: MeasuredPeak) -> dict:
         return rates(self.tokens, self.flops, self.seconds, peak.covering(self.flops / max(self.seconds, 1e-9)))
 
-    def postfix(self, peak: MeasuredPeak) -> dict:
-        """The progress bar's speed figures."""
+    def show(self, bar: tqdm, loss: float, peak: MeasuredPeak) -> None:
+        """One more step on the progress bar, with its loss and the window's speed."""
         speed = self.rates(peak)
-        return {"tok_s": f"{speed['tokens_per_s']:.0f}", "mfu": f"{speed['mfu']:.0%}"}
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{speed['tokens_per_s']:.0f}", mfu=f"{speed['mfu']:.0%}")
 
 
 def _progress_bar(cfg: TrainConfig, initial: int, shown: bool) -> tqdm:
@@ -151,6 +164,58 @@ def global_denominators(accelerator, micro: list[dict]) -> tuple[float, float]:
                           sum(len(m["input_ids"]) for m in micro)], device=accelerator.device, dtype=torch.float64)
     total = accelerator.reduce(local, reduction="sum")
     return (total[0] / accelerator.num_processes).item(), (total[1] / accelerator.num_processes).item()
+
+
+class _StepSums:
+    """This process's sums over a step's micro-batches, float64: each loss, real tokens, token slots, model FLOPs."""
+
+    def __init__(self, objective: str, model_cfg: ModelConfig, vocab_size: int, device):
+        self.keys = ("loss", "mlm_loss", "nsp_loss") if objective == choices.NSP else ("loss", "mlm_loss")
+        self.model_cfg, self.vocab_size = model_cfg, vocab_size
+        self.values = torch.zeros(len(self.keys) + 3, dtype=torch.float64, device=device)
+
+    def add(self, batch: dict, result: dict) -> None:
+        """One micro-batch and its forward's result."""
+        mask = batch["attention_mask"]  # (B, T): real tokens, of B * T slots padding included
+        # The forward already counted the positions its head projected (mlm_count, on the CPU).
+        flops = training_flops(self.model_cfg, self.vocab_size, mask, int(result["mlm_count"]))
+        self.values += torch.stack([*(result[key].detach().double() for key in self.keys), mask.sum().double(),
+                                    torch.tensor(float(mask.numel()), dtype=torch.float64, device=mask.device),
+                                    flops.double()])
+
+    def agreed(self, accelerator, clock: float, stop_requested: bool) -> dict:
+        """The global batch's losses (means over processes), tokens, slots and FLOPs, the main process's ``clock``
+        (0 elsewhere) and whether any process was asked to stop, all from the step's one collective.
+
+        The clock and any process's SIGTERM ride on it so that every process takes the same time-budget
+        decisions (LR, masking rate, when to stop) and stops at the same step: one acting alone would
+        wait forever in a collective the others never join.
+        """
+        agreed = torch.tensor([clock, float(stop_requested)], dtype=torch.float64, device=self.values.device)
+        totals = accelerator.reduce(torch.cat([self.values, agreed]), reduction="sum").tolist()
+        tokens, slots, flops, clock, stops = totals[-5:]
+        return {"losses": {key: value / accelerator.num_processes for key, value in zip(self.keys, totals)},
+                "tokens": int(tokens), "flops": flops, "slots": int(slots), "clock": clock, "stop": stops > 0}
+
+
+def forwards_and_backwards(accelerator, module, micro: list[dict], sums: _StepSums) -> list[dict]:
+    """Each masked micro-batch's forward and backward, gradients summed over them (synchronised over processes
+    on the last); every one's result, in order. The losses are normalised over the whole global batch."""
+    mlm_denominator, nsp_denominator = global_denominators(accelerator, micro)
+    results = []
+    for i, batch in enumerate(micro):
+        sync = nullcontext() if i == len(micro) - 1 else accelerator.no_sync(module)
+        with sync, accelerator.autocast():
+            result = module(**batch, mlm_denominator=mlm_denominator, nsp_denominator=nsp_denominator)
+            accelerator.backward(result["loss"])
+        sums.add(batch, result)
+        results.append(result)
+    return results
+
+
+def full_norm(grad_norm) -> float:
+    """clip_grad_norm_'s total norm as a number; under FSDP it is a DTensor of sharded gradients."""
+    return float(grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm)
 
 
 def any_process(accelerator, flag: bool) -> bool:
@@ -202,6 +267,17 @@ def _own_state(states: dict, name: str, accelerator) -> torch.Tensor | None:
     return by_process[accelerator.process_index].clone()
 
 
+def scaler_states(accelerator) -> dict:
+    """fp16 on CUDA: the loss scale and its growth counter ("grad_scaler"); otherwise nothing."""
+    return {} if accelerator.scaler is None else {"grad_scaler": accelerator.scaler.state_dict()}
+
+
+def set_scaler_state(states: dict, accelerator) -> None:
+    """The checkpoint's loss scale, where it has one and this run scales its loss."""
+    if accelerator.scaler is not None and "grad_scaler" in states:
+        accelerator.scaler.load_state_dict(states["grad_scaler"])
+
+
 def say(accelerator, text: str) -> None:
     """A line for people, from the main process only, above the progress bar rather than through it."""
     if accelerator.is_main_process:
@@ -215,6 +291,44 @@ def load_optimizer_state(module, optimizer, state: dict) -> None:
     except KeyError as missing:  # e.g. state keyed by index, as mlmlab wrote it before FSDP support
         raise UserError(f"the checkpoint holds optimizer state this mlmlab cannot read (no entry {missing}); "
                         "resume with the mlmlab version that wrote it, or start a new train.out_dir") from None
+
+
+def prepared_model(cfg: Config, tokenizer, accelerator, folder: Path | None) -> tuple:
+    """(model, module, optimizer): the model (with the checkpoint's weights when resuming from ``folder``), the
+    pretraining module around it and its optimizer, the last two prepared by accelerate."""
+    model = initial_model(cfg, tokenizer, resuming=folder is not None, log=partial(say, accelerator))
+    module = SparsePretraining(model, use_nsp=cfg.data.objective == choices.NSP)
+    optimizer = build_optimizer(module, cfg.train, accelerator.device)
+    if folder is not None:
+        say(accelerator, f"resuming from {folder}")
+        # Every process, before FSDP (if any) shards the model; another architecture or vocabulary is refused.
+        checkpoint.load_resumed_weights(model, folder, tokenizer)
+    module, optimizer = accelerator.prepare(module, optimizer)
+    return model, module, optimizer
+
+
+def schedule_change_note(run_dir: Path, folder: Path, cfg: TrainConfig, state: TrainerState) -> str | None:
+    """optim.resume_lr_note for a resume from checkpoint ``folder`` of ``run_dir`` with train section ``cfg``."""
+    previous = checkpoint.parsed_config(checkpoint.previous_config_text(run_dir, folder))
+    return resume_lr_note(previous and previous.train, cfg, state)
+
+
+def global_batch_note(position: LoaderPosition, now: int) -> str | None:
+    """A line for a resume whose global batch (``now`` examples) is not the one ``position`` was reached with."""
+    if position.global_batch in (0, now):
+        return None
+    moved = position.for_global_batch(now)
+    return (f"the global batch changed from {position.global_batch} to {now} examples (processes x train.batch_size): "
+            f"epoch {position.epoch} goes on from the same share of it (batch {position.batch} -> {moved.batch}) in the "
+            "new size's order, so some of its examples may be seen twice or not at all")
+
+
+def write_finished_run(run_dir: Path, saved: Path, cfg: Config, summary: dict, train_store, valid_store) -> None:
+    """The final model folder (the last checkpoint's, ``saved``, copied with its model card, which describes how
+    the two token stores were prepared) and summary.json."""
+    export_model_folder(saved, run_dir / checkpoint.MODEL_DIR, cfg, summary["eval"],
+                        {"train": train_store.meta, "valid": valid_store.meta})
+    (run_dir / "summary.json").write_text(jsonio.dumps(summary, indent=1))
 
 
 def run_summary(state: "TrainerState", peak: MeasuredPeak, accelerator, final_eval: dict, run_dir: Path) -> dict:
@@ -259,28 +373,15 @@ class Trainer:
         with self.accelerator.main_process_first():
             self.train_store, self.valid_store, self.tokenizer = prepare_datasets(
                 cfg.data, cfg.train.init, show_progress=show_progress and self.accelerator.is_main_process)
-        self.info = token_info_for(self.tokenizer, cfg.masking.mask_unk)
+        self.masker = Masker(cfg.masking, self.tokenizer, self.train_store.token_counts)
         refuse_unfitting(cfg, len(self.tokenizer), self.accelerator)  # before allocating any of it
-        self.corruption = Corruption(cfg.masking.mask_prob, cfg.masking.random_prob)
-        self.model = initial_model(cfg, self.tokenizer, resuming=folder is not None,
-                                   log=partial(say, self.accelerator))
-        self.module = SparsePretraining(self.model, use_nsp=cfg.data.objective == choices.NSP)
-        self.optimizer = build_optimizer(self.module, cfg.train, self.accelerator.device)
-        self.strategy = build_strategy(cfg.masking, info=self.info, vocab_size=len(self.tokenizer),
-                                       token_counts=self.train_store.token_counts)
-        self.continuation = continuation_table(self.tokenizer) if cfg.masking.whole_word else None
+        self.model, self.module, self.optimizer = prepared_model(cfg, self.tokenizer, self.accelerator, folder)
         # MFU denominator of every process together (~0.25 s; timed again as the run goes, mfu.MeasuredPeak).
         self.peak = MeasuredPeak(self.accelerator.device, matmul_dtype(self.precision), self.accelerator.num_processes)
         self.state = TrainerState()
-        if folder is not None:
-            say(self.accelerator, f"resuming from {folder}")
-            # Every process, before FSDP (if any) shards the model; another architecture or vocabulary is refused.
-            checkpoint.load_resumed_weights(self.model, folder, self.tokenizer)
-        self.module, self.optimizer = self.accelerator.prepare(self.module, self.optimizer)
         if folder is not None:  # after prepare: FSDP shards the optimizer state as it loads
             self.load_state_dict(checkpoint.read_training_state(folder))
-            previous = checkpoint.parsed_config(checkpoint.previous_config_text(self.run_dir, folder))
-            if note := resume_lr_note(previous and previous.train, cfg.train, self.state):
+            if note := schedule_change_note(self.run_dir, folder, cfg.train, self.state):
                 say(self.accelerator, note)
         self._elapsed_before = self.state.elapsed  # what earlier processes spent on this run
         self._clock_base = self.state.seconds  # the training seconds before the step that runs next (main process)
@@ -292,30 +393,18 @@ class Trainer:
 
     def state_dict(self) -> dict:
         """What resume needs besides the weights. Every process must call it: FSDP gathers the optimizer state."""
-        states = {"optimizer": get_optimizer_state_dict(self.module, self.optimizer.optimizer, options=FULL_STATE),
-                  "strategy": self.strategy.state_dict(), **rng_states(self.accelerator), "trainer": self.state.state_dict()}
-        if self.accelerator.scaler is not None:  # fp16 on CUDA: the loss scale and its growth counter
-            states["grad_scaler"] = self.accelerator.scaler.state_dict()
-        return states
+        return {"optimizer": get_optimizer_state_dict(self.module, self.optimizer.optimizer, options=FULL_STATE),
+                "strategy": self.masker.state_dict(), **rng_states(self.accelerator), "trainer": self.state.state_dict(),
+                **scaler_states(self.accelerator)}
 
     def load_state_dict(self, states: dict) -> None:
         load_optimizer_state(self.module, self.optimizer.optimizer, states["optimizer"])
-        self.strategy.load_state_dict(states["strategy"])
+        self.masker.load_state_dict(states["strategy"])
         set_rng_states(states, self.accelerator)
-        if self.accelerator.scaler is not None and "grad_scaler" in states:
-            self.accelerator.scaler.load_state_dict(states["grad_scaler"])
+        set_scaler_state(states, self.accelerator)
         self.state.load_state_dict(states["trainer"])
-        self._say_if_global_batch_changed()
-
-    def _say_if_global_batch_changed(self) -> None:
-        position, now = self.state.position, self.cfg.train.batch_size * self.accelerator.num_processes
-        if position.global_batch in (0, now):
-            return
-        moved = position.for_global_batch(now)
-        say(self.accelerator, f"the global batch changed from {position.global_batch} to {now} examples (processes x "
-                              f"train.batch_size): epoch {position.epoch} goes on from the same share of it (batch "
-                              f"{position.batch} -> {moved.batch}) in the new size's order, so some of its examples may "
-                              "be seen twice or not at all")
+        if note := global_batch_note(self.state.position, self.cfg.train.batch_size * self.accelerator.num_processes):
+            say(self.accelerator, note)
 
     def _save(self) -> Path | None:
         """A checkpoint of this step (written by the main process; every process must call this)."""
@@ -346,17 +435,12 @@ class Trainer:
             self.state.position = position
             yield batch
 
-    def _masked_micro_batches(self, batches: Iterator[dict]) -> list[dict]:
-        progress, masking = self.progress(), self.cfg.masking
+    def _next_micro_batches(self, batches: Iterator[dict]) -> list[tuple[int, dict]]:
+        """The step's next grad_accum batches on the device, each with its epoch (a step may span two)."""
         micro = []
         for _ in range(self.cfg.train.grad_accum):
-            batch = {k: v.to(self.accelerator.device) for k, v in next(batches).items()}
-            epoch_key = self.strategy.epoch_key(self.state.position.epoch)
-            weights = self.strategy.weights(self.model, batch, progress, epoch_key, step=self.state.step + 1)
-            micro.append(mask_batch(batch, seed=masking.seed, epoch_key=epoch_key,
-                                    rate=rate_at(masking, progress), info=self.info, corruption=self.corruption,
-                                    weights=weights, groups=self.strategy.selection_groups(batch),
-                                    whole_word=masking.whole_word, continuation=self.continuation))
+            batch = next(batches)  # moves the state's position on
+            micro.append((self.state.position.epoch, {k: v.to(self.accelerator.device) for k, v in batch.items()}))
         return micro
 
     def train_step(self, batches: Iterator[dict], stop_requested: bool = False) -> dict:
@@ -366,52 +450,29 @@ class Trainer:
         (whether any process was asked to stop) are the same on every process.
         """
         started = time.perf_counter()
-        micro = self._masked_micro_batches(batches)
-        mlm_denominator, nsp_denominator = global_denominators(self.accelerator, micro)
-        keys = ("loss", "mlm_loss", "nsp_loss") if self.cfg.data.objective == choices.NSP else ("loss", "mlm_loss")
-        sums = torch.zeros(len(keys) + 3, dtype=torch.float64, device=self.accelerator.device)  # losses, tokens, slots, FLOPs
-        for i, batch in enumerate(micro):
-            sync = nullcontext() if i == len(micro) - 1 else self.accelerator.no_sync(self.module)
-            with sync, self.accelerator.autocast():
-                result = self.module(**batch, mlm_denominator=mlm_denominator, nsp_denominator=nsp_denominator)
-                self.accelerator.backward(result["loss"])
-            mask = batch["attention_mask"]  # (B, T): real tokens, of B * T slots padding included
-            # The forward already counted the positions its head projected (mlm_count, on the CPU).
-            flops = training_flops(self.cfg.model, self.model.config.vocab_size, mask, int(result["mlm_count"]))
-            sums += torch.stack([*(result[key].detach().double() for key in keys), mask.sum().double(),
-                                 torch.tensor(float(mask.numel()), dtype=torch.float64, device=mask.device), flops.double()])
-            self.strategy.observe(batch, result)
-        self.strategy.learn(partial(concat_over_processes, self.accelerator))
-        # The main process's clock and any process's SIGTERM ride on the step's one collective, so every
-        # process takes the same time-budget decisions (LR, masking rate, when to stop) and stops at the
-        # same step: one acting alone would wait forever in a collective the others never join.
+        micro = self.masker.mask_step(self._next_micro_batches(batches), self.model, progress=self.progress(),
+                                      step=self.state.step + 1)
+        sums = _StepSums(self.cfg.data.objective, self.cfg.model, self.model.config.vocab_size, self.accelerator.device)
+        results = forwards_and_backwards(self.accelerator, self.module, micro, sums)
+        self.masker.learn_step(micro, results, partial(concat_over_processes, self.accelerator))
         clock = self._clock_base + time.perf_counter() - started if self.accelerator.is_main_process else 0.0
-        agreed = torch.tensor([clock, float(stop_requested)], dtype=torch.float64, device=sums.device)
-        totals = self.accelerator.reduce(torch.cat([sums, agreed]), reduction="sum").tolist()  # one collective per step
-        losses = {key: value / self.accelerator.num_processes for key, value in zip(keys, totals)}
-        tokens, slots, flops, clock, stops = totals[-5:]
-        return {**self._apply_update(losses, int(tokens), flops), "slots": int(slots), "clock": clock, "stop": stops > 0}
+        agreed = sums.agreed(self.accelerator, clock, stop_requested)
+        update = self._apply_update(agreed.pop("losses"), agreed.pop("tokens"), agreed.pop("flops"))
+        return {**update, **agreed}  # and the step's "slots", "clock" and "stop"
 
     def _apply_update(self, losses: dict, tokens: int, flops: float) -> dict:
         """Optimizer step, or skip it when the loss is not finite (and abort after too many)."""
         if not math.isfinite(losses["loss"]):
             self.optimizer.zero_grad(set_to_none=True)
-            self.state.bad_steps += 1
-            if self.state.bad_steps >= self.cfg.train.max_bad_steps:
-                raise UserError(f"{self.state.bad_steps} non-finite losses in a row at step {self.state.step}; "
-                                f"lower train.lr or check the data; the last good checkpoint is kept in {self.run_dir}")
+            self.state.skip(self.cfg.train.max_bad_steps, self.run_dir)
             return {**losses, "skipped": True}
         grad_norm = self.accelerator.clip_grad_norm_(self.module.parameters(), self.cfg.train.max_grad_norm)
         set_lr(self.optimizer, learning_rate(self.cfg.train, self.state.step, self.progress(),
                                              self.state.warmup_end_progress))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.state.bad_steps = 0
-        self.state.tokens += tokens
-        self.state.flops += flops
-        if isinstance(grad_norm, DTensor):  # FSDP: the norm of sharded gradients
-            grad_norm = grad_norm.full_tensor()
-        return {**losses, "grad_norm": float(grad_norm), "tokens": tokens, "flops": flops}
+        self.state.apply(tokens, flops)
+        return {**losses, "grad_norm": full_norm(grad_norm), "tokens": tokens, "flops": flops}
 
     def train(self) -> dict:
         # A stop signal is caught until the very end (the final evaluation too): it must never lose the run.
@@ -438,8 +499,7 @@ class Trainer:
                 stopping = out.pop("stop")
                 self.state.advance(out.pop("clock"), self.cfg.train)
                 window.add(out, elapsed)
-                bar.update(1)
-                bar.set_postfix(loss=f"{out['loss']:.3f}", **window.postfix(self.peak))
+                window.show(bar, out["loss"], self.peak)
                 window = self._after_step(out, window)
         return stopping
 
@@ -449,7 +509,7 @@ class Trainer:
         if step % cfg.log_every == 0 or out.get("skipped"):
             self.metrics.write({"step": step, "lr": self.optimizer.param_groups[0]["lr"], **out,
                                 **window.rates(self.peak), "tokens_seen": self.state.tokens,
-                                **self.strategy.stats(partial(sum_over_processes, self.accelerator))})
+                                **self.masker.stats(partial(sum_over_processes, self.accelerator))})
             window = _Window()
             self.peak.refresh_if_due()  # outside the timed steps
         unfinished = self.progress() < 1.0
@@ -463,7 +523,7 @@ class Trainer:
         """Held-out evaluation by ``validate`` ({} without one), through the wrapped module: FSDP gathers there."""
         if self.validate is None:
             return {}  # the caller handed no validator: training only
-        return self.validate(self.module, self.valid_store, self.info, batch_size=self.cfg.train.eval_batch_size,
+        return self.validate(self.module, self.valid_store, self.masker.info, batch_size=self.cfg.train.eval_batch_size,
                              max_batches=max_batches, device=self.accelerator.device,
                              token_counts=self.train_store.token_counts, freq_cuts=self.cfg.masking.freq_cuts)
 
@@ -477,8 +537,6 @@ class Trainer:
         self._update_elapsed()
         summary = run_summary(self.state, self.peak, self.accelerator, final_eval, self.run_dir)
         self.metrics.write({"step": self.state.step, "eval": final_eval})
-        if self.accelerator.is_main_process:  # the final model is the last checkpoint's: copied, with its model card
-            export_model_folder(saved, self.run_dir / checkpoint.MODEL_DIR, self.cfg, final_eval,
-                                {"train": self.train_store.meta, "valid": self.valid_store.meta})
-            (self.run_dir / "summary.json").write_text(jsonio.dumps(summary, indent=1))
+        if self.accelerator.is_main_process:
+            write_finished_run(self.run_dir, saved, self.cfg, summary, self.train_store, self.valid_store)
         return summary

@@ -1,7 +1,7 @@
 """The exported model folder with its model card (README.md): what a colleague needs to pick the model up.
 
 The card is made from what the checkpoint and the run record: the model's config.json, the
-checkpoint's trainer_state.json (steps, tokens, seconds), the run's config, the prepared
+checkpoint's progress (trainer_state.json: steps, tokens, seconds), the run's config, the prepared
 data's meta.json (files, documents, token counts) and the held-out evaluation. The end of
 ``pretrain`` and ``mlmlab export`` both write the folder through ``export_model_folder``, so
 the two give the same folder for the same checkpoint.
@@ -17,9 +17,9 @@ from mlmlab import choices, jsonio
 from mlmlab.architectures import saved_architecture
 from mlmlab.config import Config, flat_keys, to_dict
 from mlmlab.data.tokenizer import folder_vocab_size
-from mlmlab.masking.strategies import EVAL_RATE
-from mlmlab.model import VOCAB_HASH_KEY, WEIGHTS_FILE, weight_shapes
-from mlmlab.train.checkpoint import MODEL_DIR, TRAINER_STATE
+from mlmlab.masking.evaluation import EVAL_RATE
+from mlmlab.model_folder import VOCAB_HASH_KEY, read_config, saved_weight_shapes
+from mlmlab.train.checkpoint import MODEL_DIR, read_progress
 
 CARD = "README.md"
 
@@ -31,14 +31,14 @@ def export_model_folder(checkpoint_dir: Path, out: Path, cfg: Config, evaluation
     ``data``: {"train": meta, "valid": meta} of the prepared datasets (None where unknown).
     """
     shutil.copytree(checkpoint_dir / MODEL_DIR, out, dirs_exist_ok=True)
-    state = json.loads((checkpoint_dir / TRAINER_STATE).read_text())
+    state = read_progress(checkpoint_dir)
     (out / CARD).write_text(card_text(out, cfg, state, jsonio.finite_or_none(evaluation or {}), data), encoding="utf-8")
     return out
 
 
 def card_text(folder: Path, cfg: Config, state: dict, evaluation: dict, data: dict) -> str:
-    model = json.loads((folder / "config.json").read_text())
-    parameters = sum(math.prod(shape) for shape in weight_shapes(folder / WEIGHTS_FILE).values())
+    model = read_config(folder)
+    parameters = sum(math.prod(shape) for shape in saved_weight_shapes(folder).values())
     sections = [_header(model, cfg, parameters), _usage(model), _architecture(model, parameters),
                 _tokenizer(folder, model), _data(cfg, data), _masking(cfg), _training(cfg, state),
                 _evaluation(cfg, evaluation), _provenance(cfg)]
