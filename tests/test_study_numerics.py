@@ -5,7 +5,8 @@ config or prepared-data hash, but not a change in what the same config computes 
 loss, optimizer or data-preparation change). This trains a few steps of the study's own arm
 configs, on its own prepared data, and compares with values recorded from the code its first
 runs were made with: the prepared shards' bytes (every host), every loss (every host, to 1e-5),
-and the final weights (bit for bit, on the host kinds recorded; fp32 kernels differ by CPU).
+and the final weights (bit for bit, on the host kinds recorded; fp32 kernels differ by CPU). The
+runs' keys are recorded too: a changed key would make the runner train a finished run again.
 
 When a change is meant to alter the numbers, the study cannot go on with it: finish or close
 the study first. Recording (only for a new study, or a host kind not yet recorded):
@@ -99,6 +100,19 @@ def test_the_study_config_computes_what_its_first_runs_computed(computed, arm):
         assert got["weights"] == want["weights"], "the study's weights changed bit for bit on a recorded host kind"
 
 
+def test_the_study_keys_its_runs_as_its_first_runs_did(monkeypatch):
+    """Every run's key (what results.jsonl is looked up by): unchanged, or finished runs would train again."""
+    monkeypatch.chdir(ROOT)
+    assert planned_keys() == json.loads(RECORDED.read_text())["run_keys"]
+
+
+def planned_keys() -> list[str]:
+    from mlmlab.experiments.runner import plan_runs
+    from mlmlab.experiments.study import load_study
+
+    return sorted(run.key for run in plan_runs(load_study(STUDY)))
+
+
 def flat(losses: list[list[float]]) -> list[float]:
     """[[loss, mlm_loss] per step] -> one list, as pytest.approx compares."""
     return [value for step in losses for value in step]
@@ -111,6 +125,7 @@ def record() -> None:
     with tempfile.TemporaryDirectory() as folder:
         got = {arm: numbers(arm, Path(folder) / arm) for arm in ARMS}
     recorded = json.loads(RECORDED.read_text()) if RECORDED.is_file() else {"study": STUDY, "hosts": {}}
+    recorded.setdefault("run_keys", planned_keys())  # a study's keys are the same on every host
     recorded["hosts"][host_kind()] = got
     RECORDED.parent.mkdir(exist_ok=True)
     RECORDED.write_text(json.dumps(recorded, indent=1) + "\n")
