@@ -16,7 +16,7 @@ import tempfile
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from mlmlab.devices import describe_cpu
+from mlmlab.utils.devices import describe_cpu
 from throughput import build_arms, time_arm
 
 

@@ -39,10 +39,10 @@ from transformers.trainer_pt_utils import get_length_grouped_indices
 from mlmlab.cli import reexec_with_malloc_tuning
 from mlmlab.config import load_config
 from mlmlab.data.loader import epoch_batches
-from mlmlab.devices import clock, describe_cpu
 from mlmlab.model import IGNORE_INDEX
 from mlmlab.train.loop import Trainer
 from mlmlab.train.mfu import matmul_dtype, peak_matmul_flops, peak_matmul_size, training_flops
+from mlmlab.utils.devices import clock, describe_cpu
 
 ANCHOR_SETTINGS = ["train.precision=fp32", "model.dropout=0.1", "model.attention_dropout=0.1"]  # transformers' defaults
 PEAK_SECONDS = 2.0  # how long each precision's matmul peak is timed
@@ -52,7 +52,7 @@ def make_trainer(preset: str, args, run_dir: str, overrides=()) -> Trainer:
     cfg = load_config(preset, [f"train.batch_size={args.batch_size}", f"data.max_seq_length={args.seq}",
                                "train.max_steps=100000", "train.eval_every=0", "train.save_every=0",
                                f"train.out_dir={run_dir}", "data.loader_workers=0", *overrides])
-    return Trainer(cfg, validate=None, show_progress=False)
+    return Trainer(cfg, evaluator=None, show_progress=False)
 
 
 class HFArm:

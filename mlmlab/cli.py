@@ -12,11 +12,12 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
-from mlmlab import choices, jsonio
+from mlmlab import choices
 from mlmlab.config import MaskingConfig, config_listing, frequency_cuts, load_config
 from mlmlab.errors import UserError, write_refusal
 from mlmlab.evaluate.glue_settings import GlueSettings
-from mlmlab.signals import exit_code, sigterm_unwinds
+from mlmlab.utils import jsonio
+from mlmlab.utils.signals import exit_code, sigterm_unwinds
 
 
 def columns_of(args):
@@ -57,7 +58,7 @@ def cmd_prepare(args) -> None:
 def cmd_dump(args) -> None:
     from mlmlab.show import dump_instances
 
-    for record in dump_instances(args.data, args.n, start=args.start, masked=args.masked, seed=args.seed,
+    for record in dump_instances(args.data, args.n, start=args.start, masked=args.masked, seed=args.mask_seed,
                                  epoch=args.epoch, strategy=args.strategy, dupe_factor=args.dupe_factor):
         print(json.dumps(record, ensure_ascii=False))
 
@@ -65,7 +66,7 @@ def cmd_dump(args) -> None:
 def cmd_mask(args) -> None:
     from mlmlab.show import mask_sentence
 
-    print(mask_sentence(args.text, tokenizer=args.tokenizer, seed=args.seed, epoch=args.epoch, rate=args.rate,
+    print(mask_sentence(args.text, tokenizer=args.tokenizer, seed=args.mask_seed, epoch=args.epoch, rate=args.rate,
                         strategy=args.strategy, model=args.model, scorer=args.scorer,
                         progress=args.training_progress))
 
@@ -77,12 +78,12 @@ def cmd_pretrain(args) -> None:
     from mlmlab.show import pretrain_summary
     from mlmlab.train.loop import Trainer
 
-    from mlmlab.files import require_output, write_text_atomically
+    from mlmlab.utils.files import require_output, write_text_atomically
 
     if args.json and args.json != "-":
         require_output(Path(args.json), "--json", folder=False)
     overrides = [*args.overrides, *([f"train.init={args.init}"] if args.init else [])]
-    trainer = Trainer(load_config(args.config, overrides), validate=evaluate_mlm, resume=args.resume,
+    trainer = Trainer(load_config(args.config, overrides), evaluator=evaluate_mlm, resume=args.resume,
                       show_progress=not args.no_progress)
     summary = trainer.train()
     if not PartialState().is_main_process:  # under torchrun every process has the summary: report it once
@@ -96,13 +97,13 @@ def cmd_export(args) -> None:
     from mlmlab.evaluate.perplexity import evaluate_mlm
     from mlmlab.train.export import export_run
 
-    out = export_run(Path(args.source), Path(args.out), validate=evaluate_mlm)
+    out = export_run(Path(args.source), Path(args.out), evaluator=evaluate_mlm)
     print(f"model folder with its model card written to {out} ({out / 'README.md'})")
 
 
 def cmd_evaluate(args) -> None:
     from mlmlab.evaluate.perplexity import evaluate_model, format_eval_table
-    from mlmlab.files import lock_beside, require_output, write_text_atomically
+    from mlmlab.utils.files import lock_beside, require_output, write_text_atomically
 
     if args.json:
         require_output(Path(args.json), "--json", folder=False)
@@ -128,7 +129,7 @@ def glue_settings_of(args) -> GlueSettings:
 
 def cmd_glue(args) -> None:
     from mlmlab.evaluate.glue import format_glue_table, run_glue
-    from mlmlab.files import require_output
+    from mlmlab.utils.files import require_output
 
     require_output(Path(args.out), "--out", folder=True)
     results = run_glue(args.model, glue_settings_of(args), args.data_dir, args.out, init=args.init,
@@ -138,7 +139,7 @@ def cmd_glue(args) -> None:
 
 def cmd_probe(args) -> None:
     from mlmlab.evaluate.linear_probe import format_probe_table, run_probes
-    from mlmlab.files import require_output
+    from mlmlab.utils.files import require_output
 
     if args.out:
         require_output(Path(args.out), "--out", folder=True)
@@ -147,13 +148,13 @@ def cmd_probe(args) -> None:
     print(jsonio.dumps(results, indent=1) if args.json else format_probe_table(results))
 
 
-def cmd_experiment(args) -> None:
+def cmd_study(args) -> None:
     from mlmlab.experiments.runner import dry_run_text, parse_shard, run_study
     from mlmlab.experiments.study import load_study
 
     study, shard = load_study(args.study, out_dir=args.out), parse_shard(args.shard)
     if args.dry_run:
-        print(dry_run_text(study, shard, probe_steps=args.probe, show_progress=not args.no_progress))
+        print(dry_run_text(study, shard, timed_steps=args.time_steps, show_progress=not args.no_progress))
     else:
         run_study(study, shard, show_progress=not args.no_progress)
 
@@ -226,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--objective", choices=choices.OBJECTIVES, default=choices.NSP)
     p.add_argument("--short-seq-prob", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--seed", type=int, default=12345, help="the NSP pairing draws (data.prepare_seed)")
     p.add_argument("--workers", type=int, default=None,
                    help="worker processes (default: every core this process may use); the data do not depend on it")
     p.add_argument("--out", default=None, help="dataset folder (default: the cache, named by a hash of inputs)")
@@ -238,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", type=int, default=5)
     p.add_argument("--start", type=int, default=0)
     p.add_argument("--masked", action="store_true", help="add masked input_ids and labels as training makes them")
-    p.add_argument("--seed", type=int, default=0, help="masking.seed")
+    p.add_argument("--mask-seed", type=int, default=0, help="masking.seed (prepare's --seed made the instances)")
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--strategy", choices=choices.UNIFORM_STRATEGIES, default=choices.DYNAMIC)
     p.add_argument("--dupe-factor", type=int, default=10)
@@ -247,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("mask", help="show how one sentence is masked")
     p.add_argument("text")
     p.add_argument("--tokenizer", default="", help="tokenizer folder or vocab.txt (default: bundled uncased vocab)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mask-seed", type=int, default=0, help="masking.seed")
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--rate", type=float, default=0.15)
     p.add_argument("--strategy", choices=choices.STRATEGIES, default=choices.DYNAMIC)
@@ -328,15 +329,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
     p.set_defaults(func=cmd_probe)
 
-    p = sub.add_parser("experiment", help="run a study: pretraining runs over arms x seeds, each evaluated, one row each in results.jsonl")
+    # "experiment": its name before 2026-12-02, in the commands of reports written then
+    p = sub.add_parser("study", aliases=["experiment"], help="run a study: pretraining runs over arms x seeds, each evaluated, one row each in results.jsonl")
     p.add_argument("study", help="study preset name (mlmlab/configs/studies/) or a study YAML file")
     p.add_argument("--shard", default=None, help="i/n: only the runs whose index %% n == i (i from 0), to split a study over machines")
     p.add_argument("--out", default=None, help="study folder (default: the study's out_dir, else studies/<name>)")
     p.add_argument("--dry-run", action="store_true", help="validate every arm's config and print the estimated cost; train nothing")
-    p.add_argument("--probe", type=int, default=0, metavar="STEPS",
+    p.add_argument("--time-steps", type=int, default=0, metavar="STEPS",
                    help="with --dry-run: also time STEPS training steps of each arm here and extrapolate each run's time")
     add_progress_option(p)
-    p.set_defaults(func=cmd_experiment)
+    p.set_defaults(func=cmd_study)
 
     p = sub.add_parser("config", help="print a resolved config: every key with its value, its default where it differs, "
                                       "and what it is for")

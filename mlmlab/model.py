@@ -24,7 +24,7 @@ from transformers import PreTrainedModel
 from mlmlab.architectures import architecture_named, architecture_of
 from mlmlab.config import ModelConfig
 from mlmlab.errors import UserError
-from mlmlab.restoring import restoring
+from mlmlab.utils.restoring import restoring
 
 IGNORE_INDEX = -100  # the label of every position that is not predicted (HF convention)
 

@@ -23,7 +23,7 @@ def fp32_on_every_host(monkeypatch):
     """train.precision=auto picks bf16 on CPUs with AMX: here every CPU reads as one without, so what
     the tests check does not depend on the host (the commands test_distributed starts pin fp32 instead).
     The detection itself is tested with its own patch."""
-    from mlmlab.devices import cpu_features
+    from mlmlab.utils.devices import cpu_features
     from mlmlab.train import launch
 
     monkeypatch.setattr(launch, "cpu_features", lambda: {**cpu_features(), "amx_bf16": False})

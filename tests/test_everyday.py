@@ -63,7 +63,7 @@ def test_pretrain_says_where_it_prepares_its_data(tmp_path, capsys, monkeypatch)
 
 def test_every_long_command_takes_no_progress_and_mask_names_training_progress_apart():
     parser = build_parser()
-    for command in ("tokenizer", "prepare", "pretrain", "evaluate", "glue", "probe", "experiment"):
+    for command in ("tokenizer", "prepare", "pretrain", "evaluate", "glue", "probe", "study"):
         action = next(a for a in parser._subparsers._group_actions[0].choices[command]._actions
                       if a.dest == "no_progress")
         assert action.option_strings == ["--no-progress"], command
@@ -88,7 +88,7 @@ def test_a_study_arm_whose_warmup_takes_its_budget_is_refused_at_the_dry_run(tmp
     study = {"base": {"train": {"max_steps": 50}}, "arms": [{"name": "dynamic"}], "seeds": [0],
              "out_dir": str(tmp_path / "out")}
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
-    assert main(["experiment", str(tmp_path / "study.yaml"), "--dry-run"]) == 2
+    assert main(["study", str(tmp_path / "study.yaml"), "--dry-run"]) == 2
     assert "arm 'dynamic': train.warmup_steps=100 takes all of train.max_steps=50" in capsys.readouterr().err
 
 
@@ -155,12 +155,12 @@ def test_the_dry_run_counts_glue_and_probes_and_compares_its_flops_with_the_time
              "glue": {"tasks": ["WNLI"], "seeds": [0], "max_train_examples": 64, "epochs": 1},
              "probe": {"tasks": ["WNLI"]}}
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
-    assert main(["experiment", str(tmp_path / "study.yaml"), "--dry-run", "--no-progress"]) == 0
+    assert main(["study", str(tmp_path / "study.yaml"), "--dry-run", "--no-progress"]) == 0
     out = capsys.readouterr().out
     row = next(line.split() for line in out.splitlines() if line.startswith("dynamic "))
     assert float(row[-2]) > 0 and float(row[-1]) > 0  # GLUE FLOPs, probe FLOPs per run
     assert "GLUE WNLI: every training row" in out and "probes WNLI" in out
-    assert main(["experiment", str(tmp_path / "study.yaml"), "--dry-run", "--probe", "1", "--no-progress"]) == 0
+    assert main(["study", str(tmp_path / "study.yaml"), "--dry-run", "--time-steps", "1", "--no-progress"]) == 0
     out = capsys.readouterr().out
     timed = next(line.split() for line in out.splitlines() if line.startswith("  dynamic"))
     assert float(timed[3].rstrip("x")) > 0  # the step's time against its FLOP estimate
@@ -205,3 +205,16 @@ def test_a_tokenizer_trained_on_a_folder_says_which_files_it_read(tmp_path, caps
                  "--no-progress"]) == 0
     assert f"trained on 4 files: {corpus / 'a.txt'}, {corpus / 'b.txt'}, {corpus / 'c.txt'} and 1 more" in \
         capsys.readouterr().out
+
+
+def test_the_masking_seed_is_named_apart_from_prepares_seed():
+    """dump and mask take masking.seed as --mask-seed: prepare's --seed makes the instances themselves."""
+    parser = build_parser()
+    for argv in (["dump", "--data", "d", "--mask-seed", "3"], ["mask", "a b", "--mask-seed", "3"]):
+        parsed = parser.parse_args(argv)
+        assert parsed.mask_seed == 3 and not hasattr(parsed, "seed")
+
+
+def test_the_study_command_keeps_its_former_name_for_the_commands_old_reports_print():
+    parser = build_parser()
+    assert parser.parse_args(["experiment", "x"]).func is parser.parse_args(["study", "x"]).func

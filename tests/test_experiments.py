@@ -19,7 +19,7 @@ from mlmlab.experiments import identity, report, runner
 from mlmlab.experiments import study as study_file
 from mlmlab.experiments.curves import mean_curve, progress_of, steps_to_target
 from mlmlab.experiments.decision import INCONCLUSIVE, decide
-from mlmlab.experiments.metrics import Metric, metrics_of
+from mlmlab.experiments.measures import Metric, metrics_of
 from mlmlab.experiments.statistics import compare, holm
 
 TINY_BASE = {
@@ -108,7 +108,7 @@ def test_compute_matched_gives_the_entropy_arm_fewer_steps(tmp_path):
 ])
 def test_bad_study_files_give_one_line_errors(tmp_path, capsys, fields, words):
     source = write_study(tmp_path, **fields)
-    assert main(["experiment", source, "--dry-run"]) == 2
+    assert main(["study", source, "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("mlmlab: error: ") and "\n" not in err
     for word in words:
@@ -116,14 +116,14 @@ def test_bad_study_files_give_one_line_errors(tmp_path, capsys, fields, words):
 
 
 def test_dry_run_of_roberta_base_prints_the_cost_without_training(tmp_path, capsys):
-    assert main(["experiment", "roberta-base-adm", "--dry-run", "--out", str(tmp_path / "out")]) == 0
+    assert main(["study", "roberta-base-adm", "--dry-run", "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert "GPU-hours" in out and "FLOPs" in out and "500000" in out and "8000" in out
     assert not (tmp_path / "out").exists()
 
 
 def test_dry_run_probe_times_each_arm_and_extrapolates_a_run(tmp_path, capsys):
-    assert main(["experiment", write_study(tmp_path), "--dry-run", "--probe", "1"]) == 0
+    assert main(["study", write_study(tmp_path), "--dry-run", "--time-steps", "1"]) == 0
     out = capsys.readouterr().out
     timed = [line.split() for line in out.splitlines() if line.startswith("  dynamic") or line.startswith("  adm-")]
     assert [row[0] for row in timed] == ["dynamic", "adm-entropy"] and float(timed[0][1]) > 0
@@ -137,7 +137,7 @@ def test_dry_run_counts_only_the_runs_left(tmp_path, capsys):
     (tmp_path / "out").mkdir()
     runner.append_row(tmp_path / "out" / "results.jsonl", result_row(runs[0].key, arm=runs[0].arm.name))
     (Path(runs[1].config.train.out_dir) / "ckpt-00000005").mkdir(parents=True)  # a run stopped at step 5
-    assert main(["experiment", source, "--dry-run"]) == 0
+    assert main(["study", source, "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "this shard: 1 of its 4 runs already in" in out
     assert [line for line in out.splitlines() if line.startswith("left:")] == [
@@ -343,7 +343,7 @@ def test_report_from_results_alone_has_tables_ci_and_honest_sentences(tmp_path, 
     results.write_text("".join(json.dumps(row) + "\n" for row in rows) + '{"truncated')
     assert main(["report", str(results), "--out", str(tmp_path / "report")]) == 0
     text = (tmp_path / "report" / "report.md").read_text()
-    assert "mlmlab experiment synthetic.yaml --out studies/s" in text.splitlines()[4]
+    assert "mlmlab study synthetic.yaml --out studies/s" in text.splitlines()[4]
     assert f"mlmlab report {results}" in text
     assert "| dynamic (baseline) |" in text and "95% t-interval" in text and "GLUE RTE" in text
     assert "adm-noisy vs dynamic, MLM loss (nats): no significant difference" in text
@@ -628,4 +628,4 @@ def test_the_reports_rerun_command_points_at_where_the_rows_are_now(tmp_path):
     results.parent.mkdir(parents=True)
     runner.append_row(results, result_row("a", study_source="moved", out_dir="docs/moved"))
     lines = report.commands(report.load_rows(results)[0], results, tmp_path / "report")
-    assert lines[0] == f"    mlmlab experiment moved --out {results.parent}"
+    assert lines[0] == f"    mlmlab study moved --out {results.parent}"

@@ -10,11 +10,11 @@ import pytest
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
-from mlmlab import jsonio
 from mlmlab.errors import UserError
 from mlmlab.evaluate.glue import check_only_head_is_new, compute_metrics, format_glue_table, load_model, run_glue, task_score
 from mlmlab.evaluate.glue_data import TASKS, read_labeled, read_unlabeled
 from mlmlab.evaluate.glue_settings import GlueSettings, resolve_task_names
+from mlmlab.utils import jsonio
 
 GLUE_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "glue"
 VOCAB = GLUE_DIR.parent / "bert_vocab" / "bert-base-uncased-vocab.txt"

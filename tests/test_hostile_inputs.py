@@ -30,9 +30,9 @@ from mlmlab.cli import main
 from mlmlab.config import load_config
 from mlmlab.data.resolve import _cached_folder
 from mlmlab.data.store import TokenStore
-from mlmlab.files import staging_folder
 from mlmlab.train import checkpoint
 from mlmlab.train.loop import Trainer
+from mlmlab.utils.files import staging_folder
 
 CORPUS = SAMPLE / "valid.txt.gz"  # 0.4 MB of text: prepares in about a second
 TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
@@ -409,16 +409,16 @@ CASES = [
         str((t / "f").touch() or t / "f")], ("--out", "is a file")),
     # A full disk or a read-only file while writing: one line naming the path, earlier files intact.
     Case("disk full while a checkpoint is written", resumed_run, ("No space left on device", "intact"),
-         fault=failing(errno.ENOSPC, "mlmlab.files._sync_tree")),
+         fault=failing(errno.ENOSPC, "mlmlab.utils.files._sync_tree")),
     Case("disk full while preparing", lambda w, t: prepare_argv(w, t, CORPUS), ("No space left on device", "intact"),
-         fault=failing(errno.ENOSPC, "mlmlab.files._sync_tree")),
+         fault=failing(errno.ENOSPC, "mlmlab.utils.files._sync_tree")),
     Case("disk full while the tokenizer cache is written", lambda w, t: pretrain_argv(
         t / "r", f"data.tokenizer={vocab_of_its_own(t)}"), ("No space left on device",),
-         fault=failing(errno.ENOSPC, "mlmlab.files._sync_tree")),
+         fault=failing(errno.ENOSPC, "mlmlab.utils.files._sync_tree")),
     Case("read-only metrics.jsonl", resumed_run, ("metrics.jsonl", "Permission denied"),
          fault=failing(errno.EACCES, "mlmlab.train.metrics.open")),
     Case("read-only file system under the run", resumed_run, ("Read-only file system",),
-         fault=failing(errno.EROFS, "mlmlab.files.tempfile.mkstemp")),
+         fault=failing(errno.EROFS, "mlmlab.utils.files.tempfile.mkstemp")),
     # Messages that blamed the wrong cause.
     Case("binary corpus", lambda w, t: prepare_argv(w, t, corpus_of_bytes(t, "c.txt", bytes(range(256)) * 64)),
          ("binary",)),
@@ -496,7 +496,7 @@ def test_a_config_yaml_the_disk_refuses_leaves_no_history_line(world, tmp_path, 
     """Before, the history line of the resume was written first, and stayed though the resume never ran."""
     run = moved_run(world, tmp_path)
     config = (run / "config.yaml").read_bytes()
-    failing(errno.EROFS, "mlmlab.files.tempfile.mkstemp")(monkeypatch)
+    failing(errno.EROFS, "mlmlab.utils.files.tempfile.mkstemp")(monkeypatch)
     assert main(pretrain_argv(run, "train.max_steps=6", "--resume", "auto")) == 2
     assert "Read-only file system" in capsys.readouterr().err
     assert not (run / "config_history.jsonl").exists() and (run / "config.yaml").read_bytes() == config
@@ -525,7 +525,7 @@ def test_sigterm_leaves_a_resumable_checkpoint(tmp_path, during):
 
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        trainer = Trainer(cfg, validate=validate, show_progress=False)
+        trainer = Trainer(cfg, evaluator=validate, show_progress=False)
         try:
             trainer.train()
         except SystemExit as stop:
@@ -536,7 +536,7 @@ def test_sigterm_leaves_a_resumable_checkpoint(tmp_path, during):
     assert saved is not None and checkpoint.verify(saved) is None
     state = json.loads((saved / "trainer_state.json").read_text())
     assert state["elapsed"] > state["seconds"] > 0  # set-up and evaluations count in the run's wall-clock
-    resumed = Trainer(cfg, validate=lambda *a, **k: {}, show_progress=False)
+    resumed = Trainer(cfg, evaluator=lambda *a, **k: {}, show_progress=False)
     assert resumed.state.step == state["step"] >= 1
     summary = resumed.train()
     assert summary["steps"] == cfg.train.max_steps
@@ -609,7 +609,7 @@ def test_one_weight_loader_allows_only_the_listed_missing_keys(tmp_path):
 def test_a_prepared_folder_given_as_the_corpus_is_trained_on_with_its_own_tokenizer(world, tmp_path):
     """Before, its tokenizer/vocab.txt was read as the corpus text."""
     cfg = load_config("tiny", [*TINY, f"data.corpus={world.data}", f"train.out_dir={tmp_path / 'r'}"])
-    trainer = Trainer(cfg, validate=None, show_progress=False)
+    trainer = Trainer(cfg, evaluator=None, show_progress=False)
     assert trainer.train_store.path == world.data and len(trainer.train_store) == len(TokenStore(world.data))
     assert trainer.valid_store.vocab_hash == TokenStore(world.data).vocab_hash
 

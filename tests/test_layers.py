@@ -12,8 +12,7 @@ PACKAGE = ROOT / "mlmlab"
 
 # Bottom up (DESIGN.md). A module may import from its own layer or below, function-local imports included.
 LAYERS = [
-    ("mlmlab.errors", "mlmlab.jsonio", "mlmlab.choices", "mlmlab.files", "mlmlab.markdown", "mlmlab.devices",
-     "mlmlab.restoring", "mlmlab.signals", "mlmlab.progress", "mlmlab"),
+    ("mlmlab.errors", "mlmlab.choices", "mlmlab.utils", "mlmlab"),
     ("mlmlab.config",),
     ("mlmlab.data",),
     ("mlmlab.model", "mlmlab.model_folder", "mlmlab.architectures", "mlmlab.flops"),

@@ -217,7 +217,7 @@ def test_a_probe_block_validates_and_its_row_paths_are_known(tmp_path, glue_dir)
     ({"gates": {"arm": "dynamic", "min": {"probe.average_gain": 0.0}}}, ["gates min", "'probe.average_gain'"]),
 ])
 def test_bad_probe_blocks_give_one_line_errors(tmp_path, capsys, fields, words):
-    assert main(["experiment", write_study(tmp_path, **fields), "--dry-run"]) == 2
+    assert main(["study", write_study(tmp_path, **fields), "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("mlmlab: error: ") and "\n" not in err
     for word in words:

@@ -5,9 +5,9 @@ import torch
 
 from mlmlab.data.loader import LoaderPosition, epoch_batches, iterate_batches
 from mlmlab.data.wikitext import detokenize_line, wikitext_documents
-from mlmlab.show import dump_instances
 from mlmlab.masking.select import Corruption, token_info_for
 from mlmlab.masking.strategies import mask_batch
+from mlmlab.show import dump_instances
 
 from conftest import SHARED_DATA
 

@@ -6,9 +6,9 @@ from torch.utils.data import DataLoader
 from mlmlab.data.loader import collate
 from mlmlab.masking.select import (IGNORE_INDEX, Corruption, count_to_select, eligible_positions,
                                    select_and_corrupt, token_info_for)
+from mlmlab.config import ModelConfig
 from mlmlab.masking.strategies import mask_batch
 from mlmlab.model import SparsePretraining, build_model
-from mlmlab.config import ModelConfig
 
 SEQ = 128
 

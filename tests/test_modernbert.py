@@ -139,7 +139,7 @@ STRATEGIES = {
 @pytest.mark.parametrize("overrides", STRATEGIES.values(), ids=STRATEGIES.keys())
 def test_every_masking_strategy_trains_a_step(tmp_path, overrides):
     cfg = load_config(None, [*MODERNBERT, *SMALL, *COMMON, "train.batch_size=4", f"train.out_dir={tmp_path}", *overrides])
-    trainer = Trainer(cfg, validate=None, show_progress=False)
+    trainer = Trainer(cfg, evaluator=None, show_progress=False)
     assert isinstance(trainer.model, ModernBertForMaskedLM)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     batches = trainer.batches()
@@ -168,7 +168,7 @@ def source(tmp_path_factory):
     run = tmp_path_factory.mktemp("modernbert") / "run"
     cfg = load_config(None, [*MODERNBERT, *SMALL, *COMMON, f"train.out_dir={run}", "train.max_steps=4",
                              "train.save_every=2", "train.keep_last=0"])
-    Trainer(cfg, validate=evaluate_mlm, show_progress=False).train()
+    Trainer(cfg, evaluator=evaluate_mlm, show_progress=False).train()
     return run
 
 
@@ -212,7 +212,7 @@ def test_export_evaluate_glue_and_probes_work_on_it(source, tmp_path, capsys):
 def test_a_run_starts_from_a_modernbert_folder(source, tmp_path, capsys):
     cfg = load_config(None, [*COMMON, "data.objective=mlm", f"train.init={source / 'model'}",
                              f"train.out_dir={tmp_path / 'init'}", "train.max_steps=1", "train.warmup_steps=0"])
-    trainer = Trainer(cfg, validate=None, show_progress=False)  # no model.* keys: taken from the folder
+    trainer = Trainer(cfg, evaluator=None, show_progress=False)  # no model.* keys: taken from the folder
     assert trainer.cfg.model.architecture == choices.MODERNBERT and trainer.cfg.model.hidden_size == 32
     saved = load_file(source / "model" / "model.safetensors")
     assert all(torch.equal(trainer.model.state_dict()[name], tensor) for name, tensor in saved.items())
@@ -238,7 +238,7 @@ def test_a_study_arm_sets_the_architecture(tmp_path, capsys):
              "out_dir": str(tmp_path / "out")}
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study))
-    assert main(["experiment", str(path), "--dry-run"]) == 0
+    assert main(["study", str(path), "--dry-run"]) == 0
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line.split()}
     assert "modernbert" in rows and "bert" in rows
     assert rows["modernbert"][4] != rows["bert"][4]  # FLOPs per run: each architecture's own FLOP model

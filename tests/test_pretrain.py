@@ -41,7 +41,7 @@ def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("pretrain") / "run"
     config = load_config("tiny", [f"train.out_dir={out}", f"data.tokenizer={tokenizer}", f"train.max_steps={TRAIN_STEPS}",
                                   "train.eval_every=0", "train.save_every=0", "data.loader_workers=0"])
-    trainer = Trainer(config, validate=evaluate_mlm, show_progress=False)
+    trainer = Trainer(config, evaluator=evaluate_mlm, show_progress=False)
     before = trainer.evaluate(20)
     summary = trainer.train()
     return {"before": before, "after": summary["eval"], "run_dir": out, "trainer": trainer}

@@ -55,7 +55,7 @@ def test_non_finite_loss_skips_the_step_then_aborts(tmp_path):
     from mlmlab.train.loop import Trainer
 
     cfg = load_config("tiny", [f"train.out_dir={tmp_path}", "train.max_bad_steps=3", "data.loader_workers=0"])
-    trainer = Trainer(cfg, validate=None, show_progress=False)
+    trainer = Trainer(cfg, evaluator=None, show_progress=False)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     for _ in range(2):
         assert trainer._apply_update({"loss": float("nan")}, tokens=10, flops=0.0)["skipped"]
@@ -110,7 +110,7 @@ def small_trainer(tmp_path, name: str, *overrides: str):
 
     cfg = load_config("tiny", [f"train.out_dir={tmp_path / name}", "data.loader_workers=0", "model.hidden_size=32",
                                "model.num_layers=1", "model.intermediate_size=64", "train.batch_size=4", *overrides])
-    return Trainer(cfg, validate=None, show_progress=False)
+    return Trainer(cfg, evaluator=None, show_progress=False)
 
 
 def matmul_dtypes(trainer) -> set:
@@ -146,7 +146,7 @@ def test_auto_precision_is_bf16_on_cpus_with_amx_and_fp32_on_others(tmp_path, mo
     """Where bf16 autocast measured faster and ended where fp32 does (studies/precision-bf16-cpu)."""
     import torch
 
-    from mlmlab.devices import cpu_features
+    from mlmlab.utils.devices import cpu_features
     from mlmlab.train import launch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def host_kind() -> str:
     """What fp32 bits depend on: torch's kernel level and the CPU (and the thread count: record and test with
     the default, every core of a 2-core machine)."""
-    from mlmlab.devices import cpu_features
+    from mlmlab.utils.devices import cpu_features
 
     features = cpu_features()
     return f"{features['torch_capability']} {features['model']}"
@@ -58,7 +58,7 @@ def numbers(arm: str, out_dir: Path) -> dict:
     """What the arm computes: its prepared shards' sha256, every logged loss, the final weights' sha256."""
     from mlmlab.train.loop import Trainer
 
-    trainer = Trainer(guarded_config(arm, out_dir), validate=None, show_progress=False)
+    trainer = Trainer(guarded_config(arm, out_dir), evaluator=None, show_progress=False)
     trainer.train()
     records = [json.loads(line) for line in trainer.metrics.path.read_text().splitlines()]
     weights = hashlib.sha256()

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.usefixtures("no_progress_bars")
 def source(tmp_path_factory):
     """Phase 1 in miniature: its run folder and final summary."""
     run = tmp_path_factory.mktemp("source") / "run"
-    summary = Trainer(load_config(None, [*PHASE_1, f"train.out_dir={run}"]), validate=evaluate_mlm,
+    summary = Trainer(load_config(None, [*PHASE_1, f"train.out_dir={run}"]), evaluator=evaluate_mlm,
                       show_progress=False).train()
     return run, summary
 
@@ -46,7 +46,7 @@ def trainer_from(model_dir, out_dir, *overrides) -> Trainer:
     """A run that starts from ``model_dir``, on the source's data and evaluation settings, not trained yet."""
     config = load_config(None, [*COMMON, "data.max_seq_length=64", f"train.init={model_dir}", f"train.out_dir={out_dir}",
                                 *overrides])
-    return Trainer(config, validate=evaluate_mlm, show_progress=False)
+    return Trainer(config, evaluator=evaluate_mlm, show_progress=False)
 
 
 def assert_same_evaluation(got: dict, expected: dict, keys=("mlm_loss", "mlm_accuracy", "nsp_accuracy")) -> None:
@@ -60,7 +60,7 @@ def test_init_starts_where_the_source_ended(source, tmp_path, capsys):
     trainer = trainer_from(run / "model", tmp_path / "init")  # no model.* keys: taken from the checkpoint
     assert "starting from the weights of" in capsys.readouterr().out
     start = trainer.evaluate(4)
-    fresh = Trainer(load_config(None, [*PHASE_1, f"train.out_dir={tmp_path / 'fresh'}"]), validate=evaluate_mlm,
+    fresh = Trainer(load_config(None, [*PHASE_1, f"train.out_dir={tmp_path / 'fresh'}"]), evaluator=evaluate_mlm,
                     show_progress=False).evaluate(4)
     print(f"mlm loss: source's final {summary['eval']['mlm_loss']:.6f}, init's step 0 {start['mlm_loss']:.6f}, "
           f"fresh {fresh['mlm_loss']:.6f}")

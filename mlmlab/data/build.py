@@ -39,10 +39,10 @@ from mlmlab.data.records import Columns
 from mlmlab.data.store import FORMAT_VERSION, SHARD_FIELDS, TokenStore
 from mlmlab.data.tokenizer import SPECIAL_TOKENS, load_tokenizer, vocab_hash
 from mlmlab.errors import UserError
-from mlmlab.files import building
-from mlmlab.progress import progress_bar, say
-from mlmlab.restoring import restoring
-from mlmlab.signals import ignore_stop_signals, stop_signals_held
+from mlmlab.utils.files import building
+from mlmlab.utils.progress import progress_bar, say
+from mlmlab.utils.restoring import restoring
+from mlmlab.utils.signals import ignore_stop_signals, stop_signals_held
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mlmlab.data.records import Columns
 from mlmlab.data.store import FORMAT_VERSION
-from mlmlab.files import file_sha256
+from mlmlab.utils.files import file_sha256
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from mlmlab.errors import UserError
-from mlmlab.signals import ignore_stop_signals
+from mlmlab.utils.signals import ignore_stop_signals
 
 KEYS_PADDED = ("input_ids", "token_type_ids")
 

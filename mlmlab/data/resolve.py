@@ -17,7 +17,7 @@ from mlmlab.data.store import TokenStore
 from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer, vocab_hash
 from mlmlab.data.wikitext import UNK_MARKER, is_wikitext, write_plain
 from mlmlab.errors import UserError
-from mlmlab.files import building, file_sha256
+from mlmlab.utils.files import building, file_sha256
 
 SAMPLE_DIR = Path(__file__).resolve().parent.parent / "resources" / "sample"
 SAMPLE_TRAIN = SAMPLE_DIR / "train.txt.gz"

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from mlmlab.data.corpus import read_documents
 from mlmlab.data.records import Columns
 from mlmlab.errors import UserError
-from mlmlab.progress import progress_bar
+from mlmlab.utils.progress import progress_bar
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _UNUSED = re.compile(r"^\[unused\d+\]$")

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from mlmlab.errors import UserError
-from mlmlab.files import write_text_atomically
+from mlmlab.utils.files import write_text_atomically
 
 _TITLE = re.compile(r"^ = [^=].* = $")
 _RULES = [

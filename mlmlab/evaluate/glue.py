@@ -22,15 +22,15 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
-from mlmlab import jsonio, markdown
 from mlmlab.architectures import ADAPTERS, Bert
-from mlmlab.devices import compute_device
 from mlmlab.errors import UserError
-from mlmlab.files import lock_folder
 from mlmlab.model_folder import load_any_tokenizer, read_config, saved_weight_shapes
-from mlmlab.progress import progress_bar, say
-from mlmlab.restoring import restoring
 from mlmlab.train.optim import parameter_groups
+from mlmlab.utils import jsonio, markdown
+from mlmlab.utils.devices import compute_device
+from mlmlab.utils.files import lock_folder
+from mlmlab.utils.progress import progress_bar, say
+from mlmlab.utils.restoring import restoring
 from mlmlab.evaluate.glue_data import (
     TASKS, TRAIN_FILE, GlueSplit, GlueTask, missing_files, read_labeled, read_unlabeled,
 )

@@ -53,9 +53,10 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
-from mlmlab import choices, jsonio, markdown
-from mlmlab.devices import compute_device
+from mlmlab import choices
 from mlmlab.errors import UserError
+from mlmlab.utils import jsonio, markdown
+from mlmlab.utils.devices import compute_device
 from mlmlab.evaluate.glue import (
     EVAL_BATCH_SIZE, EncodedSplit, check_arguments, collate, compute_metrics, encode, load_model, nan_as_worst,
     percent, task_score,
@@ -63,7 +64,7 @@ from mlmlab.evaluate.glue import (
 from mlmlab.evaluate.glue_data import TASKS, TRAIN_FILE, GlueTask, missing_files, read_labeled
 from mlmlab.evaluate.glue_settings import TASK_SETTINGS, resolve_task_names
 from mlmlab.model_folder import load_any_tokenizer, read_config
-from mlmlab.progress import progress_bar
+from mlmlab.utils.progress import progress_bar
 
 DEFAULT_TASKS = ("SST-2", "MRPC", "CoLA")
 TRAIN_SAMPLES = {"SST-2": 8000}  # a fixed sample of SST-2's 67k rows keeps its features to a minute on a CPU

@@ -19,14 +19,14 @@ from mlmlab.config import MaskingConfig
 from mlmlab.data.loader import LoaderPosition, iterate_batches
 from mlmlab.data.records import Columns
 from mlmlab.data.resolve import held_out_store, require_vocab
-from mlmlab.devices import compute_device
 from mlmlab.errors import UserError
 from mlmlab.masking.buckets import frequency_buckets
 from mlmlab.masking.evaluation import eval_masks
 from mlmlab.masking.select import token_info_for
 from mlmlab.model import SparsePretraining, eval_mode
 from mlmlab.model_folder import load_pretrained, saved_token_counts, saved_vocab_hash
-from mlmlab.progress import progress_bar
+from mlmlab.utils.devices import compute_device
+from mlmlab.utils.progress import progress_bar
 
 DEFAULT_BUCKETS = MaskingConfig().freq_cuts  # the same as training's
 

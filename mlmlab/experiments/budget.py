@@ -102,7 +102,7 @@ def evaluation_count(cfg: Config) -> int:
 
 def eval_flops(cfg: Config) -> float:
     """Forward passes of the held-out evaluations, eval_batches each: an upper bound where the
-    valid split has fewer batches (the dry run's --probe counts the batches that exist)."""
+    valid split has fewer batches (the dry run's --time-steps counts the batches that exist)."""
     t = cfg.train
     vocab = padded_vocab_size(vocab_size_for(cfg.data.tokenizer), cfg.model.pad_vocab_multiple)
     seq = cfg.data.max_seq_length

@@ -1,7 +1,7 @@
 """The study's pre-registered decision rule, as its rows record it, applied to an arm's paired comparisons:
 win, lose, inconclusive or no call, and when a gain in the rarest bucket is only a prior shift."""
 
-from mlmlab.experiments.metrics import Metric
+from mlmlab.experiments.measures import Metric
 from mlmlab.experiments.statistics import Comparison
 
 WIN, LOSE, INCONCLUSIVE, NO_CALL = "win", "lose", "inconclusive", "no call"

@@ -11,8 +11,8 @@ reads them, with each arm's tokenizer:
   and every split a probe reads, once per encoder (pretrained and random init), in the
   length-sorted batches of linear_probe.split_features. The probes' regressions are no matmul of
   the model: only the timing counts them.
-- Seconds (``--probe N``): per task, N fine-tuning steps after probe.WARMUP_STEPS, and
-  probe.EVAL_PROBE_BATCHES batches of dev rows and of every probe split, timed here on a
+- Seconds (``--time-steps N``): per task, N fine-tuning steps after probe.WARMUP_STEPS, and
+  probe.TIMED_EVAL_BATCHES batches of dev rows and of every probe split, timed here on a
   random-init model of the arm's architecture (a forward costs the same whatever the weights),
   then scaled by the task's steps and rows. The probes' fits are timed on that sample and scaled
   by the training rows, a rough figure: lbfgs's iterations vary with the data.
@@ -31,17 +31,17 @@ import torch
 from mlmlab.config import Config, ModelConfig
 from mlmlab.data.resolve import tokenizer_dir_for
 from mlmlab.data.tokenizer import load_tokenizer
-from mlmlab.devices import clock, compute_device
 from mlmlab.evaluate.glue import EVAL_BATCH_SIZE, EncodedSplit, encode, load_model, predict, train_model
 from mlmlab.evaluate.glue_data import TASKS, TRAIN_FILE, missing_files, read_labeled
 from mlmlab.evaluate.glue_settings import FineTuneSettings
 from mlmlab.evaluate.linear_probe import PRETRAINED, RANDOM_INIT, load_encoder, probe_task, read_task, split_features
-from mlmlab.experiments.probe import EVAL_PROBE_BATCHES, WARMUP_STEPS
 from mlmlab.experiments.study import Study
+from mlmlab.experiments.timing import TIMED_EVAL_BATCHES, WARMUP_STEPS
 from mlmlab.flops import TRAINING_PASSES, encoder_forward_flops
 from mlmlab.model import build_model
-from mlmlab.progress import progress_bar
 from mlmlab.train.init import resolve_init
+from mlmlab.utils.devices import clock, compute_device
+from mlmlab.utils.progress import progress_bar
 
 # Each probe task is fitted on the features of both encoders (run_probes). Random-init features are kept per
 # process and shared by runs of one model config, so counting them for every run is an upper bound.
@@ -178,7 +178,7 @@ def timed_glue_task(folder: Path, work: TaskWork, settings: FineTuneSettings, st
     train_model(model, timed, one_epoch, settings.learning_rates[0], 0, device)
     step_seconds = (clock(device) - start) / math.ceil(len(timed) / batch)
     dev_file = Path(study.glue_dir) / task.name / next(iter(task.dev_files.values()))
-    dev = encode(read_labeled(task, dev_file, EVAL_PROBE_BATCHES * EVAL_BATCH_SIZE), tokenizer, settings.max_length)
+    dev = encode(read_labeled(task, dev_file, TIMED_EVAL_BATCHES * EVAL_BATCH_SIZE), tokenizer, settings.max_length)
     start = clock(device)
     predict(model, dev, task, device)
     row_seconds = (clock(device) - start) / len(dev)
@@ -187,7 +187,7 @@ def timed_glue_task(folder: Path, work: TaskWork, settings: FineTuneSettings, st
 
 def timed_probe_task(folder: Path, work: TaskWork, study: Study, tokenizer, device) -> float:
     """Seconds of the task's probes (both encoders' features, their fits) in one study run."""
-    sample = read_task(TASKS[work.name], Path(study.glue_dir), tokenizer, max_rows=EVAL_PROBE_BATCHES * EVAL_BATCH_SIZE)
+    sample = read_task(TASKS[work.name], Path(study.glue_dir), tokenizer, max_rows=TIMED_EVAL_BATCHES * EVAL_BATCH_SIZE)
     encoder = load_encoder(folder, RANDOM_INIT, study.probe.seed, device)
     split_features(encoder, sample.splits["train"], device, "", False)  # warm-up: thread pools, allocator
     start = clock(device)

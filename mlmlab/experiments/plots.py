@@ -7,7 +7,7 @@ import numpy as np
 
 from mlmlab import choices
 from mlmlab.experiments.curves import mask_share_keys, mean_curve, progress_of, sequences_seen
-from mlmlab.experiments.metrics import by_seed, downstream_metrics, loss_metric, run_points
+from mlmlab.experiments.measures import by_seed, downstream_metrics, loss_metric, run_points
 
 
 def is_adaptive(rows: list[dict]) -> bool:

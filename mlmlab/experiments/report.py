@@ -17,20 +17,21 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from mlmlab import choices, markdown
+from mlmlab import choices
 from mlmlab.errors import UserError
+from mlmlab.utils import markdown
 from mlmlab.experiments.curves import (
     last_per_x, mask_share_keys, progress_of, row_sequences_per_step, steps_to_target,
 )
 from mlmlab.experiments.decision import decide, holm_call, prior_shift, rule_text
 from mlmlab.experiments.gates import gate_outcomes
-from mlmlab.experiments.metrics import (
+from mlmlab.experiments.measures import (
     Metric, by_seed, downstream_metrics, loss_metric, metrics_of, probe_metrics, recalibrated_metrics, run_points,
 )
 from mlmlab.experiments.plots import write_plots
 from mlmlab.experiments.results import read_rows
 from mlmlab.experiments.statistics import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, FEW_SEEDS, Comparison, compare, holm
-from mlmlab.jsonio import json_lines
+from mlmlab.utils.jsonio import json_lines
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ LATE_PROGRESS = 0.9  # "late in training": ADM weights the scores more as traini
 def load_rows(path: Path) -> tuple[list[dict], list[str]]:
     """The rows, the latest per (arm, seed) (a duplicate, e.g. from a results file merged twice, counts once), and notes."""
     if not path.is_file():
-        raise UserError(f"{path} does not exist; pass the results.jsonl an `mlmlab experiment` wrote")
+        raise UserError(f"{path} does not exist; pass the results.jsonl an `mlmlab study` wrote")
     rows, ignored = read_rows(path)
     notes = [skipped(f"line {number} of {path.name} is not a complete result row and was ignored")
              for number in ignored]
@@ -186,7 +187,7 @@ def commands(rows: list[dict], results: Path, out: Path) -> list[str]:
     # --out is where the rows are now, not the out_dir they were trained in: the runner skips the runs it finds
     # there, and a study folder may have moved since (docs/<name> -> studies/<name>).
     sources = dict.fromkeys(row.get("study_source", "?") for row in rows)
-    lines = [f"    mlmlab experiment {source} --out {results.parent}" for source in sources]
+    lines = [f"    mlmlab study {source} --out {results.parent}" for source in sources]
     return lines + [f"    mlmlab report {results} --out {out}"]
 
 

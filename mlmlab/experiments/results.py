@@ -5,7 +5,7 @@ says which lines it ignored."""
 
 from pathlib import Path
 
-from mlmlab.jsonio import json_lines
+from mlmlab.utils.jsonio import json_lines
 
 RESULTS_FILE = "results.jsonl"
 ROW_FIELDS = ("key", "arm", "seed", "eval")  # every row the runner writes has them

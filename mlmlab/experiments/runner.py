@@ -22,24 +22,24 @@ from pathlib import Path
 import torch
 
 import mlmlab
-from mlmlab import jsonio
 from mlmlab.config import Config, DataConfig, config_text, from_dict, set_dotted, to_dict
-from mlmlab.errors import UserError
-from mlmlab.files import WriterLock
 from mlmlab.data.resolve import dataset_hashes
+from mlmlab.errors import UserError
 from mlmlab.evaluate.glue import run_glue
 from mlmlab.evaluate.linear_probe import check_task_files, run_probes
 from mlmlab.evaluate.perplexity import evaluate_mlm, evaluate_model
 from mlmlab.evaluate.recalibrate import recalibrated_loss
+from mlmlab.utils import jsonio
+from mlmlab.utils.files import WriterLock
 from mlmlab.experiments.budget import (
     ASSUMED_MFU, CPU_FLOPS, H100_PEAK_FLOPS, apply_budget, cpu_hours, gpu_hours, run_cost,
 )
 from mlmlab.experiments.downstream import Downstream, downstream_work, glue_settings, timed_downstream
 from mlmlab.experiments.gates import describe, gate_results
 from mlmlab.experiments.identity import config_changes, identity_hash, settings_of
-from mlmlab.experiments.probe import WARMUP_STEPS, probe_run, run_minutes
 from mlmlab.experiments.results import RESULTS_FILE, read_rows
 from mlmlab.experiments.study import Arm, Study
+from mlmlab.experiments.timing import WARMUP_STEPS, timed_run, run_minutes
 from mlmlab.model_folder import load_pretrained
 from mlmlab.train.checkpoint import complete_checkpoints, step_of
 from mlmlab.train.loop import Trainer
@@ -172,7 +172,7 @@ def refuse_incomparable(runs: list[Run], rows: list[dict]) -> None:
 def train_run(cfg: Config, show_progress: bool) -> tuple[dict, float]:
     """Train (or resume) one run: the trainer's summary, its final held-out evaluation with the prior-free
     loss added (eval.recalibrated), and the seconds spent scoring for ADM."""
-    trainer = Trainer(cfg, validate=evaluate_mlm, show_progress=show_progress)
+    trainer = Trainer(cfg, evaluator=evaluate_mlm, show_progress=show_progress)
     summary = trainer.train()
     model, _ = load_pretrained(Path(cfg.train.out_dir) / "model")  # the saved model: whole on every process
     summary["eval"]["recalibrated"] = recalibrated_loss(
@@ -355,9 +355,9 @@ def check_gates(study: Study, planned: list[Run], rows: list[dict], log=print) -
     log(f"validity gates held on {study.gates.arm}: {describe(results)}")
 
 
-def dry_run_text(study: Study, shard: tuple[int, int] = (0, 1), probe_steps: int = 0,
+def dry_run_text(study: Study, shard: tuple[int, int] = (0, 1), timed_steps: int = 0,
                  show_progress: bool = False) -> str:
-    """Every arm's config validated and its estimated cost, GLUE and probes included; with ``probe_steps``, each arm's
+    """Every arm's config validated and its estimated cost, GLUE and probes included; with ``timed_steps``, each arm's
     cost timed here too (``show_progress``: bars on stderr)."""
     runs = plan_runs(study)
     mine = shard_runs(runs, shard, study.gates.arm if study.gates else None)
@@ -375,8 +375,8 @@ def dry_run_text(study: Study, shard: tuple[int, int] = (0, 1), probe_steps: int
                      f"{d['glue']:>10.3g} {d['probes']:>11.3g}")
     finished = {row["key"] for row in finished_rows(Path(study.out_dir) / RESULTS_FILE)}
     left = [run for run in mine if run.key not in finished]
-    if probe_steps:
-        lines += probed_cost_lines(study, arm_runs, left, probe_steps, work, downstream, show_progress)
+    if timed_steps:
+        lines += probed_cost_lines(study, arm_runs, left, timed_steps, work, downstream, show_progress)
     trained = sum(run.cost["flops"] for run in left)
     evaluated = sum(sum(downstream[run.arm.name].values()) for run in left)
     gpu = sum(run.cost["gpu_hours"] for run in left) + gpu_hours(evaluated)
@@ -407,7 +407,7 @@ def downstream_note(study: Study, work: dict[str, Downstream]) -> str:
     parts = [f"GLUE {', '.join(task.name for task in counted.glue)}: every training row of every epoch, learning "
              "rate and seed, padded as its batch is, and the dev predictions"] if counted.glue else []
     parts += [f"probes {', '.join(task.name for task in counted.probes)}: every split's features, for both "
-              "encoders (the regressions are timed only with --probe)"] if counted.probes else []
+              "encoders (the regressions are timed only with --time-steps)"] if counted.probes else []
     parts += [f"GLUE tasks skipped, their files absent: {', '.join(skipped)}"] if skipped else []
     return (f"GLUE and probes per run: FLOPs counted from the task files in {study.glue_dir} with each arm's tokenizer "
             f"(mlmlab/experiments/downstream.py); {'; '.join(parts)}")
@@ -430,7 +430,7 @@ def probed_cost_lines(study: Study, arm_runs: list[Run], left: list[Run], steps:
     timed, estimated, first, by_model = {}, {}, None, {}
     for run in arm_runs:
         cfg, name = run.config, run.arm.name
-        probed = probe_run(cfg, steps, show_progress, name)
+        probed = timed_run(cfg, steps, show_progress, name)
         first = first or probed["step_seconds"]
         model_key = (json.dumps(dataclasses.asdict(cfg.model), sort_keys=True), cfg.data.tokenizer, cfg.train.init)
         if model_key not in by_model:  # GLUE and probes cost the same for arms of one model and tokenizer

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from mlmlab.experiments.metrics import Metric, by_seed, metrics_of
+from mlmlab.experiments.measures import Metric, by_seed, metrics_of
 
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0  # a fixed generator, so the intervals are the same every time the report is made

@@ -51,8 +51,8 @@ from mlmlab import choices
 from mlmlab.config import NON_NEGATIVE, SEEDS, check_range, load_config, read_yaml, set_dotted, to_dict
 from mlmlab.errors import UserError
 from mlmlab.evaluate import linear_probe, perplexity
-from mlmlab.evaluate.glue_settings import GlueSettings, resolve_task_names
 from mlmlab.evaluate.glue_data import TASKS
+from mlmlab.evaluate.glue_settings import GlueSettings, resolve_task_names
 
 STUDY_DIR = Path(__file__).resolve().parent.parent / "configs" / "studies"
 STUDY_KEYS = ("name", "description", "preset", "base", "pinned", "arms", "grid", "seeds", "budget", "baseline", "glue",

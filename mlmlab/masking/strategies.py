@@ -27,7 +27,6 @@ import torch
 
 from mlmlab import choices
 from mlmlab.config import MaskingConfig
-from mlmlab.devices import clock
 from mlmlab.errors import UserError
 from mlmlab.masking import scorers
 from mlmlab.masking.buckets import frequency_buckets
@@ -35,6 +34,7 @@ from mlmlab.masking.schedules import adapt_factor
 from mlmlab.masking.seeding import STREAM_SCORED_ROWS, row_uniforms
 from mlmlab.masking.select import Corruption, TokenInfo, eligible_positions, select_and_corrupt
 from mlmlab.model import IGNORE_INDEX
+from mlmlab.utils.devices import clock
 
 LEGACY_STEP_KEY = "step"  # in the masking state of checkpoints made before the optimizer step drove scoring
 

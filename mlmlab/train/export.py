@@ -2,7 +2,7 @@
 
 The held-out figures are the ones the run recorded at that step (metrics.jsonl); a step
 without them is evaluated here as the Trainer would (same data, fixed masks, batches), by
-the ``validate`` the caller hands over (evaluation sits in a higher layer than training).
+the ``evaluator`` the caller hands over (evaluation sits in a higher layer than training).
 Where the run's data cannot be read any more (moved, another machine), the card says so
 instead of failing the export.
 """
@@ -13,25 +13,25 @@ from pathlib import Path
 
 from mlmlab.config import Config, from_dict
 from mlmlab.data.resolve import prepare_datasets
-from mlmlab.devices import compute_device
 from mlmlab.errors import UserError
-from mlmlab.files import lock_beside
 from mlmlab.masking.select import token_info_for
 from mlmlab.model import build_model
 from mlmlab.model_folder import load_saved_weights
 from mlmlab.train.checkpoint import CONFIG_FILE, MANIFEST, MODEL_DIR, config_tree_at, latest, read_progress, verify
 from mlmlab.train.metrics import METRICS_FILE
 from mlmlab.train.model_card import export_model_folder
+from mlmlab.utils.devices import compute_device
+from mlmlab.utils.files import lock_beside
 
 
-def export_run(source: Path, out: Path, validate: Callable[..., dict], log=print) -> Path:
+def export_run(source: Path, out: Path, evaluator: Callable[..., dict], log=print) -> Path:
     """``out``: the model folder and card of ``source`` (a run folder: its newest intact checkpoint; or a checkpoint)."""
     folder = checkpoint_of(Path(source))
     with lock_beside(out, f"the export folder {out}", "give --out another folder"):
-        return _export(folder, out, validate, log)
+        return _export(folder, out, evaluator, log)
 
 
-def _export(folder: Path, out: Path, validate: Callable[..., dict], log) -> Path:
+def _export(folder: Path, out: Path, evaluator: Callable[..., dict], log) -> Path:
     """``export_run`` once ``out`` is this process's to write."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} exists and is not empty; give --out a new folder")
@@ -44,7 +44,7 @@ def _export(folder: Path, out: Path, validate: Callable[..., dict], log) -> Path
         train = valid = tokenizer = None
     evaluation = recorded_evaluation(folder.parent, step)
     if evaluation is None and valid is not None:
-        evaluation = evaluate_checkpoint(folder, cfg, train, valid, tokenizer, validate)
+        evaluation = evaluate_checkpoint(folder, cfg, train, valid, tokenizer, evaluator)
     data = {"train": train.meta if train else None, "valid": valid.meta if valid else None}
     return export_model_folder(folder, out, cfg, evaluation, data)
 
@@ -88,11 +88,11 @@ def recorded_evaluation(run_dir: Path, step: int) -> dict | None:
     return found
 
 
-def evaluate_checkpoint(folder: Path, cfg: Config, train, valid, tokenizer, validate) -> dict:
+def evaluate_checkpoint(folder: Path, cfg: Config, train, valid, tokenizer, evaluator) -> dict:
     """Held-out figures of a checkpoint, as the Trainer measures them."""
     model = build_model(cfg.model, len(tokenizer), tokenizer.pad_token_id)
     load_saved_weights(model, folder / MODEL_DIR)  # the one weight loader; nothing may be missing
     device = compute_device()
-    return validate(model.to(device), valid, token_info_for(tokenizer, cfg.masking.mask_unk),
+    return evaluator(model.to(device), valid, token_info_for(tokenizer, cfg.masking.mask_unk),
                     batch_size=cfg.train.eval_batch_size, max_batches=cfg.train.eval_batches, device=device,
                     token_counts=train.token_counts, freq_cuts=cfg.masking.freq_cuts)

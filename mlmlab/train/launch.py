@@ -12,9 +12,9 @@ from accelerate.utils import DistributedDataParallelKwargs, DistributedType, par
 
 from mlmlab import choices
 from mlmlab.config import Config
-from mlmlab.devices import cpu_features, describe_cpu, has_bf16_units
 from mlmlab.errors import UserError
 from mlmlab.train.mfu import peak_matmul_flops
+from mlmlab.utils.devices import cpu_features, describe_cpu, has_bf16_units
 
 
 def mixed_precision(precision: str) -> str:

@@ -10,7 +10,7 @@ The Trainer only trains. What it calls owns its own part, torchtitan-style: the 
 (``launch.py``), the run folder, checkpoints and export (``checkpoint.py``), the start from
 another model's weights (``init.py``), the final model folder and its card (``model_card.py``),
 the metrics files (``metrics.py``), the LR schedule (``optim.py``), and held-out evaluation,
-which the caller hands over as ``validate`` (a function with the signature of
+which the caller hands over as ``evaluator`` (a function with the signature of
 ``evaluate.perplexity.evaluate_mlm``; evaluation sits in a higher layer than training).
 """
 
@@ -29,22 +29,23 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimi
 from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
-from mlmlab import choices, jsonio
+from mlmlab import choices
 from mlmlab.config import Config, ModelConfig, TrainConfig
 from mlmlab.data.loader import LoaderPosition, iterate_batches
 from mlmlab.data.resolve import prepare_datasets
 from mlmlab.errors import UserError
 from mlmlab.masking.masker import Masker
 from mlmlab.model import IGNORE_INDEX, SparsePretraining
-from mlmlab.progress import progress_bar
-from mlmlab.signals import STOP_SIGNALS, exit_code
 from mlmlab.train import checkpoint
 from mlmlab.train.init import initial_model, resolve_init
 from mlmlab.train.launch import concat_over_processes, make_accelerator, sum_over_processes
 from mlmlab.train.memory import refuse_unfitting
 from mlmlab.train.metrics import MetricsWriter
-from mlmlab.train.model_card import export_model_folder
 from mlmlab.train.mfu import MeasuredPeak, matmul_dtype, rates, training_flops
+from mlmlab.train.model_card import export_model_folder
+from mlmlab.utils import jsonio
+from mlmlab.utils.progress import progress_bar
+from mlmlab.utils.signals import STOP_SIGNALS, exit_code
 from mlmlab.train.optim import (
     build_optimizer, learning_rate, refuse_warmup_without_decay, resume_lr_note, set_lr, training_progress,
 )
@@ -343,12 +344,12 @@ def run_summary(state: "TrainerState", peak: MeasuredPeak, accelerator, final_ev
 class Trainer:
     """One pretraining run; each method does one part of the loop."""
 
-    def __init__(self, cfg: Config, *, validate: Callable[..., dict] | None, resume: str | None = None,
+    def __init__(self, cfg: Config, *, evaluator: Callable[..., dict] | None, resume: str | None = None,
                  show_progress: bool = True):
         """A run set up to ``train()``; its folder is this process's until ``train()`` ends (or ``close()``)."""
         self._lock, self._stop = None, _StopRequest()
         try:
-            self._set_up(cfg, validate, resume, show_progress)
+            self._set_up(cfg, evaluator, resume, show_progress)
         except BaseException:
             self.close()
             raise
@@ -358,11 +359,11 @@ class Trainer:
         if self._lock is not None:
             self._lock.release()
 
-    def _set_up(self, cfg: Config, validate: Callable[..., dict] | None, resume: str | None, show_progress: bool):
+    def _set_up(self, cfg: Config, evaluator: Callable[..., dict] | None, resume: str | None, show_progress: bool):
         self._started = time.perf_counter()
         refuse_warmup_without_decay(cfg.train)
         cfg = resolve_init(cfg)  # train.init: checked, and the model section taken from it, before anything else
-        self.cfg, self.validate, self.show_progress = cfg, validate, show_progress
+        self.cfg, self.evaluator, self.show_progress = cfg, evaluator, show_progress
         self.accelerator = make_accelerator(cfg)
         self.precision = self.accelerator.mixed_precision  # this run's; accelerate's property is per process (launch.py)
         self.run_dir = checkpoint.run_dir_for(cfg)
@@ -520,10 +521,10 @@ class Trainer:
         return window
 
     def evaluate(self, max_batches: int | None = None) -> dict:
-        """Held-out evaluation by ``validate`` ({} without one), through the wrapped module: FSDP gathers there."""
-        if self.validate is None:
+        """Held-out evaluation by ``evaluator`` ({} without one), through the wrapped module: FSDP gathers there."""
+        if self.evaluator is None:
             return {}  # the caller handed no validator: training only
-        return self.validate(self.module, self.valid_store, self.masker.info, batch_size=self.cfg.train.eval_batch_size,
+        return self.evaluator(self.module, self.valid_store, self.masker.info, batch_size=self.cfg.train.eval_batch_size,
                              max_batches=max_batches, device=self.accelerator.device,
                              token_counts=self.train_store.token_counts, freq_cuts=self.cfg.masking.freq_cuts)
 

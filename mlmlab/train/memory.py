@@ -25,10 +25,10 @@ from accelerate.utils import DistributedType
 
 from mlmlab import choices
 from mlmlab.config import Config
-from mlmlab.devices import memory_capacity
 from mlmlab.errors import UserError
 from mlmlab.masking.schedules import rate_at
 from mlmlab.model import padded_vocab_size
+from mlmlab.utils.devices import memory_capacity
 
 OPTIMIZER_BYTES_PER_PARAMETER = 16  # fp32 weight, gradient, exp_avg, exp_avg_sq
 CONTEXT_BYTES_PER_BUCKET = 12  # masking/scorers.py's context table: float32 value + int64 count

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
 
-from mlmlab import jsonio
 from mlmlab.errors import UserError
-from mlmlab.files import write_text_atomically
+from mlmlab.utils import jsonio
+from mlmlab.utils.files import write_text_atomically
 
 METRICS_FILE = "metrics.jsonl"
 

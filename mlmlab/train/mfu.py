@@ -12,8 +12,8 @@ import time
 import torch
 
 from mlmlab.config import ModelConfig
-from mlmlab.devices import clock
 from mlmlab.flops import TRAINING_PASSES, encoder_forward_flops, head_flops
+from mlmlab.utils.devices import clock
 
 
 def matmul_dtype(mixed_precision: str) -> torch.dtype:

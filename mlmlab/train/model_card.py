@@ -13,13 +13,14 @@ import shlex
 import shutil
 from pathlib import Path
 
-from mlmlab import choices, jsonio
+from mlmlab import choices
 from mlmlab.architectures import saved_architecture
 from mlmlab.config import Config, flat_keys, to_dict
 from mlmlab.data.tokenizer import folder_vocab_size
 from mlmlab.masking.evaluation import EVAL_RATE
 from mlmlab.model_folder import VOCAB_HASH_KEY, read_config, saved_weight_shapes
 from mlmlab.train.checkpoint import MODEL_DIR, read_progress
+from mlmlab.utils import jsonio
 
 CARD = "README.md"
 

@@ -18,9 +18,10 @@ import torch
 from scipy import stats
 from transformers import AutoConfig, AutoModel
 
-from mlmlab.evaluate.glue import collate, encode, load_model_tokenizer, quiet_transformers
+from mlmlab.evaluate.glue import collate, encode, quiet_transformers
 from mlmlab.evaluate.glue_data import TASKS, GlueSplit, read_labeled
 from mlmlab.experiments.results import RESULTS_FILE, read_rows
+from mlmlab.model_folder import load_any_tokenizer
 
 STUDY = Path(__file__).resolve().parents[1]
 BATCH = 64
@@ -67,12 +68,12 @@ def main(glue_dir: str) -> None:
     for row in rows:
         model_dir = STUDY / row["run_dir"] / "model"
         fine_tuned = row["glue"]["tasks"]["STS-B"]["dev"]["pearson"]
-        zero_shot = zero_shot_pearson(pretrained(model_dir), load_model_tokenizer(model_dir), dev)
+        zero_shot = zero_shot_pearson(pretrained(model_dir), load_any_tokenizer(model_dir), dev)
         print(f"{row['arm']:<20} seed {row['seed']}  fine-tuned {fine_tuned:.3f}  zero-shot {zero_shot:.3f}  "
               f"MLM loss {row['eval']['mlm_loss']:.3f}", flush=True)
     model_dir = STUDY / rows[0]["run_dir"] / "model"
     for seed in (0, 1):
-        zero_shot = zero_shot_pearson(random_init(model_dir, seed), load_model_tokenizer(model_dir), dev)
+        zero_shot = zero_shot_pearson(random_init(model_dir, seed), load_any_tokenizer(model_dir), dev)
         print(f"{'random init':<20} seed {seed}  zero-shot {zero_shot:.3f}", flush=True)
 
 

@@ -11,23 +11,23 @@ import dataclasses
 import tempfile
 
 from mlmlab.config import Config
-from mlmlab.devices import clock
 from mlmlab.evaluate.perplexity import evaluate_mlm, evaluated_batches
 from mlmlab.experiments.budget import evaluation_count
-from mlmlab.progress import progress_bar
 from mlmlab.train.loop import Trainer
+from mlmlab.utils.devices import clock
+from mlmlab.utils.progress import progress_bar
 
 WARMUP_STEPS = 2  # thread pools, allocator, and ADM's first scoring step (a = 0 at step 0 scores nothing)
-EVAL_PROBE_BATCHES = 2
+TIMED_EVAL_BATCHES = 2
 
 
-def probe_run(cfg: Config, steps: int, show_progress: bool = False, label: str = "") -> dict:
+def timed_run(cfg: Config, steps: int, show_progress: bool = False, label: str = "") -> dict:
     """{"step_seconds", "eval_batch_seconds", "eval_batches"} of ``cfg`` on this machine (nothing is kept);
     ``show_progress``: the data's preparation and the steps as bars on stderr."""
     with tempfile.TemporaryDirectory() as folder:
         probe = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out_dir=folder, eval_every=0,
                                                                    save_every=0))
-        trainer = Trainer(probe, validate=evaluate_mlm, show_progress=show_progress)
+        trainer = Trainer(probe, evaluator=evaluate_mlm, show_progress=show_progress)
         batches = trainer.batches()
         device = trainer.accelerator.device
         with progress_bar(f"time {label}", WARMUP_STEPS + steps, show_progress, unit="step") as bar:
@@ -40,7 +40,7 @@ def probe_run(cfg: Config, steps: int, show_progress: bool = False, label: str =
                 bar.update()
             step_seconds = (clock(device) - start) / steps
         eval_batches = evaluated_batches(len(trainer.valid_store), cfg.train.eval_batch_size, cfg.train.eval_batches)
-        timed = min(EVAL_PROBE_BATCHES, eval_batches)
+        timed = min(TIMED_EVAL_BATCHES, eval_batches)
         start = clock(device)
         trainer.evaluate(timed)
         eval_batch_seconds = (clock(device) - start) / timed
