@@ -7,6 +7,7 @@ Any key that is not a field is an error, so a typo never silently trains the wro
 
 import ast
 import dataclasses
+import hashlib
 import inspect
 import io
 import math
@@ -351,6 +352,11 @@ def flat_keys(tree: dict) -> dict:
 def config_text(cfg: Config) -> str:
     """The resolved config as YAML: what a run folder records and a rerun compares against."""
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def config_hash(cfg: Config) -> str:
+    """12 hex digits of config_text: a default run folder's name, and a study row's record of its whole config."""
+    return hashlib.sha256(config_text(cfg).encode()).hexdigest()[:12]
 
 
 def config_listing(cfg: Config) -> str:

@@ -40,7 +40,9 @@ def config_changes(recorded: dict, planned: dict) -> list[str]:
 
 
 def settings_of(study) -> dict:
-    """The study's settings besides the config that decide a row's numbers."""
+    """The study's settings besides the config that decide a row's numbers. The probe block enters only
+    where a study has one: the studies from before probes keep their keys."""
     glue, defaults = dataclasses.asdict(study.glue), dataclasses.asdict(type(study.glue)())
     chosen = {key: value for key, value in glue.items() if key in KEYED_GLUE_FIELDS or value != defaults[key]}
-    return {"glue": chosen, "eval_data": study.eval_data}
+    settings = {"glue": chosen, "eval_data": study.eval_data}
+    return settings if study.probe is None else {**settings, "probe": dataclasses.asdict(study.probe)}

@@ -9,7 +9,6 @@ study finishes it. The study file itself is read by ``study.py``.
 
 import copy
 import dataclasses
-import hashlib
 import json
 import math
 import re
@@ -22,7 +21,7 @@ from pathlib import Path
 import torch
 
 import mlmlab
-from mlmlab.config import Config, DataConfig, config_text, from_dict, set_dotted, to_dict
+from mlmlab.config import Config, DataConfig, config_hash, config_text, from_dict, set_dotted, to_dict
 from mlmlab.data.resolve import dataset_hashes
 from mlmlab.errors import UserError
 from mlmlab.evaluate.glue import run_glue
@@ -105,21 +104,10 @@ def _run(study: Study, index: int, arm: Arm, seed: int, cfg: Config) -> Run:
     cfg = dataclasses.replace(cfg, masking=dataclasses.replace(cfg.masking, seed=seed),
                               train=dataclasses.replace(cfg.train, seed=seed, out_dir=""))
     datasets = _dataset_hashes(json.dumps(dataclasses.asdict(cfg.data), sort_keys=True), cfg.train.init)
-    identity = identity_hash(cfg, study.explicit | set(arm.overrides), datasets, keyed_settings(study))
+    identity = identity_hash(cfg, study.explicit | set(arm.overrides), datasets, settings_of(study))
     run_dir = Path(study.out_dir) / "runs" / arm.name / f"seed{seed}"
     placed = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out_dir=str(run_dir)))
     return Run(index, arm, seed, placed, run_cost(cfg), config_hash(cfg), datasets, f"{arm.name}/seed{seed}/{identity}")
-
-
-def keyed_settings(study: Study) -> dict:
-    """identity.settings_of, and the probe block where the study has one: a study without one keeps its keys."""
-    settings = settings_of(study)
-    return settings if study.probe is None else {**settings, "probe": dataclasses.asdict(study.probe)}
-
-
-def config_hash(cfg: Config) -> str:
-    """Hash of the whole resolved config without its folder: recorded in the row (the key is identity_hash)."""
-    return hashlib.sha256(config_text(cfg).encode()).hexdigest()[:12]
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:

@@ -19,7 +19,6 @@ It is written under a staging name and renamed when complete. A resume refuses, 
 line, a checkpoint of another architecture or vocabulary: loading part of one is never silent.
 """
 
-import hashlib
 import json
 import os
 import shutil
@@ -31,7 +30,7 @@ import yaml
 from transformers import PreTrainedConfig, PreTrainedModel
 
 from mlmlab.architectures import entry_name, saved_architecture, saved_settings
-from mlmlab.config import Config, config_text, flat_keys, from_dict, read_yaml
+from mlmlab.config import Config, config_hash, config_text, flat_keys, from_dict, read_yaml
 from mlmlab.errors import UserError
 from mlmlab.utils.files import WriterLock, building, file_sha256, lock_folder, remove_stale_staging_like, replacing
 from mlmlab.model_folder import (is_model_folder, load_saved_weights, read_config, refuse_other_vocabulary,
@@ -52,8 +51,7 @@ def run_dir_for(cfg: Config) -> Path:
     """``train.out_dir``, or runs/<hash of the resolved config> so a rerun finds its own run."""
     if cfg.train.out_dir:
         return Path(cfg.train.out_dir)
-    digest = hashlib.sha256(config_text(cfg).encode()).hexdigest()[:12]
-    return Path("runs") / digest
+    return Path("runs") / config_hash(cfg)
 
 
 def lock_run(run_dir: Path) -> WriterLock:
