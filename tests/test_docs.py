@@ -112,6 +112,12 @@ def ci_test_command() -> str:
     return lines[marker + 1].strip()
 
 
+def test_the_testing_page_names_every_test_file():
+    page = (ROOT / "docs" / "testing.md").read_text()
+    missing = [path.name for path in sorted((ROOT / "tests").glob("test_*.py")) if f"`{path.name}`" not in page]
+    assert not missing, f"docs/testing.md's table lacks {missing}"
+
+
 def test_readme_test_command_is_the_one_ci_runs():
     assert readme_test_command() == ci_test_command()
 
