@@ -183,11 +183,18 @@ def busy_glue_out(world, tmp):
     return argv, lock_folder(Path(argv[argv.index("--out") + 1]), "GLUE's --out", "")
 
 
+def busy_probe_out(world, tmp):
+    out = tmp / "probe-out"
+    argv = ["probe", "--model", str(world.model), "--task", "SST-2", "--data-dir", str(world.glue), "--out", str(out)]
+    return argv, lock_folder(out, "probe's --out", "")
+
+
 def busy_export_out(world, tmp):
     return ["export", str(world.run), "--out", str(tmp / "exported")], lock_beside(tmp / "exported", "--out", "")
 
 
-@pytest.mark.parametrize("busy", [busy_run, busy_glue_out, busy_export_out], ids=["pretrain", "glue", "export"])
+@pytest.mark.parametrize("busy", [busy_run, busy_glue_out, busy_probe_out, busy_export_out],
+                         ids=["pretrain", "glue", "probe", "export"])
 def test_a_second_writer_is_refused_naming_the_first(world, tmp_path, capsys, busy):
     argv, held = busy(world, tmp_path)  # this process stands for the first writer
     with held:

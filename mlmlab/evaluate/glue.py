@@ -28,7 +28,7 @@ from mlmlab.model_folder import load_any_tokenizer, read_config, saved_weight_sh
 from mlmlab.train.optim import parameter_groups
 from mlmlab.utils import jsonio, markdown
 from mlmlab.utils.devices import compute_device
-from mlmlab.utils.files import lock_folder
+from mlmlab.utils.files import lock_folder, write_text_atomically
 from mlmlab.utils.progress import progress_bar, say
 from mlmlab.utils.restoring import restoring
 from mlmlab.evaluate.glue_data import (
@@ -376,9 +376,9 @@ def submission_text(task: GlueTask, indices: list[str], predictions: np.ndarray)
 
 
 def write_results(results: dict, out_dir: Path) -> None:
-    text = jsonio.dumps(results, indent=2)
-    (out_dir / "glue_results.json").write_text(text + "\n", encoding="utf-8")
-    (out_dir / "glue_results.md").write_text(format_glue_table(results), encoding="utf-8")
+    """Each file whole or as before: a study row and a reader of an earlier run's table never see half of one."""
+    write_text_atomically(out_dir / "glue_results.json", jsonio.dumps(results, indent=2) + "\n")
+    write_text_atomically(out_dir / "glue_results.md", format_glue_table(results))
 
 
 def format_glue_table(results: dict) -> str:

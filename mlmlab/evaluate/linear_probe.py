@@ -41,7 +41,7 @@ import json
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +64,7 @@ from mlmlab.evaluate.glue import (
 from mlmlab.evaluate.glue_data import TASKS, TRAIN_FILE, GlueTask, missing_files, read_labeled
 from mlmlab.evaluate.glue_settings import TASK_SETTINGS, resolve_task_names
 from mlmlab.model_folder import load_any_tokenizer, read_config
+from mlmlab.utils.files import lock_folder, write_text_atomically
 from mlmlab.utils.progress import progress_bar
 
 DEFAULT_TASKS = ("SST-2", "MRPC", "CoLA")
@@ -112,6 +113,18 @@ def run_probes(
     {"tasks": {task: figures}, "average_gain"}}, "seconds"}; with ``out_dir`` also writes it to
     probe_results.json and probe_results.md there. Every argument and file is checked first.
     """
+    # --out is this process's from the first check on: two probes writing one folder would mix their files.
+    with nullcontext() if out_dir is None else lock_folder(Path(out_dir), f"the probe output folder {out_dir}",
+                                                           "give --out another folder"):
+        results = probe_all(model_dir, tasks, data_dir, poolings, seed, show_progress)
+        if out_dir is not None:
+            write_probe_results(results, Path(out_dir))
+    return results
+
+
+def probe_all(model_dir, tasks: Sequence[str] | None, data_dir, poolings: Sequence[str], seed: int,
+              show_progress: bool) -> dict:
+    """run_probes' results, nothing written."""
     started = time.perf_counter()
     model_dir, data_dir = Path(model_dir), Path(data_dir)
     names = checked_arguments(tasks or DEFAULT_TASKS, poolings, seed)
@@ -131,8 +144,6 @@ def run_probes(
         "train_samples": {name: TRAIN_SAMPLES[name] for name in names if name in TRAIN_SAMPLES}, "poolings": pooled,
     }
     results["seconds"] = time.perf_counter() - started
-    if out_dir is not None:
-        write_probe_results(results, Path(out_dir))
     return results
 
 
@@ -326,9 +337,9 @@ def quiet_sklearn():
 
 
 def write_probe_results(results: dict, out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "probe_results.json").write_text(jsonio.dumps(results, indent=2) + "\n", encoding="utf-8")
-    (out_dir / "probe_results.md").write_text(format_probe_table(results), encoding="utf-8")
+    """Each file whole or as before (a study's row reads the JSON)."""
+    write_text_atomically(out_dir / "probe_results.json", jsonio.dumps(results, indent=2) + "\n")
+    write_text_atomically(out_dir / "probe_results.md", format_probe_table(results))
 
 
 def format_probe_table(results: dict) -> str:
