@@ -6,12 +6,14 @@ import types
 import typing
 
 import pytest
+import torch
 
 from mlmlab.config import _RANGES, Config, load_config, preset_names
 from mlmlab.errors import UserError
 from mlmlab.experiments.runner import arm_config
 from mlmlab.experiments.study import STUDY_DIR, load_study
-from mlmlab.train.memory import GB, training_bytes
+from mlmlab.model import build_model
+from mlmlab.train.memory import GB, parameter_count, training_bytes
 
 BERT_VOCAB = 30522  # the largest vocabulary shipped (studies on 8k vocabularies need less)
 
@@ -76,3 +78,13 @@ def test_a_study_out_of_range_is_refused_when_read(tmp_path, fields, message):
     path.write_text(yaml.safe_dump(tree))
     with pytest.raises(UserError, match=re.escape(message)):
         load_study(str(path))
+
+
+@pytest.mark.parametrize("preset", ["tiny", "modernbert-tiny"])
+def test_the_estimate_counts_each_architectures_own_parameters_without_drawing_random_numbers(preset):
+    """BERT's closed form counted ModernBERT's GLU, biases and (absent) position table wrongly."""
+    cfg = load_config(preset).model
+    before = torch.get_rng_state()
+    counted = parameter_count(cfg, BERT_VOCAB)
+    assert torch.equal(torch.get_rng_state(), before)  # the run's weight initialisation draws what it drew
+    assert counted == sum(p.numel() for p in build_model(cfg, BERT_VOCAB, pad_token_id=0).parameters())
