@@ -374,8 +374,8 @@ class Trainer:
         with self.accelerator.main_process_first():
             self.train_store, self.valid_store, self.tokenizer = prepare_datasets(
                 cfg.data, cfg.train.init, show_progress=show_progress and self.accelerator.is_main_process)
+        refuse_unfitting(cfg, len(self.tokenizer), self.accelerator)  # before allocating any of it (ADM's tables too)
         self.masker = Masker(cfg.masking, self.tokenizer, self.train_store.token_counts)
-        refuse_unfitting(cfg, len(self.tokenizer), self.accelerator)  # before allocating any of it
         self.model, self.module, self.optimizer = prepared_model(cfg, self.tokenizer, self.accelerator, folder)
         # MFU denominator of every process together (~0.25 s; timed again as the run goes, mfu.MeasuredPeak).
         self.peak = MeasuredPeak(self.accelerator.device, matmul_dtype(self.precision), self.accelerator.num_processes)
