@@ -2,13 +2,15 @@
 
 Arms, each with the same model size, vocabulary, data and batch size:
 
-- ``hf-naive``: transformers' ``BertForPreTraining`` (full MLM head over every position) fed by
+- ``hf-naive``: transformers' own model class (``BertForPreTraining`` with NSP, ``BertForMaskedLM``
+  without, ``ModernBertForMaskedLM``; the full MLM head over every position) fed by
   ``DataCollatorForLanguageModeling`` in a plain loop with AdamW, plainly shuffled batches --
   what a researcher writes from the transformers docs.
 - ``hf-sparse``: the anchor. The same transformers modules, but the MLM head applied only to
-  the labelled positions (a researcher who knows the trick writes it in 30 lines), fused
-  AdamW, the same collator, batches grouped by length as the HF Trainer's
-  ``group_by_length`` does. Most of mlmlab's ratio against ``hf-naive`` is this trick alone.
+  the labelled positions (BERT: a researcher who knows the trick writes it in 30 lines;
+  ModernBERT: transformers' own ``sparse_prediction`` option), fused AdamW, the same collator,
+  batches grouped by length as the HF Trainer's ``group_by_length`` does. Most of mlmlab's ratio
+  against ``hf-naive`` is this trick alone.
 - ``mlmlab-unbucketed``: ``Trainer.train_step`` without length bucketing (data.bucket_batches=0).
 - ``mlmlab``: ``Trainer.train_step`` as configured.
 
@@ -21,21 +23,26 @@ mlmlab with hf-sparse at equal settings (same precision and dropout) and as ship
 
     python benchmarks/throughput.py                      # tiny and mini
     python benchmarks/throughput.py --presets mini --steps 30 --rounds 5
+    python benchmarks/throughput.py --presets modernbert-tiny   # against ModernBertForMaskedLM(sparse_prediction)
     python benchmarks/throughput.py --set model.dropout=0.0   # overrides for every arm (equal settings)
     python benchmarks/throughput.py --set train.precision=bf16  # bf16 autocast (on a CPU with AMX, or a GPU)
     python benchmarks/throughput.py --no-malloc-tuning   # every arm with glibc's allocator defaults
 """
 
 import argparse
+import copy
 import os
 import sys
 import tempfile
 
 import torch
 import torch.nn.functional as F
-from transformers import BertForPreTraining, DataCollatorForLanguageModeling
+from transformers import (
+    BertForMaskedLM, BertForPreTraining, DataCollatorForLanguageModeling, ModernBertConfig, ModernBertForMaskedLM,
+)
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
+from mlmlab import choices
 from mlmlab.cli import reexec_with_malloc_tuning
 from mlmlab.config import load_config
 from mlmlab.data.loader import epoch_batches
@@ -56,21 +63,31 @@ def make_trainer(preset: str, args, run_dir: str, overrides=()) -> Trainer:
 
 
 class HFArm:
-    """transformers' BertForPreTraining + DataCollatorForLanguageModeling, full or sparse MLM head."""
+    """transformers' own model class of the run's architecture and objective + DataCollatorForLanguageModeling,
+    full or sparse MLM head."""
 
     def __init__(self, trainer: Trainer, sparse: bool):
         self.device, self.sparse = trainer.accelerator.device, sparse
-        self.model = BertForPreTraining(trainer.model.config).to(self.device).train()
+        self.nsp = trainer.cfg.data.objective == choices.NSP
+        self.model = self._model(trainer.model.config).to(self.device).train()
         self.model_config = trainer.cfg.model
         self.collator = DataCollatorForLanguageModeling(trainer.tokenizer, mlm_probability=0.15)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=sparse)
         self.autocast = trainer.accelerator.autocast
 
+    def _model(self, config):
+        if isinstance(config, ModernBertConfig):  # its sparse head is the library's own option
+            config = copy.deepcopy(config)
+            config.sparse_prediction = self.sparse
+            return ModernBertForMaskedLM(config)
+        return BertForPreTraining(config) if self.nsp else BertForMaskedLM(config)
+
     def step(self, examples: list[dict]) -> tuple[int, int, float]:
         """One step; its real tokens, padded slots and model FLOPs."""
-        batch = self.collator([{"input_ids": e["input_ids"].tolist(), "token_type_ids": e["token_type_ids"].tolist()}
-                               for e in examples])
-        batch["next_sentence_label"] = torch.tensor([e["next_sentence_label"] for e in examples])
+        fields = ("input_ids", "token_type_ids") if self.nsp else ("input_ids",)
+        batch = self.collator([{name: e[name].tolist() for name in fields} for e in examples])
+        if self.nsp:
+            batch["next_sentence_label"] = torch.tensor([e["next_sentence_label"] for e in examples])
         batch = {k: v.to(self.device) for k, v in batch.items()}
         with self.autocast():
             loss, head_positions = self._sparse_loss(batch) if self.sparse else self._full_loss(batch)
@@ -86,15 +103,18 @@ class HFArm:
         return self.model(**batch).loss, batch["input_ids"].numel()  # the head projects every position
 
     def _sparse_loss(self, batch: dict) -> tuple[torch.Tensor, int]:
-        """The researcher's sparse head: transformers' own modules, the MLM head on labelled positions only."""
+        """The MLM head on labelled positions only: ModernBERT's sparse_prediction, or BERT's by hand."""
         labels = batch["labels"]  # (B, T)
-        hidden, pooled = self.model.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                         token_type_ids=batch["token_type_ids"])[:2]  # (B, T, H), (B, H)
         selected = labels != IGNORE_INDEX  # (B, T)
-        logits = self.model.cls.predictions(hidden[selected])  # (M, V)
-        nsp_logits = self.model.cls.seq_relationship(pooled)  # (B, 2)
-        loss = F.cross_entropy(logits.float(), labels[selected]) + \
-            F.cross_entropy(nsp_logits.float(), batch["next_sentence_label"])
+        if isinstance(self.model, ModernBertForMaskedLM):
+            return self.model(**batch).loss, int(selected.sum())
+        encoder = self.model.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                  token_type_ids=batch.get("token_type_ids"))
+        logits = self.model.cls.predictions(encoder[0][selected])  # (M, V) of (B, T, H)
+        loss = F.cross_entropy(logits.float(), labels[selected])
+        if self.nsp:
+            nsp_logits = self.model.cls.seq_relationship(encoder[1])  # (B, 2) of the pooled (B, H)
+            loss = loss + F.cross_entropy(nsp_logits.float(), batch["next_sentence_label"])
         return loss, int(selected.sum())
 
 
