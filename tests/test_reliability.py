@@ -155,6 +155,14 @@ def test_a_finished_run_rerun_records_its_final_evaluation_once(world, tmp_path)
     assert [record["step"] for record in records(run) if "loss" in record] == [1, 2, 3, 4]
 
 
+def test_a_run_folder_moved_elsewhere_resumes_where_it_now_is(world, tmp_path):
+    """Its config.yaml still names the old folder; before, the move was refused as "a different config"."""
+    run = copy_of(world.run, tmp_path)
+    assert main(pretrain_argv(run)) == 0
+    assert [record["step"] for record in records(run) if "eval" in record] == [4]
+    assert f"out_dir: {run}" in (run / "config.yaml").read_text()  # recorded where it now lives
+
+
 # ----- item 2: one writer per folder --------------------------------------------------------
 def test_two_pretrains_on_one_folder_one_trains_and_the_other_is_refused(tmp_path):
     """Before, both trained: every step twice in metrics.jsonl, and model/ from either run."""

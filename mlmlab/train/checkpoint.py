@@ -19,6 +19,7 @@ It is written under a staging name and renamed when complete. A resume refuses, 
 line, a checkpoint of another architecture or vocabulary: loading part of one is never silent.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -88,15 +89,21 @@ def open_run(run_dir: Path, cfg: Config, resume: str | None, is_main: bool) -> P
 
 
 def same_config(recorded: str, cfg: Config) -> bool:
-    """Whether a recorded config.yaml is ``cfg``; keys mlmlab added since it was written count at their defaults.
+    """Whether a recorded config.yaml is ``cfg``; keys mlmlab added since it was written count at their defaults,
+    and train.out_dir is where the run lives, not what it computes.
 
     So a run interrupted under an older mlmlab (a study's, say) resumes under a newer one
-    that only added settings whose defaults keep the old behaviour.
+    that only added settings whose defaults keep the old behaviour, and a run folder moved
+    elsewhere (a study's docs/<name> -> studies/<name>) resumes where it now is.
     """
     if recorded == config_text(cfg):
         return True
     parsed = parsed_config(recorded)
-    return parsed is not None and config_text(parsed) == config_text(cfg)
+    return parsed is not None and config_text(_unplaced(parsed)) == config_text(_unplaced(cfg))
+
+
+def _unplaced(cfg: Config) -> Config:
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out_dir=""))
 
 
 def parsed_config(text: str | None) -> Config | None:
