@@ -15,6 +15,7 @@ import pytest
 
 from mlmlab.data.build import prepare, prepared_hash
 from mlmlab.data.corpus import read_documents, read_paragraph_documents, split_sentences
+from mlmlab.data.hashing import dataset_hash
 from mlmlab.data.instances import (
     IS_NEXT,
     NO_NSP_LABEL,
@@ -24,7 +25,6 @@ from mlmlab.data.instances import (
     create_nsp_instances,
     truncate_seq_pair,
 )
-from mlmlab.data.hashing import dataset_hash
 from mlmlab.data.store import TokenStore
 from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer, ordinary_token_ids, train_tokenizer
 from mlmlab.errors import UserError

@@ -17,10 +17,10 @@ from mlmlab.config import Config, MaskingConfig, ModelConfig
 from mlmlab.errors import UserError
 from mlmlab.experiments.budget import scorer_flops
 from mlmlab.masking import scorers, seeding
+from mlmlab.masking.buckets import frequency_buckets
 from mlmlab.masking.schedules import adapt_factor, adapt_shape, mask_rate, rate_at
 from mlmlab.masking.select import (Corruption, TokenInfo, continuation_table, count_to_select, eligible_positions,
                                    group_quotas, gumbel_top_k, select_and_corrupt, token_info_for)
-from mlmlab.masking.buckets import frequency_buckets
 from mlmlab.masking.strategies import blend, build_strategy, mask_batch, normalise
 from mlmlab.model import build_model, pretraining_loss
 from mlmlab.train.launch import check_fsdp

@@ -24,6 +24,10 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from mlmlab.architectures import ADAPTERS, Bert
 from mlmlab.errors import UserError
+from mlmlab.evaluate.glue_data import (
+    TASKS, TRAIN_FILE, GlueSplit, GlueTask, missing_files, read_labeled, read_unlabeled,
+)
+from mlmlab.evaluate.glue_settings import FineTuneSettings, GlueSettings
 from mlmlab.model_folder import load_any_tokenizer, read_config, saved_weight_shapes
 from mlmlab.train.optim import parameter_groups
 from mlmlab.utils import jsonio, markdown
@@ -31,10 +35,6 @@ from mlmlab.utils.devices import compute_device
 from mlmlab.utils.files import lock_folder, write_text_atomically
 from mlmlab.utils.progress import progress_bar, say
 from mlmlab.utils.restoring import restoring
-from mlmlab.evaluate.glue_data import (
-    TASKS, TRAIN_FILE, GlueSplit, GlueTask, missing_files, read_labeled, read_unlabeled,
-)
-from mlmlab.evaluate.glue_settings import FineTuneSettings, GlueSettings
 
 SELECTION_NOTE = (
     "Dev sets are used both to choose the learning rate (best median over seeds) and to report the scores, "

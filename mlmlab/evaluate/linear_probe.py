@@ -55,8 +55,6 @@ from threadpoolctl import threadpool_limits
 
 from mlmlab import choices
 from mlmlab.errors import UserError
-from mlmlab.utils import jsonio, markdown
-from mlmlab.utils.devices import compute_device
 from mlmlab.evaluate.glue import (
     EVAL_BATCH_SIZE, EncodedSplit, check_arguments, collate, compute_metrics, encode, load_model, nan_as_worst,
     percent, task_score,
@@ -64,6 +62,8 @@ from mlmlab.evaluate.glue import (
 from mlmlab.evaluate.glue_data import TASKS, TRAIN_FILE, GlueTask, missing_files, read_labeled
 from mlmlab.evaluate.glue_settings import TASK_SETTINGS, resolve_task_names
 from mlmlab.model_folder import load_any_tokenizer, read_config
+from mlmlab.utils import jsonio, markdown
+from mlmlab.utils.devices import compute_device
 from mlmlab.utils.files import lock_folder, write_text_atomically
 from mlmlab.utils.progress import progress_bar
 

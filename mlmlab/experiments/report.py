@@ -19,7 +19,6 @@ from scipy import stats
 
 from mlmlab import choices
 from mlmlab.errors import UserError
-from mlmlab.utils import markdown
 from mlmlab.experiments.curves import (
     last_per_x, mask_share_keys, progress_of, row_sequences_per_step, steps_to_target,
 )
@@ -31,6 +30,7 @@ from mlmlab.experiments.measures import (
 from mlmlab.experiments.plots import write_plots
 from mlmlab.experiments.results import read_rows
 from mlmlab.experiments.statistics import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, FEW_SEEDS, Comparison, compare, holm
+from mlmlab.utils import markdown
 from mlmlab.utils.jsonio import json_lines
 
 log = logging.getLogger(__name__)

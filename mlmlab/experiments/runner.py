@@ -28,8 +28,6 @@ from mlmlab.evaluate.glue import run_glue
 from mlmlab.evaluate.linear_probe import check_task_files, run_probes
 from mlmlab.evaluate.perplexity import evaluate_mlm, evaluate_model
 from mlmlab.evaluate.recalibrate import recalibrated_loss
-from mlmlab.utils import jsonio
-from mlmlab.utils.files import WriterLock
 from mlmlab.experiments.budget import (
     ASSUMED_MFU, CPU_FLOPS, H100_PEAK_FLOPS, apply_budget, cpu_hours, gpu_hours, run_cost,
 )
@@ -43,6 +41,8 @@ from mlmlab.model_folder import load_pretrained
 from mlmlab.train.checkpoint import complete_checkpoints, step_of
 from mlmlab.train.loop import Trainer
 from mlmlab.train.optim import refuse_warmup_without_decay
+from mlmlab.utils import jsonio
+from mlmlab.utils.files import WriterLock
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,9 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from mlmlab.architectures import entry_name, saved_architecture, saved_settings
 from mlmlab.config import Config, config_hash, config_text, flat_keys, from_dict, read_yaml
 from mlmlab.errors import UserError
-from mlmlab.utils.files import WriterLock, building, file_sha256, lock_folder, remove_stale_staging_like, replacing
 from mlmlab.model_folder import (is_model_folder, load_saved_weights, read_config, refuse_other_vocabulary,
                                  write_model_folder)
+from mlmlab.utils.files import WriterLock, building, file_sha256, lock_folder, remove_stale_staging_like, replacing
 
 MANIFEST = "manifest.json"
 PREFIX = "ckpt-"

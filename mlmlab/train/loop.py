@@ -43,12 +43,12 @@ from mlmlab.train.memory import refuse_unfitting
 from mlmlab.train.metrics import MetricsWriter
 from mlmlab.train.mfu import MeasuredPeak, matmul_dtype, rates, training_flops
 from mlmlab.train.model_card import export_model_folder
-from mlmlab.utils import jsonio
-from mlmlab.utils.progress import progress_bar
-from mlmlab.utils.signals import STOP_SIGNALS, exit_code
 from mlmlab.train.optim import (
     build_optimizer, learning_rate, refuse_warmup_without_decay, resume_lr_note, set_lr, training_progress,
 )
+from mlmlab.utils import jsonio
+from mlmlab.utils.progress import progress_bar
+from mlmlab.utils.signals import STOP_SIGNALS, exit_code
 
 # Checkpoints hold the whole model and optimizer state, keyed by parameter name, whatever the
 # process count and sharding, so that any run can resume any checkpoint.
