@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 from mlmlab import choices
-from mlmlab.data.build import available_cores, prepare
+from mlmlab.data.build import prepare
 from mlmlab.data.corpus import document_sentences, read_paragraph_documents
 from mlmlab.data.resolve import SAMPLE_TRAIN, tokenizer_dir_for
 from mlmlab.data.tokenizer import load_tokenizer
-from mlmlab.utils.devices import describe_cpu
+from mlmlab.utils.devices import available_cores, describe_cpu
 
 
 def cpu_seconds() -> float:

@@ -83,6 +83,12 @@ def cmd_pretrain(args) -> None:
     if args.json and args.json != "-":
         require_output(Path(args.json), "--json", folder=False)
     overrides = [*args.overrides, *([f"train.init={args.init}"] if args.init else [])]
+    if args.processes > 1:
+        from mlmlab.train.launch import over_processes
+
+        command, env, line = over_processes(args.argv, args.processes, load_config(args.config, overrides))
+        print(line, file=sys.stderr, flush=True)
+        os.execve(command[0], command, env)  # torchrun forwards SIGTERM and Ctrl-C to every process
     trainer = Trainer(load_config(args.config, overrides), evaluator=evaluate_mlm, resume=args.resume,
                       show_progress=not args.no_progress)
     summary = trainer.train()
@@ -201,6 +207,13 @@ def add_column_options(p: argparse.ArgumentParser) -> None:
                                                    "field form one document (default: each record is a document)")
 
 
+def positive_int(text: str) -> int:
+    """argparse type: a whole number of at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
 def add_progress_option(p: argparse.ArgumentParser) -> None:
     """The one switch of every command that can take long: its bars and progress lines, on stderr."""
     p.add_argument("--no-progress", action="store_true", help="no progress bars or progress lines on stderr")
@@ -264,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init", default=None, metavar="MODEL_DIR",
                    help="start from this model's weights only (train.init): a HuggingFace BERT folder or a run's model/; "
                         "its tokenizer and architecture are taken unless the config names them")
+    p.add_argument("--processes", type=positive_int, default=1, metavar="N",
+                   help="train as N DDP processes on this host (torchrun; gloo on CPU), train.batch_size split over "
+                        "them and the cores shared out as threads: the same run (docs/scale-out.md)")
     add_progress_option(p)
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="the run's summary as JSON: to FILE, or alone on stdout with no FILE (instead of the text summary)")
@@ -386,6 +402,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork DataLoader workers
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # "Loading weights" bars would bury our output
     args = parse_arguments(build_parser(), argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)  # as given: `pretrain --processes` relaunches it
     try:
         with sigterm_unwinds():
             args.func(args)

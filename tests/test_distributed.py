@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -13,8 +14,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from mlmlab.config import load_config
+from mlmlab.errors import UserError
 from mlmlab.train import checkpoint
 from mlmlab.train.checkpoint import load_torch
+from mlmlab.train.launch import over_processes
 
 COMMON = ["--no-progress", "train.max_steps=4", "train.log_every=1", "train.eval_every=0", "train.save_every=0",
           "train.eval_batches=1", "model.dropout=0.0", "data.loader_workers=0", "train.warmup_steps=2",
@@ -112,6 +116,39 @@ def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, one_proces
     assert reference.keys() == split.keys()
     for key, value in reference.items():
         torch.testing.assert_close(split[key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_processes_option_splits_the_batch_and_trains_the_one_process_run(tmp_path, one_process):
+    """`pretrain --processes 2` launches torchrun itself: batch 8 becomes 2 x 4, the same run as 1 x 8."""
+    run = subprocess.run([sys.executable, "-m", "mlmlab.cli", "pretrain", "--processes", "2", *COMMON,
+                          "train.batch_size=8", f"train.out_dir={tmp_path}", "--json"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "training as 2 DDP processes x 1 thread(s), batch 4 each (global batch 8)" in run.stderr
+    summary = json.loads(run.stdout)  # --json ended argv: the split batch did not become its FILE
+    assert (summary["distributed"], summary["processes"]) == ("MULTI_CPU", 2)
+    assert_same_trajectory(losses(one_process()), losses(tmp_path))
+
+
+def test_processes_command_keeps_the_users_arguments_and_threads(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    argv = ["pretrain", "--processes=4", "--config", "tiny", "train.batch_size=64", "train.lr=2e-3", "--json"]
+    command, env, _ = over_processes(argv, 4, load_config("tiny", ["train.batch_size=64"]))
+    assert command[command.index("mlmlab.cli") + 1:] == ["pretrain", "train.batch_size=16", "--config", "tiny",
+                                                          "train.lr=2e-3", "--json"]
+    assert "--nproc_per_node=4" in command and env["OMP_NUM_THREADS"] == "3"
+
+
+@pytest.mark.parametrize("env, batch, message", [
+    ({"LOCAL_RANK": "0"}, 32, "--processes starts its own processes: under torchrun"),
+    ({}, 33, "train.batch_size=33 does not split over --processes 2"),
+])
+def test_processes_refuses_what_it_cannot_split_in_one_line(monkeypatch, env, batch, message):
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(UserError, match=re.escape(message)):
+        over_processes(["pretrain", "--processes", "2"], 2, load_config("tiny", [f"train.batch_size={batch}"]))
 
 
 def test_fsdp_trains_like_one_process_and_resumes_to_the_bit(tmp_path, one_process):

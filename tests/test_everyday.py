@@ -97,7 +97,7 @@ def test_extending_a_finished_run_says_the_lr_jumps_back_and_how_to_continue_the
     assert main(pretrain_argv(run, "train.max_steps=6", "train.save_every=0")) == 0  # step 5 decays: 5/6 > 1 - 0.2
     capsys.readouterr()
     assert main(pretrain_argv(run, "train.max_steps=12", "train.save_every=0", "--resume", "auto")) == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert ("resumed at step 6 with another LR schedule (train.max_steps 6 -> 12): the last step's LR was 0.000833, "
             "the next is 0.001, back at the peak") in out
     assert "to continue decaying from 0.000833 to 0 at step 12 instead, resume with train.lr=0.00167 " \

@@ -47,7 +47,7 @@ def test_a_bf16_trainer_times_its_peak_in_seconds_on_a_cpu_without_bf16_units(tm
     trainer = small_trainer(tmp_path, "bf16", "train.precision=bf16")
     assert len(spent) >= 3 and sum(spent) < 3.0  # the run's peak, and the bf16 and fp32 timings of the note
     assert trainer.peak.flops < 2 * SLOW_BF16_FLOPS  # the slow rate, not fp32's
-    note = [line for line in capsys.readouterr().out.splitlines() if "no bf16 units" in line]
+    note = [line for line in capsys.readouterr().err.splitlines() if "no bf16 units" in line]
     assert len(note) == 1 and "x slower than in fp32" in note[0], note
 
 
@@ -57,8 +57,10 @@ def test_no_speed_note_on_cpus_with_bf16_units_or_in_fp32(monkeypatch, capsys):
     for amx, avx512_bf16, precision in ((True, False, "bf16"), (False, True, "bf16"), (False, False, "fp32")):
         monkeypatch.setattr(launch, "cpu_features", lambda a=amx, b=avx512_bf16: {
             **cpu_features(), "amx_bf16": a, "avx512_bf16": b})
-        launch.make_accelerator(load_config("tiny", [f"train.precision={precision}"]))
-        assert "no bf16 units" not in capsys.readouterr().out
+        cfg = load_config("tiny", [f"train.precision={precision}"])
+        launch.say_precision(launch.make_accelerator(cfg), cfg)
+        said = capsys.readouterr().err
+        assert f"precision {precision} (train.precision={precision})" in said and "no bf16 units" not in said
 
 
 def test_the_peak_costs_under_a_second_and_is_a_plausible_rate():

@@ -177,7 +177,7 @@ def test_corrupt_checkpoint_is_skipped(tmp_path, capsys):
     subprocess.run(_command(tmp_path, 4), check=True, capture_output=True)
     _damage(checkpoint.latest(tmp_path))
     assert checkpoint.latest(tmp_path).name == "ckpt-00000002"
-    assert "does not match its checksum" in capsys.readouterr().out
+    assert "does not match its checksum" in capsys.readouterr().err
 
 
 def test_a_run_whose_checkpoints_are_all_damaged_is_refused_not_restarted(tmp_path):

@@ -58,7 +58,7 @@ def assert_same_evaluation(got: dict, expected: dict, keys=("mlm_loss", "mlm_acc
 def test_init_starts_where_the_source_ended(source, tmp_path, capsys):
     run, summary = source
     trainer = trainer_from(run / "model", tmp_path / "init")  # no model.* keys: taken from the checkpoint
-    assert "starting from the weights of" in capsys.readouterr().out
+    assert "starting from the weights of" in capsys.readouterr().err
     start = trainer.evaluate(4)
     fresh = Trainer(load_config(None, [*PHASE_1, f"train.out_dir={tmp_path / 'fresh'}"]), evaluator=evaluate_mlm,
                     show_progress=False).evaluate(4)
@@ -94,7 +94,7 @@ def test_init_from_a_masked_lm_folder_leaves_pooler_and_nsp_head_fresh(source, t
     run, summary = source
     folder = masked_lm_copy(run, tmp_path / "mlm", legacy_names)
     trainer = trainer_from(folder, tmp_path / "init")
-    assert "it has no pooler and no NSP head: they start fresh" in capsys.readouterr().out
+    assert "it has no pooler and no NSP head: they start fresh" in capsys.readouterr().err
     start = trainer.evaluate(4)
     assert_same_evaluation(start, summary["eval"], keys=("mlm_loss", "mlm_accuracy"))
     source_weights = load_file(run / "model" / "model.safetensors")
@@ -181,8 +181,8 @@ def test_phase_2_continues_at_length_128_with_its_own_cosine_schedule(source, tm
     assert main(["pretrain", "--no-progress", "--init", str(run / "model"), *COMMON, "data.max_seq_length=128",
                  "train.max_steps=6", "train.warmup_steps=2", "train.lr_schedule=cosine", "train.decay_fraction=1.0",
                  f"train.out_dir={out}", "--json"]) == 0
-    out_text = capsys.readouterr().out
-    assert json.loads(out_text[out_text.index("{"):])["steps"] == 6  # after the "resuming from" line
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["steps"] == 6 and "resuming from" in captured.err  # the JSON alone on stdout
 
 
 def _instances(run_dir: Path):
@@ -284,8 +284,8 @@ def test_a_run_recorded_before_the_new_settings_existed_resumes(source, tmp_path
     text = (copy / "config.yaml").read_text().replace(str(run), str(copy))
     (copy / "config.yaml").write_text("".join(line for line in text.splitlines(keepends=True) if not line.startswith(added)))
     assert main(["pretrain", "--no-progress", *PHASE_1, f"train.out_dir={copy}", "--json"]) == 0
-    out = capsys.readouterr().out
-    assert "resuming from" in out and json.loads(out[out.index("{"):])["steps"] == 30
+    captured = capsys.readouterr()
+    assert "resuming from" in captured.err and json.loads(captured.out)["steps"] == 30
     edited = (copy / "config.yaml").read_text()
     (copy / "config.yaml").write_text(edited.replace("max_steps: 30", "max_steps: 31"))
     assert main(["pretrain", "--no-progress", *PHASE_1, f"train.out_dir={copy}"]) == 2  # a real difference still is one

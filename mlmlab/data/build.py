@@ -39,6 +39,7 @@ from mlmlab.data.records import Columns
 from mlmlab.data.store import FORMAT_VERSION, SHARD_FIELDS, TokenStore
 from mlmlab.data.tokenizer import SPECIAL_TOKENS, load_tokenizer, vocab_hash
 from mlmlab.errors import UserError
+from mlmlab.utils.devices import available_cores
 from mlmlab.utils.files import building
 from mlmlab.utils.progress import progress_bar, say
 from mlmlab.utils.restoring import restoring
@@ -179,11 +180,6 @@ def _validated_workers(num_workers: int | None) -> int:
     if num_workers < 1:
         raise UserError(f"num_workers {num_workers} must be at least 1")
     return num_workers
-
-
-def available_cores() -> int:
-    """The cores this process may run on (a container's or taskset's limit, not the machine's count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _holds_dataset(target: Path, digest: str) -> bool:

@@ -36,6 +36,7 @@ from mlmlab.errors import UserError
 from mlmlab.model_folder import (is_model_folder, load_saved_weights, read_config, refuse_other_vocabulary,
                                  write_model_folder)
 from mlmlab.utils.files import WriterLock, building, file_sha256, lock_folder, remove_stale_staging_like, replacing
+from mlmlab.utils.progress import say
 
 MANIFEST = "manifest.json"
 PREFIX = "ckpt-"
@@ -303,7 +304,7 @@ def remove_partial(run_dir: Path) -> None:
     remove_stale_staging_like(Path(run_dir), f"{PREFIX}*")
 
 
-def complete_checkpoints(run_dir: Path, check: bool = True, warn=print) -> list[Path]:
+def complete_checkpoints(run_dir: Path, check: bool = True, warn=say) -> list[Path]:
     """Checkpoint folders in step order; with ``check``, corrupt ones are reported and skipped."""
     named = Path(run_dir).glob(f"{PREFIX}*") if Path(run_dir).exists() else []
     folders = sorted(folder for folder in named if folder.name.removeprefix(PREFIX).isdigit())

@@ -5,6 +5,9 @@ what nothing here has tested, or what would silently do something other than ask
 is refused in one line.
 """
 
+import os
+import sys
+
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
@@ -14,7 +17,8 @@ from mlmlab import choices
 from mlmlab.config import Config
 from mlmlab.errors import UserError
 from mlmlab.train.mfu import peak_matmul_flops
-from mlmlab.utils.devices import cpu_features, describe_cpu, has_bf16_units
+from mlmlab.utils.devices import available_cores, cpu_features, describe_cpu, has_bf16_units
+from mlmlab.utils.progress import say_once
 
 
 def mixed_precision(precision: str) -> str:
@@ -48,13 +52,20 @@ def make_accelerator(cfg: Config) -> Accelerator:
     if accelerator.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    else:  # hosts of one machine type differ in bf16 units: say which one this run had
-        used = {"no": choices.FP32}.get(accelerator.mixed_precision, accelerator.mixed_precision)
-        accelerator.print(f"precision {used} (train.precision={cfg.train.precision}) on {describe_cpu()}")
-        if used == choices.BF16 and not has_bf16_units(cpu_features()):
-            accelerator.print(slow_bf16_note())
     check_fsdp(accelerator, cfg)
     return accelerator
+
+
+def say_precision(accelerator: Accelerator, cfg: Config) -> None:
+    """On a CPU, which precision this run trains in on which CPU (hosts of one machine type differ in
+    bf16 units), and what bf16 costs where it has none. Said once the run's refusals are past, so a
+    refusal stays the one line on stderr."""
+    if accelerator.device.type == "cuda":
+        return
+    used = {"no": choices.FP32}.get(accelerator.mixed_precision, accelerator.mixed_precision)
+    say_once(accelerator, f"precision {used} (train.precision={cfg.train.precision}) on {describe_cpu()}")
+    if used == choices.BF16 and not has_bf16_units(cpu_features()):
+        say_once(accelerator, slow_bf16_note())
 
 
 def slow_bf16_note() -> str:
@@ -114,6 +125,48 @@ def check_fsdp(accelerator: Accelerator, cfg: Config) -> None:
                         "or launch with DDP")
     if cfg.train.compile:
         raise UserError("train.compile with FSDP is untested; set train.compile=false or launch with DDP")
+
+
+def over_processes(argv: list[str], processes: int, cfg: Config) -> tuple[list[str], dict, str]:
+    """The torchrun command, its environment and one line saying what it does, to train ``mlmlab ``
+    ``argv`` (a pretrain command with ``--processes``) as that many DDP processes on this host.
+
+    The global batch stays the config's: train.batch_size is split over the processes, so the run
+    is the one-process run (to float tolerance: gradients are summed in another order). On a CPU
+    the cores are shared out as threads, one process's worth each, unless OMP_NUM_THREADS says.
+    """
+    if "LOCAL_RANK" in os.environ:
+        raise UserError("--processes starts its own processes: under torchrun or accelerate launch leave it out")
+    batch_size = cfg.train.batch_size
+    if batch_size % processes:
+        raise UserError(f"train.batch_size={batch_size} does not split over --processes {processes}; "
+                        f"give a batch size that is a multiple of {processes}")
+    if torch.cuda.is_available() and processes > torch.cuda.device_count():
+        raise UserError(f"--processes {processes} needs a GPU each and this host has {torch.cuda.device_count()}")
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(available_cores() // processes, 1))
+    # The split batch goes right after the subcommand, in place of the user's: appended, it could be
+    # taken for the value of an option that ends argv (`--json` takes an optional FILE).
+    subcommand = argv.index("pretrain") + 1
+    rest = [arg for arg in without_option(argv[subcommand:], "--processes") if not arg.startswith("train.batch_size=")]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+               "-m", "mlmlab.cli", *argv[:subcommand], f"train.batch_size={batch_size // processes}", *rest]
+    where = "GPU" if torch.cuda.is_available() else f"{threads} thread(s)"
+    line = (f"training as {processes} DDP processes x {where}, batch {batch_size // processes} each "
+            f"(global batch {batch_size})")
+    return command, {**os.environ, "OMP_NUM_THREADS": threads}, line
+
+
+def without_option(argv: list[str], option: str) -> list[str]:
+    """``argv`` less ``option VALUE`` / ``option=VALUE``."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == option:
+            skip = True
+        elif not arg.startswith(f"{option}="):
+            kept.append(arg)
+    return kept
 
 
 def concat_over_processes(accelerator: Accelerator, tensor: torch.Tensor) -> torch.Tensor:

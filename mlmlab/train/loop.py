@@ -38,7 +38,7 @@ from mlmlab.masking.masker import Masker
 from mlmlab.model import IGNORE_INDEX, SparsePretraining
 from mlmlab.train import checkpoint
 from mlmlab.train.init import initial_model, resolve_init
-from mlmlab.train.launch import concat_over_processes, make_accelerator, sum_over_processes
+from mlmlab.train.launch import concat_over_processes, make_accelerator, say_precision, sum_over_processes
 from mlmlab.train.memory import refuse_unfitting
 from mlmlab.train.metrics import MetricsWriter
 from mlmlab.train.mfu import MeasuredPeak, matmul_dtype, rates, training_flops
@@ -47,7 +47,7 @@ from mlmlab.train.optim import (
     build_optimizer, learning_rate, refuse_warmup_without_decay, resume_lr_note, set_lr, training_progress,
 )
 from mlmlab.utils import jsonio
-from mlmlab.utils.progress import progress_bar
+from mlmlab.utils.progress import progress_bar, say_once
 from mlmlab.utils.signals import STOP_SIGNALS, exit_code
 
 # Checkpoints hold the whole model and optimizer state, keyed by parameter name, whatever the
@@ -279,12 +279,6 @@ def set_scaler_state(states: dict, accelerator) -> None:
         accelerator.scaler.load_state_dict(states["grad_scaler"])
 
 
-def say(accelerator, text: str) -> None:
-    """A line for people, from the main process only, above the progress bar rather than through it."""
-    if accelerator.is_main_process:
-        tqdm.write(text)
-
-
 def load_optimizer_state(module, optimizer, state: dict) -> None:
     """Optimizer state keyed by parameter name into ``optimizer`` (FSDP shards it as it loads)."""
     try:
@@ -297,11 +291,11 @@ def load_optimizer_state(module, optimizer, state: dict) -> None:
 def prepared_model(cfg: Config, tokenizer, accelerator, folder: Path | None) -> tuple:
     """(model, module, optimizer): the model (with the checkpoint's weights when resuming from ``folder``), the
     pretraining module around it and its optimizer, the last two prepared by accelerate."""
-    model = initial_model(cfg, tokenizer, resuming=folder is not None, log=partial(say, accelerator))
+    model = initial_model(cfg, tokenizer, resuming=folder is not None, log=partial(say_once, accelerator))
     module = SparsePretraining(model, use_nsp=cfg.data.objective == choices.NSP)
     optimizer = build_optimizer(module, cfg.train, accelerator.device)
     if folder is not None:
-        say(accelerator, f"resuming from {folder}")
+        say_once(accelerator, f"resuming from {folder}")
         # Every process, before FSDP (if any) shards the model; another architecture or vocabulary is refused.
         checkpoint.load_resumed_weights(model, folder, tokenizer)
     module, optimizer = accelerator.prepare(module, optimizer)
@@ -375,6 +369,7 @@ class Trainer:
             self.train_store, self.valid_store, self.tokenizer = prepare_datasets(
                 cfg.data, cfg.train.init, show_progress=show_progress and self.accelerator.is_main_process)
         refuse_unfitting(cfg, len(self.tokenizer), self.accelerator)  # before allocating any of it (ADM's tables too)
+        say_precision(self.accelerator, cfg)
         self.masker = Masker(cfg.masking, self.tokenizer, self.train_store.token_counts)
         self.model, self.module, self.optimizer = prepared_model(cfg, self.tokenizer, self.accelerator, folder)
         # MFU denominator of every process together (~0.25 s; timed again as the run goes, mfu.MeasuredPeak).
@@ -383,7 +378,7 @@ class Trainer:
         if folder is not None:  # after prepare: FSDP shards the optimizer state as it loads
             self.load_state_dict(checkpoint.read_training_state(folder))
             if note := schedule_change_note(self.run_dir, folder, cfg.train, self.state):
-                say(self.accelerator, note)
+                say_once(self.accelerator, note)
         self._elapsed_before = self.state.elapsed  # what earlier processes spent on this run
         self._clock_base = self.state.seconds  # the training seconds before the step that runs next (main process)
         with self._stop:  # from the first rewrite on, a stop signal waits for the step boundary
@@ -405,7 +400,7 @@ class Trainer:
         set_scaler_state(states, self.accelerator)
         self.state.load_state_dict(states["trainer"])
         if note := global_batch_note(self.state.position, self.cfg.train.batch_size * self.accelerator.num_processes):
-            say(self.accelerator, note)
+            say_once(self.accelerator, note)
 
     def _save(self) -> Path | None:
         """A checkpoint of this step (written by the main process; every process must call this)."""
@@ -480,7 +475,7 @@ class Trainer:
         try:
             with self._stop as stop:
                 if self._train_steps(stop):
-                    say(self.accelerator, f"{stop.name}: saving a checkpoint at step {self.state.step} before exiting")
+                    say_once(self.accelerator, f"{stop.name}: saving a checkpoint at step {self.state.step} before exiting")
                     self._save()
                     raise stop.exit()
                 return self._finish(stop)
@@ -531,7 +526,7 @@ class Trainer:
     def _finish(self, stop: _StopRequest) -> dict:
         saved = self._save()  # before the final evaluation, so a stop signal during it leaves the run resumable
         if any_process(self.accelerator, stop.requested):
-            say(self.accelerator, f"{stop.name}: the final checkpoint (step {self.state.step}) is saved; exiting before "
+            say_once(self.accelerator, f"{stop.name}: the final checkpoint (step {self.state.step}) is saved; exiting before "
                            "the final evaluation (rerun the command to finish the run)")
             raise stop.exit()
         final_eval = self.evaluate(self.cfg.train.eval_batches)

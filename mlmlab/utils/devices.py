@@ -41,6 +41,11 @@ def _host_memory() -> int:
     return physical
 
 
+def available_cores() -> int:
+    """The cores this process may run on (a container's or taskset's limit, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def synchronize(device: torch.device | str) -> None:
     """Wait for queued GPU work, so a clock read afterwards includes it (no-op on CPU)."""
     if torch.device(device).type == "cuda":

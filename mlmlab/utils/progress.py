@@ -19,3 +19,11 @@ def say(text: str, shown: bool = True) -> None:
     """A line on stderr, above any bar rather than through it."""
     if shown:
         tqdm.write(text, file=sys.stderr)
+
+
+def say_once(accelerator, text: str) -> None:
+    """``say`` from the main process only: a line for people, once however many processes train.
+
+    On stderr, as every such line: stdout is the command's result (`pretrain --json` is JSON alone).
+    """
+    say(text, accelerator.is_main_process)
