@@ -6,7 +6,7 @@ splits one run the same way at the cost of a gradient all-reduce per step. Arms,
 config, data and global batch (``train.batch_size`` is split over the DDP processes):
 
 - ``threads``: ``mlmlab pretrain``, one process, torch's default threads (one per core);
-- ``ddp``: ``torchrun --nproc_per_node N -m mlmlab.cli pretrain``, ``OMP_NUM_THREADS=cores/N``.
+- ``ddp``: ``mlmlab pretrain --processes N`` (torchrun, ``OMP_NUM_THREADS`` = cores / N).
 
 Arms alternate round by round (these machines swing +-30% between runs); each run's tokens/s is
 the median over its logged windows after the warm-up steps (metrics.jsonl counts every process's
@@ -25,24 +25,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mlmlab.utils.devices import describe_cpu
+from mlmlab.utils.devices import available_cores, describe_cpu
 
 
 def run_arm(arm: str, args, out_dir: Path) -> float:
     """Train one short run of ``arm``; its median tokens/s after the warm-up."""
-    settings = [f"train.max_steps={args.steps}", "train.eval_every=0", "train.save_every=0",
-                f"train.log_every={args.log_every}", f"train.out_dir={out_dir}", *args.set]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    if arm == "ddp":
-        env["OMP_NUM_THREADS"] = str(max(os.cpu_count() // args.processes, 1))
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.processes), "-m"]
-        settings.append(f"train.batch_size={args.batch_size // args.processes}")
-    else:
-        env.pop("OMP_NUM_THREADS", None)
-        launcher = [sys.executable, "-m"]
-        settings.append(f"train.batch_size={args.batch_size}")
-    command = [*launcher, "mlmlab.cli", "pretrain", "--config", args.config, "--no-progress", *settings]
-    done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    processes = args.processes if arm == "ddp" else 1  # --processes splits the batch and shares out the cores
+    command = [sys.executable, "-m", "mlmlab.cli", "pretrain", "--config", args.config, "--no-progress",
+               "--processes", str(processes), f"train.max_steps={args.steps}", "train.eval_every=0",
+               "train.save_every=0", f"train.log_every={args.log_every}", f"train.out_dir={out_dir}", *args.set,
+               f"train.batch_size={args.batch_size}"]
+    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+    done = subprocess.run(command, env={**env, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
     if done.returncode:
         sys.exit(f"the {arm} arm failed ({' '.join(command)}):\n{done.stderr[-3000:]}")
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
@@ -63,7 +58,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.batch_size % args.processes:
         parser.error(f"--batch-size {args.batch_size} does not split over {args.processes} processes")
-    print(f"host: {describe_cpu()}; {os.cpu_count()} cores; {args.config}, global batch {args.batch_size}")
+    cores = available_cores()
+    print(f"host: {describe_cpu()}; {cores} cores; {args.config}, global batch {args.batch_size}")
     speeds = {"threads": [], "ddp": []}
     with tempfile.TemporaryDirectory() as scratch:
         for round_ in range(args.rounds):
@@ -72,8 +68,8 @@ def main() -> None:
                 speeds[arm].append(speed)
                 print(f"round {round_ + 1} {arm}: {speed:,.0f} tokens/s", flush=True)
     threads, ddp = statistics.median(speeds["threads"]), statistics.median(speeds["ddp"])
-    print(f"{args.config}: {args.processes} DDP processes x {max(os.cpu_count() // args.processes, 1)} thread(s) "
-          f"vs 1 process x {os.cpu_count()} threads: {ddp / threads:.2f}x ({ddp:,.0f} vs {threads:,.0f} tokens/s)")
+    print(f"{args.config}: {args.processes} DDP processes x {max(cores // args.processes, 1)} thread(s) "
+          f"vs 1 process x {cores} threads: {ddp / threads:.2f}x ({ddp:,.0f} vs {threads:,.0f} tokens/s)")
 
 
 if __name__ == "__main__":

@@ -82,15 +82,15 @@ def cmd_pretrain(args) -> None:
 
     if args.json and args.json != "-":
         require_output(Path(args.json), "--json", folder=False)
-    overrides = [*args.overrides, *([f"train.init={args.init}"] if args.init else [])]
+    cfg = load_config(args.config, [*args.overrides, *([f"train.init={args.init}"] if args.init else [])])
     if args.processes > 1:
         from mlmlab.train.launch import over_processes
+        from mlmlab.utils.progress import say
 
-        command, env, line = over_processes(args.argv, args.processes, load_config(args.config, overrides))
-        print(line, file=sys.stderr, flush=True)
+        command, env, line = over_processes(args.argv, args.processes, cfg)
+        say(line)
         os.execve(command[0], command, env)  # torchrun forwards SIGTERM and Ctrl-C to every process
-    trainer = Trainer(load_config(args.config, overrides), evaluator=evaluate_mlm, resume=args.resume,
-                      show_progress=not args.no_progress)
+    trainer = Trainer(cfg, evaluator=evaluate_mlm, resume=args.resume, show_progress=not args.no_progress)
     summary = trainer.train()
     if not PartialState().is_main_process:  # under torchrun every process has the summary: report it once
         return

@@ -526,8 +526,8 @@ class Trainer:
     def _finish(self, stop: _StopRequest) -> dict:
         saved = self._save()  # before the final evaluation, so a stop signal during it leaves the run resumable
         if any_process(self.accelerator, stop.requested):
-            say_once(self.accelerator, f"{stop.name}: the final checkpoint (step {self.state.step}) is saved; exiting before "
-                           "the final evaluation (rerun the command to finish the run)")
+            say_once(self.accelerator, f"{stop.name}: the final checkpoint (step {self.state.step}) is saved; "
+                                       "exiting before the final evaluation (rerun the command to finish the run)")
             raise stop.exit()
         final_eval = self.evaluate(self.cfg.train.eval_batches)
         self._update_elapsed()
