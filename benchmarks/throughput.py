@@ -9,22 +9,31 @@ Arms, each with the same model size, vocabulary, data and batch size:
 - ``hf-sparse``: the anchor. The same transformers modules, but the MLM head applied only to
   the labelled positions (BERT: a researcher who knows the trick writes it in 30 lines;
   ModernBERT: transformers' own ``sparse_prediction`` option), fused AdamW, the same collator,
-  batches grouped by length as the HF Trainer's ``group_by_length`` does. Most of mlmlab's ratio
+  batches grouped by length (as the HF Trainer's ``group_by_length`` does). Most of mlmlab's ratio
   against ``hf-naive`` is this trick alone.
 - ``mlmlab-unbucketed``: ``Trainer.train_step`` without length bucketing (data.bucket_batches=0).
 - ``mlmlab``: ``Trainer.train_step`` as configured.
+- ``hf-sparse-recipe`` and ``mlmlab-as-shipped``: the anchor and mlmlab both at mlmlab's own defaults
+  (no dropout, so the anchor's attention also runs torch's fused kernel; ``auto`` precision; mlmlab's
+  loader worker) plus ``--set``.
 
-Arms are interleaved, because these shared machines swing +-30% between runs. Each arm's
-tokens/s and MFU are its own real (non-padding) tokens and model FLOPs summed over its timed
-steps, over its summed time; its padding share is printed beside. MFU is "of measured matmul
-peak" (mlmlab.train.mfu, the same matmul size as training's log). The last lines compare
-mlmlab with hf-sparse at equal settings (same precision and dropout) and as shipped
-(mlmlab's defaults against the anchor with transformers' defaults: fp32 on CPU, dropout 0.1).
+The first four arms train at transformers' defaults (dropout 0.1, fp32) plus ``--set``. Every arm draws
+the same batches: the bucketed arms one plan (mlmlab's loader order, ``data.loader.epoch_plans``), the
+unbucketed ones another, so their tokens match batch by batch. The transformers arms take from ``--set``
+what a plain loop has: the model, the data, the batch, the precision, the optimizer's settings and the
+collator's uniform 80/10/10 corruption at ``masking.rate``; anything else they cannot apply is named
+before the preset is timed.
+
+Arms are interleaved, because these shared machines swing +-30% between runs. Each arm's tokens/s and
+MFU are its own real (non-padding) tokens and model FLOPs summed over its timed steps, over its summed
+time; its padding share is printed beside. MFU is "of measured matmul peak" (mlmlab.train.mfu, the same
+matmul size as training's log). Each preset's table is printed as soon as it is measured, then two lines:
+mlmlab against hf-sparse at the same recipe (mlmlab's) and at transformers' (dropout 0.1), each with its
+precision, threads and host.
 
     python benchmarks/throughput.py                      # tiny and mini
     python benchmarks/throughput.py --presets mini --steps 30 --rounds 5
     python benchmarks/throughput.py --presets modernbert-tiny   # against ModernBertForMaskedLM(sparse_prediction)
-    python benchmarks/throughput.py --set model.dropout=0.0   # overrides for every arm (equal settings)
     python benchmarks/throughput.py --set train.precision=bf16  # bf16 autocast (on a CPU with AMX, or a GPU)
     python benchmarks/throughput.py --no-malloc-tuning   # every arm with glibc's allocator defaults
 """
@@ -40,26 +49,47 @@ import torch.nn.functional as F
 from transformers import (
     BertForMaskedLM, BertForPreTraining, DataCollatorForLanguageModeling, ModernBertConfig, ModernBertForMaskedLM,
 )
-from transformers.trainer_pt_utils import get_length_grouped_indices
 
 from mlmlab import choices
 from mlmlab.cli import reexec_with_malloc_tuning
 from mlmlab.config import load_config
-from mlmlab.data.loader import epoch_batches
+from mlmlab.data.loader import epoch_plans
 from mlmlab.model import IGNORE_INDEX
 from mlmlab.train.loop import Trainer
 from mlmlab.train.mfu import matmul_dtype, peak_matmul_flops, peak_matmul_size, training_flops
 from mlmlab.utils.devices import clock, describe_cpu
 
-ANCHOR_SETTINGS = ["train.precision=fp32", "model.dropout=0.1", "model.attention_dropout=0.1"]  # transformers' defaults
+# transformers' defaults: fp32 on CPU, dropout 0.1 on hidden states and attention (attention_dropout null follows
+# model.dropout, so a --set model.dropout=0.0 turns both off)
+ANCHOR_SETTINGS = ["train.precision=fp32", "model.dropout=0.1", "model.attention_dropout=null"]
+# What the transformers arms take from the config: the model, the data and its order, the batch, the precision,
+# the optimizer's settings, the collator's corruption. They collate in the timed step, as a plain loop does.
+HF_APPLIES = ("model.", "data.", "train.batch_size", "train.seed", "train.precision", "train.lr", "train.weight_decay",
+              "train.adam_beta1", "train.adam_beta2", "train.adam_eps", "train.max_grad_norm",
+              "masking.rate", "masking.mask_prob", "masking.random_prob", "masking.whole_word")
+HF_IGNORES = ("data.loader_workers",)
 PEAK_SECONDS = 2.0  # how long each precision's matmul peak is timed
 
 
 def make_trainer(preset: str, args, run_dir: str, overrides=()) -> Trainer:
     cfg = load_config(preset, [f"train.batch_size={args.batch_size}", f"data.max_seq_length={args.seq}",
                                "train.max_steps=100000", "train.eval_every=0", "train.save_every=0",
-                               f"train.out_dir={run_dir}", "data.loader_workers=0", *overrides])
+                               f"train.out_dir={run_dir}", *overrides])
     return Trainer(cfg, evaluator=None, show_progress=False)
+
+
+def not_applied_by_hf(overrides) -> list[str]:
+    """The --set overrides the transformers arms cannot follow (a masking strategy, gradient accumulation, ...)."""
+    keys = [override.split("=", 1)[0] for override in overrides]
+    return [override for override, key in zip(overrides, keys) if key in HF_IGNORES or not key.startswith(HF_APPLIES)]
+
+
+def planned_ids(trainer: Trainer):
+    """The example ids of ``trainer.batches()``, batch by batch, without its loader."""
+    cfg, store = trainer.cfg, trainer.train_store
+    plans = epoch_plans(store, global_batch=cfg.train.batch_size, seed=cfg.train.seed, start=trainer.state.position,
+                        bucket_batches=cfg.data.bucket_batches)
+    return (ids for _, _, plan in plans for ids in plan)
 
 
 class HFArm:
@@ -68,12 +98,17 @@ class HFArm:
 
     def __init__(self, trainer: Trainer, sparse: bool):
         self.device, self.sparse = trainer.accelerator.device, sparse
-        self.nsp = trainer.cfg.data.objective == choices.NSP
+        cfg = trainer.cfg
+        self.nsp = cfg.data.objective == choices.NSP
         self.model = self._model(trainer.model.config).to(self.device).train()
-        self.model_config = trainer.cfg.model
-        self.collator = DataCollatorForLanguageModeling(trainer.tokenizer, mlm_probability=0.15)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=sparse)
-        self.autocast = trainer.accelerator.autocast
+        self.model_config, self.store, self.batches = cfg.model, trainer.train_store, planned_ids(trainer)
+        self.collator = DataCollatorForLanguageModeling(
+            trainer.tokenizer, mlm_probability=cfg.masking.rate, mask_replace_prob=cfg.masking.mask_prob,
+            random_replace_prob=cfg.masking.random_prob, whole_word_mask=cfg.masking.whole_word)
+        train = cfg.train
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=train.lr, betas=(train.adam_beta1, train.adam_beta2),
+                                           eps=train.adam_eps, weight_decay=train.weight_decay, fused=sparse)
+        self.max_grad_norm, self.autocast = train.max_grad_norm, trainer.accelerator.autocast
 
     def _model(self, config):
         if isinstance(config, ModernBertConfig):  # its sparse head is the library's own option
@@ -82,8 +117,9 @@ class HFArm:
             return ModernBertForMaskedLM(config)
         return BertForPreTraining(config) if self.nsp else BertForMaskedLM(config)
 
-    def step(self, examples: list[dict]) -> tuple[int, int, float]:
-        """One step; its real tokens, padded slots and model FLOPs."""
+    def step(self) -> tuple[int, int, float]:
+        """One step on the plan's next batch; its real tokens, padded slots and model FLOPs."""
+        examples = [self.store[int(i)] for i in next(self.batches)]
         fields = ("input_ids", "token_type_ids") if self.nsp else ("input_ids",)
         batch = self.collator([{name: e[name].tolist() for name in fields} for e in examples])
         if self.nsp:
@@ -92,7 +128,7 @@ class HFArm:
         with self.autocast():
             loss, head_positions = self._sparse_loss(batch) if self.sparse else self._full_loss(batch)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         mask = batch["attention_mask"]
@@ -100,7 +136,8 @@ class HFArm:
         return int(mask.sum()), mask.numel(), float(flops)
 
     def _full_loss(self, batch: dict) -> tuple[torch.Tensor, int]:
-        return self.model(**batch).loss, batch["input_ids"].numel()  # the head projects every position
+        # The head projects every slot, padding too; its FLOPs count real tokens only, as every arm's do.
+        return self.model(**batch).loss, int(batch["attention_mask"].sum())
 
     def _sparse_loss(self, batch: dict) -> tuple[torch.Tensor, int]:
         """The MLM head on labelled positions only: ModernBERT's sparse_prediction, or BERT's by hand."""
@@ -116,17 +153,6 @@ class HFArm:
             nsp_logits = self.model.cls.seq_relationship(encoder[1])  # (B, 2) of the pooled (B, H)
             loss = loss + F.cross_entropy(nsp_logits.float(), batch["next_sentence_label"])
         return loss, int(selected.sum())
-
-
-def length_grouped_batches(store, batch_size: int):
-    """Batches as the HF Trainer's group_by_length forms them (megabatches of 50 sorted by length)."""
-    order = get_length_grouped_indices(store.lengths.tolist(), batch_size, generator=torch.Generator().manual_seed(0))
-    for start in range(0, len(order) - batch_size + 1, batch_size):
-        yield order[start:start + batch_size]
-
-
-def hf_step(arm: HFArm, store, batches):
-    return lambda: arm.step([store[int(i)] for i in next(batches)])
 
 
 def mlmlab_step(trainer: Trainer):
@@ -149,53 +175,47 @@ def time_arm(step, steps: int, device) -> list:
     return totals
 
 
-def build_arms(preset: str, args, folder: str) -> tuple[dict, Trainer, dict]:
-    """{arm name: step function}, the equal-settings trainer, and {arm name: its precision}.
+def build_arms(preset: str, args, folder: str) -> tuple[dict, dict]:
+    """{arm name: step function} and {arm name: the trainer whose settings it trains with}.
 
-    Equal settings: every arm with the anchor's settings plus --set. The as-shipped arm may train in
-    another precision (auto is bf16 on CPUs with AMX), so its MFU needs that precision's peak.
+    The first four at transformers' defaults plus --set, each loading in the timed step as the transformers arms
+    do (data.loader_workers=0); the last two at mlmlab's defaults plus --set, mlmlab's loader as shipped.
     """
-    equal = [*ANCHOR_SETTINGS, *args.set]
+    anchor = [*ANCHOR_SETTINGS, *args.set, "data.loader_workers=0"]
+    equal = make_trainer(preset, args, f"{folder}/equal", anchor)
+    unbucketed = make_trainer(preset, args, f"{folder}/unbucketed", [*anchor, "data.bucket_batches=0"])
     shipped = make_trainer(preset, args, f"{folder}/shipped", args.set)
-    trainer = make_trainer(preset, args, f"{folder}/equal", equal)
-    unbucketed = make_trainer(preset, args, f"{folder}/unbucketed", [*equal, "data.bucket_batches=0"])
-    store, batch = trainer.train_store, args.batch_size
-    arms = {
-        "hf-naive": hf_step(HFArm(trainer, sparse=False), store, iter(epoch_batches(len(store), batch, 0, 0))),
-        "hf-sparse": hf_step(HFArm(trainer, sparse=True), store, length_grouped_batches(store, batch)),
-        "mlmlab-unbucketed": mlmlab_step(unbucketed),
-        "mlmlab": mlmlab_step(trainer),
-    }
-    precisions = dict.fromkeys(arms, trainer.precision)
-    if _differs(shipped, trainer):  # else the mlmlab arm is also the as-shipped one
-        arms["mlmlab-as-shipped"], precisions["mlmlab-as-shipped"] = mlmlab_step(shipped), shipped.precision
-    return arms, trainer, precisions
-
-
-def _differs(a: Trainer, b: Trainer) -> bool:
-    """Whether two trainers would train differently: model (dropout included), masking, data or precision."""
-    def resolved(trainer: Trainer) -> tuple:
-        cfg = trainer.cfg
-        return trainer.model.config.to_dict(), cfg.masking, cfg.data, trainer.precision
-    return resolved(a) != resolved(b)
+    trainers = {"hf-naive": unbucketed, "hf-sparse": equal, "mlmlab-unbucketed": unbucketed, "mlmlab": equal,
+                "hf-sparse-recipe": shipped, "mlmlab-as-shipped": shipped}
+    arms = {name: HFArm(trainer, sparse=name != "hf-naive").step if name.startswith("hf-") else mlmlab_step(trainer)
+            for name, trainer in trainers.items()}
+    return arms, trainers
 
 
 def benchmark_preset(preset: str, args) -> dict:
     with tempfile.TemporaryDirectory() as folder:
-        arms, trainer, precisions = build_arms(preset, args, folder)
-        device = trainer.accelerator.device
+        arms, trainers = build_arms(preset, args, folder)
+        device = trainers["mlmlab"].accelerator.device
         for step in arms.values():
             time_arm(step, args.warmup, device)
         totals = {name: [0, 0, 0.0, 0.0] for name in arms}
         for _ in range(args.rounds):  # interleaved: every arm sees the same machine load
             for name, step in arms.items():
                 totals[name] = [a + b for a, b in zip(totals[name], time_arm(step, args.steps, device))]
+        precisions = {name: trainer.precision for name, trainer in trainers.items()}
         # Longer than training's start-up timing and up to the largest size: the benchmark can afford it.
         peaks = {precision: peak_matmul_flops(device, matmul_dtype(precision), seconds=PEAK_SECONDS, big_enough=0.1)
                  for precision in set(precisions.values())}
-    return {"preset": preset, "device": str(device), "peaks": peaks,
+        settings = {name: describe_settings(trainer) for name, trainer in trainers.items()}
+    return {"preset": preset, "device": str(device), "peaks": peaks, "settings": settings,
             "arms": {name: {"tokens_per_s": t[0] / t[3], "padding": 1 - t[0] / t[1], "precision": precisions[name],
                             "mfu": t[2] / t[3] / peaks[precisions[name]]} for name, t in totals.items()}}
+
+
+def describe_settings(trainer: Trainer) -> str:
+    model = trainer.model.config.to_dict()
+    dropouts = sorted({value for key, value in model.items() if "dropout" in key and isinstance(value, float)})
+    return f"dropout {'/'.join(f'{d:g}' for d in dropouts)}, {dtype_name(trainer.precision)}"
 
 
 def dtype_name(precision: str) -> str:
@@ -213,12 +233,15 @@ def print_preset(result: dict) -> None:
               f"{arm['mfu']:>30.1%}", flush=True)
 
 
-def print_verdicts(results: list[dict]) -> None:
-    for result in results:
-        arms, anchor = result["arms"], result["arms"]["hf-sparse"]["tokens_per_s"]
-        shipped = arms.get("mlmlab-as-shipped", arms["mlmlab"])["tokens_per_s"]
-        print(f"{result['preset']} vs hf-sparse, equal settings: {arms['mlmlab']['tokens_per_s'] / anchor:.2f}x")
-        print(f"{result['preset']} vs hf-sparse, as shipped: {shipped / anchor:.2f}x")
+def print_verdicts(result: dict) -> None:
+    """The same-recipe line (mlmlab's defaults for both) and the transformers-defaults line (dropout 0.1)."""
+    arms, settings = result["arms"], result["settings"]
+    threads = torch.get_num_threads()
+    where = f"{threads} thread{'s' if threads != 1 else ''}, {describe_cpu() if result['device'] == 'cpu' else result['device']}"
+    for mlmlab, anchor, name in (("mlmlab-as-shipped", "hf-sparse-recipe", "same recipe"),
+                                 ("mlmlab", "hf-sparse", "transformers' defaults")):
+        ratio = arms[mlmlab]["tokens_per_s"] / arms[anchor]["tokens_per_s"]
+        print(f"{result['preset']} vs hf-sparse, {name}: {ratio:.2f}x ({settings[mlmlab]}; {where})", flush=True)
 
 
 def main(argv=None) -> None:
@@ -241,11 +264,13 @@ def main(argv=None) -> None:
         presets.append("base")
     print(f"{describe_cpu()}; torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"MALLOC_TRIM_THRESHOLD_={os.environ.get('MALLOC_TRIM_THRESHOLD_', 'unset')}")
-    results = [benchmark_preset(preset, args) for preset in presets]
-    for result in results:
+    unapplied = not_applied_by_hf(args.set)
+    if unapplied:
+        print(f"hf-naive, hf-sparse, hf-sparse-recipe do not apply: {' '.join(unapplied)}")
+    for preset in presets:  # each preset's figures as soon as they are measured
+        result = benchmark_preset(preset, args)
         print_preset(result)
-    print()
-    print_verdicts(results)
+        print_verdicts(result)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from mlmlab.data.loader import LoaderPosition, epoch_batches, iterate_batches
+from mlmlab.data.loader import LoaderPosition, epoch_batches, epoch_plans, iterate_batches
 from mlmlab.data.wikitext import detokenize_line, wikitext_documents
 from mlmlab.masking.select import Corruption, token_info_for
 from mlmlab.masking.strategies import mask_batch
@@ -52,6 +52,18 @@ def test_resuming_at_a_position_gives_the_same_following_batches():
     for (pos_a, a), _ in zip(seen[10:], range(10)):
         pos_b, b = next(resumed)
         assert pos_a == pos_b and torch.equal(a["example_ids"], b["example_ids"])
+
+
+def test_the_plan_without_a_loader_holds_the_loaders_batches():
+    """What benchmarks/throughput.py feeds its transformers arms: the same batches as a run's loader."""
+    store = _FakeStore(100)
+    for bucket in (0, 4):
+        start = LoaderPosition(0, 5)
+        loaded = iterate_batches(store, batch_size=8, seed=3, start=start, bucket_batches=bucket)
+        planned = (ids for _, _, plan in epoch_plans(store, global_batch=8, seed=3, start=start, bucket_batches=bucket)
+                   for ids in plan)
+        for _ in range(20):  # crosses an epoch boundary (12 batches per epoch)
+            assert next(loaded)[1]["example_ids"].tolist() == next(planned).tolist()
 
 
 def test_ranks_split_each_global_batch():

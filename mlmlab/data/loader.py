@@ -110,15 +110,25 @@ def iterate_batches(store, *, batch_size: int, seed: int, start: LoaderPosition,
     if len(store) < global_batch:
         raise UserError(f"the dataset has {len(store)} instances, fewer than one global batch of {global_batch}; "
                         "use more text or a smaller train.batch_size")
-    epoch, first = start.epoch, start.for_global_batch(global_batch).batch
-    while True:
-        plan = epoch_batches(len(store), global_batch, seed, epoch, store.lengths, bucket_batches)[first:, rank::world_size]
+    for epoch, first, plan in epoch_plans(store, global_batch=global_batch, seed=seed, start=start,
+                                          bucket_batches=bucket_batches):
         # Its own generator: a DataLoader draws a worker base seed when iterated, and from torch's
         # default generator that would shift the dropout stream of a resumed run.
         # Its workers leave a stop signal to the training loop, which saves before it exits.
-        loader = DataLoader(dataset, batch_size=None, sampler=list(plan), num_workers=workers,
+        loader = DataLoader(dataset, batch_size=None, sampler=list(plan[:, rank::world_size]), num_workers=workers,
                             prefetch_factor=4 if workers else None, persistent_workers=False,
                             generator=torch.Generator().manual_seed(seed), worker_init_fn=ignore_stop_signals)
         for offset, batch in enumerate(loader):
             yield LoaderPosition(epoch, first + offset + 1, global_batch), batch
+
+
+def epoch_plans(store, *, global_batch: int, seed: int, start: LoaderPosition, bucket_batches: int = 0):
+    """Yield (epoch, index of its first batch, its (num_batches, global_batch) example ids from there) from ``start``, forever.
+
+    The loader's order without the loader: what a run's batches hold, for anyone who must draw the same ones
+    (benchmarks/throughput.py gives every arm these batches).
+    """
+    epoch, first = start.epoch, start.for_global_batch(global_batch).batch
+    while True:
+        yield epoch, first, epoch_batches(len(store), global_batch, seed, epoch, store.lengths, bucket_batches)[first:]
         epoch, first = epoch + 1, 0
