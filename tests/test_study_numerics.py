@@ -18,9 +18,11 @@ import dataclasses
 import hashlib
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 
 STUDY = "adm-study-v3"
 # One arm per code path its arms take: uniform masks, a rate schedule, ADM's entropy scorer with quotas.
@@ -28,12 +30,12 @@ ARMS = ("dynamic", "ankner-decay", "adm-entropy-fn")
 STEPS = 6
 WARMUP = 2  # the study's warmup (100 steps) would keep 6 steps near LR 0, where an optimizer change hardly shows
 RECORDED = Path(__file__).resolve().parent / "data" / f"{STUDY}-numerics.json"
+RECORDED_THREADS = 2  # the weights were recorded with torch's default on a 2-core machine
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def host_kind() -> str:
-    """What fp32 bits depend on: torch's kernel level and the CPU (and the thread count: record and test with
-    the default, every core of a 2-core machine)."""
+    """What fp32 bits depend on: torch's kernel level and the CPU (the thread count is pinned: RECORDED_THREADS)."""
     from mlmlab.utils.devices import cpu_features
 
     features = cpu_features()
@@ -59,7 +61,8 @@ def numbers(arm: str, out_dir: Path) -> dict:
     from mlmlab.train.loop import Trainer
 
     trainer = Trainer(guarded_config(arm, out_dir), evaluator=None, show_progress=False)
-    trainer.train()
+    with torch_threads(RECORDED_THREADS):  # fp32 sums split by thread: OMP_NUM_THREADS=1 would change the bits
+        trainer.train()
     records = [json.loads(line) for line in trainer.metrics.path.read_text().splitlines()]
     weights = hashlib.sha256()
     for name, tensor in sorted(trainer.model.state_dict().items()):
@@ -67,6 +70,16 @@ def numbers(arm: str, out_dir: Path) -> dict:
     return {"shards": shard_digest(trainer.train_store.path),
             "losses": [[r["loss"], r["mlm_loss"]] for r in records if "loss" in r],
             "weights": weights.hexdigest()}
+
+
+@contextmanager
+def torch_threads(count: int):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def shard_digest(folder: Path) -> str:
