@@ -16,6 +16,9 @@ Arms, each with the same model size, vocabulary, data and batch size:
 - ``hf-sparse-recipe`` and ``mlmlab-as-shipped``: the anchor and mlmlab both at mlmlab's own defaults
   (no dropout, so the anchor's attention also runs torch's fused kernel; ``auto`` precision; mlmlab's
   loader worker) plus ``--set``.
+- ``mlmlab-lever``, with ``--lever``: mlmlab-as-shipped plus the lever's overrides (``train.compile=true``),
+  an A/B of one lever in the same interleaved run. A compiled arm warms up until 20 steps in a row
+  compile nothing new; its warm-up (compiling included) is printed beside its ratio.
 
 The first four arms train at transformers' defaults (dropout 0.1, fp32) plus ``--set``. Every arm draws
 the same batches: the bucketed arms one plan (mlmlab's loader order, ``data.loader.epoch_plans``), the
@@ -36,6 +39,7 @@ precision, threads and host.
     python benchmarks/throughput.py --presets modernbert-tiny   # against ModernBertForMaskedLM(sparse_prediction)
     python benchmarks/throughput.py --set train.precision=bf16  # bf16 autocast (on a CPU with AMX, or a GPU)
     python benchmarks/throughput.py --no-malloc-tuning   # every arm with glibc's allocator defaults
+    python benchmarks/throughput.py --lever train.compile=true   # mlmlab-as-shipped with and without a lever
 """
 
 import argparse
@@ -46,6 +50,7 @@ import tempfile
 
 import torch
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 from transformers import (
     BertForMaskedLM, BertForPreTraining, DataCollatorForLanguageModeling, ModernBertConfig, ModernBertForMaskedLM,
 )
@@ -69,6 +74,7 @@ HF_APPLIES = ("model.", "data.", "train.batch_size", "train.seed", "train.precis
               "masking.rate", "masking.mask_prob", "masking.random_prob", "masking.whole_word")
 HF_IGNORES = ("data.loader_workers",)
 PEAK_SECONDS = 2.0  # how long each precision's matmul peak is timed
+QUIET_STEPS = 20  # a compiled arm warms up until this many steps in a row compile no new graph
 
 
 def make_trainer(preset: str, args, run_dir: str, overrides=()) -> Trainer:
@@ -175,6 +181,17 @@ def time_arm(step, steps: int, device) -> list:
     return totals
 
 
+def warm_up(step, steps: int, compiled: bool, device) -> tuple[float, int]:
+    """``steps`` calls of ``step``, and for a compiled arm as many more as it takes to compile every graph it
+    meets (QUIET_STEPS in a row without one); the seconds and steps it took."""
+    start, done, quiet = clock(device), 0, 0
+    while done < steps or (compiled and quiet < QUIET_STEPS):
+        graphs = counters["stats"]["unique_graphs"]
+        step()
+        done, quiet = done + 1, quiet + 1 if counters["stats"]["unique_graphs"] == graphs else 0
+    return clock(device) - start, done
+
+
 def build_arms(preset: str, args, folder: str) -> tuple[dict, dict]:
     """{arm name: step function} and {arm name: the trainer whose settings it trains with}.
 
@@ -187,6 +204,8 @@ def build_arms(preset: str, args, folder: str) -> tuple[dict, dict]:
     shipped = make_trainer(preset, args, f"{folder}/shipped", args.set)
     trainers = {"hf-naive": unbucketed, "hf-sparse": equal, "mlmlab-unbucketed": unbucketed, "mlmlab": equal,
                 "hf-sparse-recipe": shipped, "mlmlab-as-shipped": shipped}
+    if args.lever:
+        trainers["mlmlab-lever"] = make_trainer(preset, args, f"{folder}/lever", [*args.set, *args.lever])
     arms = {name: HFArm(trainer, sparse=name != "hf-naive").step if name.startswith("hf-") else mlmlab_step(trainer)
             for name, trainer in trainers.items()}
     return arms, trainers
@@ -196,8 +215,7 @@ def benchmark_preset(preset: str, args) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         arms, trainers = build_arms(preset, args, folder)
         device = trainers["mlmlab"].accelerator.device
-        for step in arms.values():
-            time_arm(step, args.warmup, device)
+        warm_ups = {name: warm_up(step, args.warmup, trainers[name].cfg.train.compile, device) for name, step in arms.items()}
         totals = {name: [0, 0, 0.0, 0.0] for name in arms}
         for _ in range(args.rounds):  # interleaved: every arm sees the same machine load
             for name, step in arms.items():
@@ -207,7 +225,7 @@ def benchmark_preset(preset: str, args) -> dict:
         peaks = {precision: peak_matmul_flops(device, matmul_dtype(precision), seconds=PEAK_SECONDS, big_enough=0.1)
                  for precision in set(precisions.values())}
         settings = {name: describe_settings(trainer) for name, trainer in trainers.items()}
-    return {"preset": preset, "device": str(device), "peaks": peaks, "settings": settings,
+    return {"preset": preset, "device": str(device), "peaks": peaks, "settings": settings, "warm_ups": warm_ups,
             "arms": {name: {"tokens_per_s": t[0] / t[3], "padding": 1 - t[0] / t[1], "precision": precisions[name],
                             "mfu": t[2] / t[3] / peaks[precisions[name]]} for name, t in totals.items()}}
 
@@ -242,6 +260,12 @@ def print_verdicts(result: dict) -> None:
                                  ("mlmlab", "hf-sparse", "transformers' defaults")):
         ratio = arms[mlmlab]["tokens_per_s"] / arms[anchor]["tokens_per_s"]
         print(f"{result['preset']} vs hf-sparse, {name}: {ratio:.2f}x ({settings[mlmlab]}; {where})", flush=True)
+    if "mlmlab-lever" in arms:
+        ratio = arms["mlmlab-lever"]["tokens_per_s"] / arms["mlmlab-as-shipped"]["tokens_per_s"]
+        (seconds, steps), (base_seconds, base_steps) = (result["warm_ups"][name]
+                                                        for name in ("mlmlab-lever", "mlmlab-as-shipped"))
+        print(f"{result['preset']} lever {' '.join(result['lever'])}: {ratio:.2f}x of mlmlab-as-shipped; its warm-up "
+              f"{seconds:.0f} s over {steps} steps (mlmlab-as-shipped: {base_seconds:.1f} s over {base_steps})", flush=True)
 
 
 def main(argv=None) -> None:
@@ -254,6 +278,8 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="config overrides for every arm (the HF arms copy mlmlab's model config)")
+    parser.add_argument("--lever", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="an mlmlab-lever arm: mlmlab-as-shipped with these overrides too, A/B in the same run")
     parser.add_argument("--no-malloc-tuning", action="store_true",
                         help="measure without the glibc settings the mlmlab command applies (every arm alike)")
     args = parser.parse_args(argv)
@@ -268,7 +294,7 @@ def main(argv=None) -> None:
     if unapplied:
         print(f"hf-naive, hf-sparse, hf-sparse-recipe do not apply: {' '.join(unapplied)}")
     for preset in presets:  # each preset's figures as soon as they are measured
-        result = benchmark_preset(preset, args)
+        result = {**benchmark_preset(preset, args), "lever": args.lever}
         print_preset(result)
         print_verdicts(result)
 

@@ -12,6 +12,7 @@ Names: ``model`` is the transformers model (encoder + heads); its architecture's
 """
 
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -27,6 +28,9 @@ from mlmlab.errors import UserError
 from mlmlab.utils.restoring import restoring
 
 IGNORE_INDEX = -100  # the label of every position that is not predicted (HF convention)
+# A compiled encoder keeps one graph per input length: lengths padded up to a multiple of this give
+# a run's bucketed batches 4 graphs up to 128 tokens instead of one per length.
+COMPILED_LENGTH_MULTIPLE = 32
 
 
 def padded_vocab_size(vocab_size: int, multiple: int) -> int:
@@ -107,16 +111,33 @@ def compile_model(model: PreTrainedModel) -> None:
 
     In place (``Module.compile``), so parameter names, checkpoints and the Auto classes
     are unchanged. The sparse loss around them stays eager: its ``nonzero`` has a
-    data-dependent shape. ``dynamic=True`` because batch lengths (bucketing) and the number
-    of selected positions change every step; static shapes would recompile each time.
+    data-dependent shape. The encoder is compiled for static shapes: SparsePretraining pads
+    its input length to a multiple of COMPILED_LENGTH_MULTIPLE, so bucketed batches compile a
+    handful of graphs, each specialised to its length. The head is compiled ``dynamic=True``:
+    its row count (the selected positions) changes every step, and its matmuls gain nothing
+    from a fixed one.
     """
-    for part in architecture_of(model).compiled_parts(model):
+    encoder, *head = architecture_of(model).compiled_parts(model)
+    encoder.compile(dynamic=False)
+    for part in head:
         part.compile(dynamic=True)
 
 
+def padded_length(length: int, multiple: int, limit: int) -> int:
+    """``length`` rounded up to a multiple of ``multiple``, but never past ``limit`` (the model's positions)."""
+    return max(length, min(-(-length // multiple) * multiple, limit))
+
+
+@contextmanager
 def eval_mode(model: nn.Module):
-    """No dropout (and so no draws from torch's global RNG) inside; training mode restored after."""
-    return restoring(lambda: model.training, model.train, False)
+    """No dropout (and so no draws from torch's global RNG) inside; training mode restored after.
+
+    Eager inside (a compiled model too): evaluation's and the scorers' batch shapes, grad mode and
+    eval mode would each add graphs that training never reuses, and past torch's recompile limit
+    training itself would fall back to eager.
+    """
+    with restoring(lambda: model.training, model.train, False), torch.compiler.set_stance("force_eager"):
+        yield
 
 
 def encode(model: PreTrainedModel, batch: dict, inputs_embeds: torch.Tensor | None = None) -> tuple:
@@ -143,9 +164,11 @@ class SparsePretraining(nn.Module):
     without an NSP head (ModernBERT) is scored on MLM alone, whatever ``use_nsp`` says.
     """
 
-    def __init__(self, model: PreTrainedModel, use_nsp: bool = True):
+    def __init__(self, model: PreTrainedModel, use_nsp: bool = True, length_multiple: int = 1):
+        """``length_multiple``: pad the encoder's input length up to a multiple of it (COMPILED_LENGTH_MULTIPLE
+        for a compiled encoder); the padding is masked out of attention and cut from its output."""
         super().__init__()
-        self.model = model
+        self.model, self.length_multiple = model, length_multiple
         self.architecture = architecture_of(model)
         self.use_nsp = use_nsp and self.architecture.has_nsp
         # accelerate's default FSDP wrapping (TRANSFORMER_BASED_WRAP) shards per module of these classes.
@@ -154,7 +177,7 @@ class SparsePretraining(nn.Module):
     def forward(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None,
                 mlm_denominator=None, nsp_denominator=None, **_unused) -> dict:
         # (B, T, H), and (B, H) where there is an NSP head
-        hidden, pooled = self.architecture.encode(self.model, input_ids, attention_mask, token_type_ids)
+        hidden, pooled = self._encode(input_ids, attention_mask, token_type_ids)
         selected_index = (labels != IGNORE_INDEX).flatten().nonzero().squeeze(1)  # (M,)
         hidden_selected = hidden.flatten(0, 1).index_select(0, selected_index)  # (M, H)
         logits = self.architecture.predict(self.model, hidden_selected)  # (M, V)
@@ -180,6 +203,17 @@ class SparsePretraining(nn.Module):
             loss = loss + result["nsp_loss"]
         result["loss"] = loss
         return result
+
+    def _encode(self, input_ids, attention_mask, token_type_ids) -> tuple:
+        """The encoder's (B, T, H) and pooled (B, H) of (B, T) inputs, through inputs padded to (B, T')."""
+        length = input_ids.shape[1]
+        extra = padded_length(length, self.length_multiple, self.model.config.max_position_embeddings) - length
+        if extra:
+            input_ids = F.pad(input_ids, (0, extra), value=self.model.config.pad_token_id)
+            attention_mask = F.pad(attention_mask, (0, extra), value=0)
+            token_type_ids = None if token_type_ids is None else F.pad(token_type_ids, (0, extra), value=0)
+        hidden, pooled = self.architecture.encode(self.model, input_ids, attention_mask, token_type_ids)
+        return hidden[:, :length], pooled  # (B, T, H) of (B, T', H)
 
 
 def pretraining_loss(model: PreTrainedModel, batch: dict, use_nsp: bool = True) -> dict:

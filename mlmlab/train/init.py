@@ -30,7 +30,7 @@ from mlmlab.config import Config, ModelConfig
 from mlmlab.data.resolve import standalone_tokenizer, tokenizer_dir_for
 from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.errors import UserError
-from mlmlab.model import build_model, compile_model, current_name
+from mlmlab.model import COMPILED_LENGTH_MULTIPLE, build_model, compile_model, current_name
 from mlmlab.model_folder import (check_own_tokenizer, load_saved_weights, read_config, refuse_other_vocabulary,
                                  saved_weight_shapes)
 
@@ -108,6 +108,8 @@ def initial_model(cfg: Config, tokenizer, resuming: bool, log: Callable[[str], N
         load_init_weights(model, Path(cfg.train.init), log)
     if cfg.train.compile:
         compile_model(model)
+        log(f"train.compile: the first step of each input length (padded to a multiple of {COMPILED_LENGTH_MULTIPLE}) "
+            "waits while torch.compile builds its graph, tens of seconds each on a CPU")
     return model
 
 

@@ -35,7 +35,7 @@ from mlmlab.data.loader import LoaderPosition, iterate_batches
 from mlmlab.data.resolve import prepare_datasets
 from mlmlab.errors import UserError
 from mlmlab.masking.masker import Masker
-from mlmlab.model import IGNORE_INDEX, SparsePretraining
+from mlmlab.model import COMPILED_LENGTH_MULTIPLE, IGNORE_INDEX, SparsePretraining
 from mlmlab.train import checkpoint
 from mlmlab.train.init import initial_model, resolve_init
 from mlmlab.train.launch import concat_over_processes, make_accelerator, say_precision, sum_over_processes
@@ -292,7 +292,8 @@ def prepared_model(cfg: Config, tokenizer, accelerator, folder: Path | None) -> 
     """(model, module, optimizer): the model (with the checkpoint's weights when resuming from ``folder``), the
     pretraining module around it and its optimizer, the last two prepared by accelerate."""
     model = initial_model(cfg, tokenizer, resuming=folder is not None, log=partial(say_once, accelerator))
-    module = SparsePretraining(model, use_nsp=cfg.data.objective == choices.NSP)
+    module = SparsePretraining(model, use_nsp=cfg.data.objective == choices.NSP,
+                               length_multiple=COMPILED_LENGTH_MULTIPLE if cfg.train.compile else 1)
     optimizer = build_optimizer(module, cfg.train, accelerator.device)
     if folder is not None:
         say_once(accelerator, f"resuming from {folder}")
