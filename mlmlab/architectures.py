@@ -69,6 +69,11 @@ class Bert:
         return model.cls.predictions(hidden)  # (..., V)
 
     @staticmethod
+    def head_parts(model) -> tuple[nn.Module, nn.Linear]:
+        """The MLM head as (transform, decoder): predict is decoder(transform(hidden))."""
+        return model.cls.predictions.transform, model.cls.predictions.decoder
+
+    @staticmethod
     def nsp_logits(model, pooled: torch.Tensor) -> torch.Tensor:
         return model.cls.seq_relationship(pooled)  # (B, 2)
 
@@ -123,6 +128,10 @@ class ModernBert:
     @staticmethod
     def predict(model, hidden: torch.Tensor) -> torch.Tensor:
         return model.decoder(model.head(hidden))  # (..., V)
+
+    @staticmethod
+    def head_parts(model) -> tuple[nn.Module, nn.Linear]:
+        return model.head, model.decoder
 
     @staticmethod
     def compiled_parts(model) -> tuple[nn.Module, ...]:

@@ -137,6 +137,9 @@ class TrainConfig:
     seed: int = 0  # model initialisation, dropout and data order
     precision: str = choices.AUTO  # "auto": bf16 autocast on CUDA and on CPUs with AMX, else fp32 (train/launch.py)
     compile: bool = False  # torch.compile the encoder and MLM head; no gain measured on CPU after 40-75 s of compiling
+    # The MLM decoder and its cross-entropy chunk by chunk, gradients in the forward (mlmlab/head_loss.py): the
+    # same loss to float tolerance without the (M, V) logits in memory three times
+    fused_head: bool = False
     max_bad_steps: int = 5  # consecutive non-finite losses (each skipped) before training aborts
     out_dir: str = ""  # empty: runs/<hash of the resolved config>, so a rerun resumes the same run
     # A model folder to start from, weights only (a HuggingFace BertForPreTraining or BertForMaskedLM folder, or an

@@ -25,6 +25,7 @@ from transformers import PreTrainedModel
 from mlmlab.architectures import architecture_named, architecture_of
 from mlmlab.config import ModelConfig
 from mlmlab.errors import UserError
+from mlmlab.head_loss import linear_cross_entropy
 from mlmlab.utils.restoring import restoring
 
 IGNORE_INDEX = -100  # the label of every position that is not predicted (HF convention)
@@ -164,11 +165,12 @@ class SparsePretraining(nn.Module):
     without an NSP head (ModernBERT) is scored on MLM alone, whatever ``use_nsp`` says.
     """
 
-    def __init__(self, model: PreTrainedModel, use_nsp: bool = True, length_multiple: int = 1):
+    def __init__(self, model: PreTrainedModel, use_nsp: bool = True, length_multiple: int = 1, fused_head: bool = False):
         """``length_multiple``: pad the encoder's input length up to a multiple of it (COMPILED_LENGTH_MULTIPLE
-        for a compiled encoder); the padding is masked out of attention and cut from its output."""
+        for a compiled encoder); the padding is masked out of attention and cut from its output.
+        ``fused_head``: in training, the decoder and its cross-entropy chunk by chunk (head_loss.py)."""
         super().__init__()
-        self.model, self.length_multiple = model, length_multiple
+        self.model, self.length_multiple, self.fused_head = model, length_multiple, fused_head
         self.architecture = architecture_of(model)
         self.use_nsp = use_nsp and self.architecture.has_nsp
         # accelerate's default FSDP wrapping (TRANSFORMER_BASED_WRAP) shards per module of these classes.
@@ -180,12 +182,17 @@ class SparsePretraining(nn.Module):
         hidden, pooled = self._encode(input_ids, attention_mask, token_type_ids)
         selected_index = (labels != IGNORE_INDEX).flatten().nonzero().squeeze(1)  # (M,)
         hidden_selected = hidden.flatten(0, 1).index_select(0, selected_index)  # (M, H)
-        logits = self.architecture.predict(self.model, hidden_selected)  # (M, V)
         targets = labels.flatten().index_select(0, selected_index)  # (M,)
-        token_losses = F.cross_entropy(logits.float(), targets, reduction="none")  # (M,)
-        mlm_loss = token_losses.sum() / (mlm_denominator or max(len(targets), 1))
+        if self.fused_head and self.model.training:
+            transform, decoder = self.architecture.head_parts(self.model)
+            mlm_sum, token_losses = linear_cross_entropy(transform(hidden_selected), decoder.weight, decoder.bias,
+                                                         targets)
+        else:
+            logits = self.architecture.predict(self.model, hidden_selected)  # (M, V)
+            token_losses = F.cross_entropy(logits.float(), targets, reduction="none")  # (M,)
+            mlm_sum = token_losses.sum()
         result = {
-            "mlm_loss": mlm_loss,
+            "mlm_loss": mlm_sum / (mlm_denominator or max(len(targets), 1)),
             "token_losses": token_losses.detach(),
             "selected_index": selected_index,
             "mlm_count": torch.tensor(len(targets)),
@@ -194,7 +201,7 @@ class SparsePretraining(nn.Module):
             # Accuracy is an evaluation figure. In training nothing reads it, and this argmax over
             # (M, V) logits cost 1.3% of a mini step (torch.profiler, batch 32 x 128).
             result["mlm_correct"] = (logits.argmax(-1) == targets).sum()
-        loss = mlm_loss
+        loss = result["mlm_loss"]
         if self.use_nsp and next_sentence_label is not None:
             nsp_logits = self.architecture.nsp_logits(self.model, pooled)  # (B, 2)
             nsp_sum = F.cross_entropy(nsp_logits.float(), next_sentence_label, reduction="sum")

@@ -15,7 +15,7 @@ LAYERS = [
     ("mlmlab.errors", "mlmlab.choices", "mlmlab.utils", "mlmlab"),
     ("mlmlab.config",),
     ("mlmlab.data",),
-    ("mlmlab.model", "mlmlab.model_folder", "mlmlab.architectures", "mlmlab.flops"),
+    ("mlmlab.model", "mlmlab.model_folder", "mlmlab.architectures", "mlmlab.flops", "mlmlab.head_loss"),
     ("mlmlab.masking",),
     ("mlmlab.train",),
     ("mlmlab.evaluate",),
