@@ -16,8 +16,8 @@ Arms, each with the same model size, vocabulary, data and batch size:
 - ``hf-sparse-recipe`` and ``mlmlab-as-shipped``: the anchor and mlmlab both at mlmlab's own defaults
   (no dropout, so the anchor's attention also runs torch's fused kernel; ``auto`` precision; mlmlab's
   loader worker) plus ``--set``.
-- ``mlmlab-lever``, with ``--lever``: mlmlab-as-shipped plus the lever's overrides (``train.compile=true``),
-  an A/B of one lever in the same interleaved run. A compiled arm warms up until 20 steps in a row
+- ``mlmlab+<lever>``, one per ``--lever``: mlmlab-as-shipped plus the lever's overrides (``train.compile=true``),
+  an A/B of each lever in the same interleaved run. A compiled arm warms up until 20 steps in a row
   compile nothing new; its warm-up (compiling included) is printed beside its ratio.
 
 The first four arms train at transformers' defaults (dropout 0.1, fp32) plus ``--set``. Every arm draws
@@ -39,7 +39,7 @@ precision, threads and host.
     python benchmarks/throughput.py --presets modernbert-tiny   # against ModernBertForMaskedLM(sparse_prediction)
     python benchmarks/throughput.py --set train.precision=bf16  # bf16 autocast (on a CPU with AMX, or a GPU)
     python benchmarks/throughput.py --no-malloc-tuning   # every arm with glibc's allocator defaults
-    python benchmarks/throughput.py --lever train.compile=true   # mlmlab-as-shipped with and without a lever
+    python benchmarks/throughput.py --lever train.compile=true --lever train.fused_head=true   # two levers' A/Bs
 """
 
 import argparse
@@ -204,8 +204,8 @@ def build_arms(preset: str, args, folder: str) -> tuple[dict, dict]:
     shipped = make_trainer(preset, args, f"{folder}/shipped", args.set)
     trainers = {"hf-naive": unbucketed, "hf-sparse": equal, "mlmlab-unbucketed": unbucketed, "mlmlab": equal,
                 "hf-sparse-recipe": shipped, "mlmlab-as-shipped": shipped}
-    if args.lever:
-        trainers["mlmlab-lever"] = make_trainer(preset, args, f"{folder}/lever", [*args.set, *args.lever])
+    for index, lever in enumerate(args.lever):
+        trainers[lever_arm(lever)] = make_trainer(preset, args, f"{folder}/lever{index}", [*args.set, *lever])
     arms = {name: HFArm(trainer, sparse=name != "hf-naive").step if name.startswith("hf-") else mlmlab_step(trainer)
             for name, trainer in trainers.items()}
     return arms, trainers
@@ -245,9 +245,9 @@ def print_preset(result: dict) -> None:
     peaks = ", ".join(f"{dtype_name(precision)} {peak / 1e12:.2f} TFLOP/s" for precision, peak in result["peaks"].items())
     print(f"\n{result['preset']} on {result['device']}: measured matmul peak {peaks} "
           f"(the fastest of {PEAK_SECONDS:.0f} s of matmuls up to {peak_matmul_size(result['device'])}^2)")
-    print(f"  {'arm':<20} {'tokens/s':>10} {'padding':>8} {'precision':>10} {'MFU (of measured matmul peak)':>30}")
+    print(f"  {'arm':<24} {'tokens/s':>10} {'padding':>8} {'precision':>10} {'MFU (of measured matmul peak)':>30}")
     for name, arm in result["arms"].items():
-        print(f"  {name:<20} {arm['tokens_per_s']:>10.0f} {arm['padding']:>8.1%} {dtype_name(arm['precision']):>10} "
+        print(f"  {name:<24} {arm['tokens_per_s']:>10.0f} {arm['padding']:>8.1%} {dtype_name(arm['precision']):>10} "
               f"{arm['mfu']:>30.1%}", flush=True)
 
 
@@ -260,12 +260,17 @@ def print_verdicts(result: dict) -> None:
                                  ("mlmlab", "hf-sparse", "transformers' defaults")):
         ratio = arms[mlmlab]["tokens_per_s"] / arms[anchor]["tokens_per_s"]
         print(f"{result['preset']} vs hf-sparse, {name}: {ratio:.2f}x ({settings[mlmlab]}; {where})", flush=True)
-    if "mlmlab-lever" in arms:
-        ratio = arms["mlmlab-lever"]["tokens_per_s"] / arms["mlmlab-as-shipped"]["tokens_per_s"]
-        (seconds, steps), (base_seconds, base_steps) = (result["warm_ups"][name]
-                                                        for name in ("mlmlab-lever", "mlmlab-as-shipped"))
-        print(f"{result['preset']} lever {' '.join(result['lever'])}: {ratio:.2f}x of mlmlab-as-shipped; its warm-up "
+    base_seconds, base_steps = result["warm_ups"]["mlmlab-as-shipped"]
+    for lever in result["levers"]:
+        ratio = arms[lever_arm(lever)]["tokens_per_s"] / arms["mlmlab-as-shipped"]["tokens_per_s"]
+        seconds, steps = result["warm_ups"][lever_arm(lever)]
+        print(f"{result['preset']} lever {' '.join(lever)}: {ratio:.2f}x of mlmlab-as-shipped; its warm-up "
               f"{seconds:.0f} s over {steps} steps (mlmlab-as-shipped: {base_seconds:.1f} s over {base_steps})", flush=True)
+
+
+def lever_arm(lever: list[str]) -> str:
+    """The arm's name: mlmlab+ and the lever's values, e.g. mlmlab+compile=true."""
+    return "mlmlab+" + "+".join(override.rsplit(".", 1)[-1] for override in lever)
 
 
 def main(argv=None) -> None:
@@ -278,8 +283,9 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="config overrides for every arm (the HF arms copy mlmlab's model config)")
-    parser.add_argument("--lever", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="an mlmlab-lever arm: mlmlab-as-shipped with these overrides too, A/B in the same run")
+    parser.add_argument("--lever", nargs="+", action="append", default=[], metavar="KEY=VALUE",
+                        help="an mlmlab+<lever> arm: mlmlab-as-shipped with these overrides too, A/B in the same run; "
+                             "repeat for more levers")
     parser.add_argument("--no-malloc-tuning", action="store_true",
                         help="measure without the glibc settings the mlmlab command applies (every arm alike)")
     args = parser.parse_args(argv)
@@ -294,7 +300,7 @@ def main(argv=None) -> None:
     if unapplied:
         print(f"hf-naive, hf-sparse, hf-sparse-recipe do not apply: {' '.join(unapplied)}")
     for preset in presets:  # each preset's figures as soon as they are measured
-        result = {**benchmark_preset(preset, args), "lever": args.lever}
+        result = {**benchmark_preset(preset, args), "levers": args.lever}
         print_preset(result)
         print_verdicts(result)
 
