@@ -226,6 +226,7 @@ def benchmark_preset(preset: str, args) -> dict:
                  for precision in set(precisions.values())}
         settings = {name: describe_settings(trainer) for name, trainer in trainers.items()}
     return {"preset": preset, "device": str(device), "peaks": peaks, "settings": settings, "warm_ups": warm_ups,
+            "levers": args.lever,
             "arms": {name: {"tokens_per_s": t[0] / t[3], "padding": 1 - t[0] / t[1], "precision": precisions[name],
                             "mfu": t[2] / t[3] / peaks[precisions[name]]} for name, t in totals.items()}}
 
@@ -300,7 +301,7 @@ def main(argv=None) -> None:
     if unapplied:
         print(f"hf-naive, hf-sparse, hf-sparse-recipe do not apply: {' '.join(unapplied)}")
     for preset in presets:  # each preset's figures as soon as they are measured
-        result = {**benchmark_preset(preset, args), "levers": args.lever}
+        result = benchmark_preset(preset, args)
         print_preset(result)
         print_verdicts(result)
 

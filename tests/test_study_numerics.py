@@ -18,11 +18,12 @@ import dataclasses
 import hashlib
 import json
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
+
+from mlmlab.utils.restoring import restoring
 
 STUDY = "adm-study-v3"
 # One arm per code path its arms take: uniform masks, a rate schedule, ADM's entropy scorer with quotas.
@@ -61,7 +62,8 @@ def numbers(arm: str, out_dir: Path) -> dict:
     from mlmlab.train.loop import Trainer
 
     trainer = Trainer(guarded_config(arm, out_dir), evaluator=None, show_progress=False)
-    with torch_threads(RECORDED_THREADS):  # fp32 sums split by thread: OMP_NUM_THREADS=1 would change the bits
+    # fp32 sums split by thread: under OMP_NUM_THREADS=1 the bits would differ
+    with restoring(torch.get_num_threads, torch.set_num_threads, RECORDED_THREADS):
         trainer.train()
     records = [json.loads(line) for line in trainer.metrics.path.read_text().splitlines()]
     weights = hashlib.sha256()
@@ -70,16 +72,6 @@ def numbers(arm: str, out_dir: Path) -> dict:
     return {"shards": shard_digest(trainer.train_store.path),
             "losses": [[r["loss"], r["mlm_loss"]] for r in records if "loss" in r],
             "weights": weights.hexdigest()}
-
-
-@contextmanager
-def torch_threads(count: int):
-    previous = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def shard_digest(folder: Path) -> str:
