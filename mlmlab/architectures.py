@@ -7,7 +7,7 @@ so masking, resume and studies are the same code for every architecture. An adap
 - how mlmlab's model section becomes the library's config (``config``) and model (``model_class``);
 - how a batch is encoded (hidden states, and the pooled [CLS] where there is an NSP head), and how
   the MLM head (transform, then the decoder tied to the input embeddings) projects hidden states;
-- which modules torch.compile compiles and FSDP shards by;
+- which modules torch.compile compiles and FSDP shards by, and which train.fused_qkv fuses;
 - which config.json entries fix the weights' shapes and meaning, as the model.* settings that set
   them (a resume and train.init compare them; train.init takes them), and which entries mlmlab
   leaves at the library's defaults (a folder with other values would compute something else);
@@ -81,6 +81,11 @@ class Bert:
     def compiled_parts(model) -> tuple[nn.Module, ...]:
         return model.bert, model.cls.predictions
 
+    @staticmethod
+    def separate_qkv(model) -> list[nn.Module]:
+        """The self-attention modules that project Q, K and V with three linears (train.fused_qkv fuses them)."""
+        return [layer.attention.self for layer in model.bert.encoder.layer]
+
 
 class ModernBert:
     """ModernBertForMaskedLM: encoder ``model``, MLM head ``head`` then ``decoder`` (tied to the input embeddings).
@@ -136,6 +141,10 @@ class ModernBert:
     @staticmethod
     def compiled_parts(model) -> tuple[nn.Module, ...]:
         return model.model, model.head, model.decoder
+
+    @staticmethod
+    def separate_qkv(model) -> list[nn.Module]:
+        return []  # each layer's Wqkv projects Q, K and V in one matmul already
 
 
 ADAPTERS = {adapter.name: adapter for adapter in (Bert, ModernBert)}  # by model.architecture (model_type)

@@ -140,6 +140,9 @@ class TrainConfig:
     # The MLM decoder and its cross-entropy chunk by chunk, gradients in the forward (mlmlab/head_loss.py): the
     # same loss to float tolerance without the (M, V) logits in memory three times
     fused_head: bool = False
+    # BERT's attention projects Q, K and V with one matmul over its three weights, concatenated (mlmlab/fused_qkv.py):
+    # the same weights and checkpoints; ModernBERT's is fused already
+    fused_qkv: bool = False
     max_bad_steps: int = 5  # consecutive non-finite losses (each skipped) before training aborts
     out_dir: str = ""  # empty: runs/<hash of the resolved config>, so a rerun resumes the same run
     # A model folder to start from, weights only (a HuggingFace BertForPreTraining or BertForMaskedLM folder, or an

@@ -30,6 +30,7 @@ from mlmlab.config import Config, ModelConfig
 from mlmlab.data.resolve import standalone_tokenizer, tokenizer_dir_for
 from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.errors import UserError
+from mlmlab.fused_qkv import fuse_qkv
 from mlmlab.model import COMPILED_LENGTH_MULTIPLE, build_model, compile_model, current_name
 from mlmlab.model_folder import (check_own_tokenizer, load_saved_weights, read_config, refuse_other_vocabulary,
                                  saved_weight_shapes)
@@ -106,6 +107,10 @@ def initial_model(cfg: Config, tokenizer, resuming: bool, log: Callable[[str], N
     model = build_model(cfg.model, len(tokenizer), tokenizer.pad_token_id)
     if cfg.train.init and not resuming:  # a resume loads its checkpoint's weights instead
         load_init_weights(model, Path(cfg.train.init), log)
+    if cfg.train.fused_qkv:
+        fused = fuse_qkv(model)
+        log(f"train.fused_qkv: {fused} attention layers project Q, K and V with one matmul" if fused else
+            "train.fused_qkv: nothing to fuse, this architecture projects Q, K and V with one matmul already")
     if cfg.train.compile:
         compile_model(model)
         log(f"train.compile: the first step of each input length (padded to a multiple of {COMPILED_LENGTH_MULTIPLE}) "

@@ -123,7 +123,7 @@ def check_fsdp(accelerator: Accelerator, cfg: Config) -> None:
         raise UserError(f"masking.scorer={masking.scorer} needs the whole model on each process, which FSDP "
                         f"shards; under FSDP use scorer {choices.listed(choices.LOSS_SCORERS + choices.DATA_SCORERS)}, "
                         "or launch with DDP")
-    for key in ("compile", "fused_head"):
+    for key in ("compile", "fused_head", "fused_qkv"):
         if getattr(cfg.train, key):
             raise UserError(f"train.{key} with FSDP is untested; set train.{key}=false or launch with DDP")
 
