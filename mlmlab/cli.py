@@ -155,14 +155,15 @@ def cmd_probe(args) -> None:
 
 
 def cmd_study(args) -> None:
-    from mlmlab.experiments.runner import dry_run_text, parse_shard, run_study
+    from mlmlab.experiments.runner import dry_run_text, parse_only, parse_shard, run_study
     from mlmlab.experiments.study import load_study
 
     study, shard = load_study(args.study, out_dir=args.out), parse_shard(args.shard)
+    only = parse_only(args.only, study)
     if args.dry_run:
-        print(dry_run_text(study, shard, timed_steps=args.time_steps, show_progress=not args.no_progress))
+        print(dry_run_text(study, shard, timed_steps=args.time_steps, show_progress=not args.no_progress, only=only))
     else:
-        run_study(study, shard, show_progress=not args.no_progress)
+        run_study(study, shard, show_progress=not args.no_progress, only=only)
 
 
 def cmd_config(args) -> None:
@@ -348,7 +349,11 @@ def build_parser() -> argparse.ArgumentParser:
     # "experiment": its name before 2026-12-02, in the commands of reports written then
     p = sub.add_parser("study", aliases=["experiment"], help="run a study: pretraining runs over arms x seeds, each evaluated, one row each in results.jsonl")
     p.add_argument("study", help="study preset name (mlmlab/configs/studies/) or a study YAML file")
-    p.add_argument("--shard", default=None, help="i/n: only the runs whose index %% n == i (i from 0), to split a study over machines")
+    p.add_argument("--shard", default=None, help="i/n: every n-th run from the i-th (i from 0) of the study's order, the gate arm's runs first, "
+                        "to split a study over machines")
+    p.add_argument("--only", nargs="+", metavar="ARM[/seedN]",
+                   help="only these runs: an arm's every seed, or one seed of it (adm-entropy/seed1); e.g. to run a "
+                        "long arm's runs side by side")
     p.add_argument("--out", default=None, help="study folder (default: the study's out_dir, else studies/<name>)")
     p.add_argument("--dry-run", action="store_true", help="validate every arm's config and print the estimated cost; train nothing")
     p.add_argument("--time-steps", type=int, default=0, metavar="STEPS",

@@ -146,6 +146,22 @@ def test_dry_run_counts_only_the_runs_left(tmp_path, capsys):
         "left: adm-entropy seed 1 (not started)"]
 
 
+def test_only_names_an_arms_every_seed_or_one_of_them_and_the_dry_run_lists_just_those(tmp_path, capsys):
+    source = write_study(tmp_path, seeds=[0, 1])
+    study = study_file.load_study(source)
+    runs = runner.plan_runs(study)
+    chosen = runner.only_runs(runs, runner.parse_only(["adm-entropy/seed1", "dynamic"], study))
+    assert [(run.arm.name, run.seed) for run in chosen] == [("dynamic", 0), ("dynamic", 1), ("adm-entropy", 1)]
+    assert runner.only_runs(runs, ()) == runs
+    assert main(["study", source, "--dry-run", "--only", "adm-entropy/seed1"]) == 0
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("left:")] == ["left: adm-entropy seed 1 (not started)"]
+    for spec, message in (("adm", "no arm 'adm'; its arms are dynamic, adm-entropy"),
+                          ("dynamic/seed7", "no seed 7; its seeds are 0, 1")):
+        with pytest.raises(UserError, match=message):
+            runner.parse_only([spec], study)
+
+
 def test_presets_load_and_validate_every_arm():
     for name in sorted(path.stem for path in study_file.STUDY_DIR.glob("*.yaml")):
         if name == "roberta-base-adm":  # its own test above

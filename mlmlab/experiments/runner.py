@@ -120,6 +120,29 @@ def parse_shard(text: str | None) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
+def parse_only(specs: list[str] | None, study: Study) -> tuple[tuple[str, int | None], ...]:
+    """--only values, "ARM" (its every seed) or "ARM/seedN", as (arm, seed or None); an arm or seed the study
+    lacks is a UserError naming what it has."""
+    arms = [arm.name for arm in study.arms]
+    chosen = []
+    for spec in specs or ():
+        match = re.fullmatch(r"(.+?)(?:/seed(\d+))?", spec.strip())
+        arm, seed = match[1], None if match[2] is None else int(match[2])
+        if arm not in arms:
+            raise UserError(f"--only {spec!r}: the study has no arm {arm!r}; its arms are {', '.join(arms)}")
+        if seed is not None and seed not in study.seeds:
+            raise UserError(f"--only {spec!r}: the study has no seed {seed}; its seeds are "
+                            f"{', '.join(map(str, study.seeds))} (ARM/seedN)")
+        chosen.append((arm, seed))
+    return tuple(chosen)
+
+
+def only_runs(runs: list[Run], only: tuple[tuple[str, int | None], ...]) -> list[Run]:
+    """The runs --only names, in their order; all of them when it names none."""
+    return [run for run in runs if not only or any(run.arm.name == arm and seed in (None, run.seed)
+                                                    for arm, seed in only)]
+
+
 def shard_runs(runs: list[Run], shard: tuple[int, int], gate_arm: str | None = None) -> list[Run]:
     """This shard's runs, in the order they run: every n-th of the study's order, the gate arm's runs first
     (then seed-major), so that every shard holds a share of the gate arm. By index alone, a study of 6 arms
@@ -266,24 +289,28 @@ def append_row(results: Path, row: dict) -> None:
         handle.write(line)
 
 
-def run_study(study: Study, shard: tuple[int, int] = (0, 1), show_progress: bool = True, log=print) -> list[dict]:
-    """Run this shard's unfinished runs, the gate arm's first; return the rows written.
+def run_study(study: Study, shard: tuple[int, int] = (0, 1), show_progress: bool = True, log=print,
+              only: tuple[tuple[str, int | None], ...] = ()) -> list[dict]:
+    """Run this shard's unfinished runs (of those ``only`` names: parse_only), the gate arm's first; return the
+    rows written.
 
     One process per shard of a study folder: shards append to one results.jsonl side by side, but
-    another process on the same shard (another study, or the same one started twice) is refused.
+    another process on the same shard (another study, or the same one started twice) is refused; two
+    that reach the same run are kept apart by the run folder's own lock.
     """
-    with results_lock(study, shard):
-        return _run_shard(study, shard, show_progress, log)
+    with results_lock(study, shard, only):
+        return _run_shard(study, shard, only, show_progress, log)
 
 
-def results_lock(study: Study, shard: tuple[int, int]) -> WriterLock:
+def results_lock(study: Study, shard: tuple[int, int], only: tuple[tuple[str, int | None], ...] = ()) -> WriterLock:
     i, n = shard
     results = Path(study.out_dir) / RESULTS_FILE
-    return WriterLock(results.parent / f".{RESULTS_FILE}.shard-{i}-of-{n}.lock", f"{results} (shard {i}/{n})",
+    named = "".join(f".{arm}" + ("" if seed is None else f"-seed{seed}") for arm, seed in only)
+    return WriterLock(results.parent / f".{RESULTS_FILE}.shard-{i}-of-{n}{named}.lock", f"{results} (shard {i}/{n})",
                       "give this study another --out")
 
 
-def _run_shard(study: Study, shard: tuple[int, int], show_progress: bool, log) -> list[dict]:
+def _run_shard(study: Study, shard: tuple[int, int], only: tuple, show_progress: bool, log) -> list[dict]:
     planned = plan_runs(study)
     if study.glue.tasks and not (study.glue_dir and Path(study.glue_dir).is_dir()):
         # A row without the GLUE it should have would count as finished and never get it.
@@ -295,7 +322,7 @@ def _run_shard(study: Study, shard: tuple[int, int], show_progress: bool, log) -
     results.parent.mkdir(parents=True, exist_ok=True)
     refuse_incomparable(planned, finished_rows(results))
     gate_arm = study.gates.arm if study.gates else None
-    runs = shard_runs(planned, shard, gate_arm)
+    runs = only_runs(shard_runs(planned, shard, gate_arm), only)
     rows = []
     for number, run in enumerate(runs, 1):
         label = f"[{number}/{len(runs)}] {run.arm.name} seed {run.seed}"
@@ -344,11 +371,11 @@ def check_gates(study: Study, planned: list[Run], rows: list[dict], log=print) -
 
 
 def dry_run_text(study: Study, shard: tuple[int, int] = (0, 1), timed_steps: int = 0,
-                 show_progress: bool = False) -> str:
+                 show_progress: bool = False, only: tuple[tuple[str, int | None], ...] = ()) -> str:
     """Every arm's config validated and its estimated cost, GLUE and probes included; with ``timed_steps``, each arm's
-    cost timed here too (``show_progress``: bars on stderr)."""
+    cost timed here too (``show_progress``: bars on stderr). The runs left: this shard's, of those ``only`` names."""
     runs = plan_runs(study)
-    mine = shard_runs(runs, shard, study.gates.arm if study.gates else None)
+    mine = only_runs(shard_runs(runs, shard, study.gates.arm if study.gates else None), only)
     arm_runs = runs[: len(study.arms)]  # the first seed's runs: one per arm
     work = {setting: downstream_work(study, setting) for setting in {run.config.data.tokenizer for run in arm_runs}}
     downstream = {run.arm.name: work[run.config.data.tokenizer].flops(run.config.model) for run in arm_runs}
