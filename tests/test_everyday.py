@@ -4,6 +4,7 @@ closed early, which model a GLUE table names, which files a tokenizer read)."""
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +60,20 @@ def test_pretrain_says_where_it_prepares_its_data(tmp_path, capsys, monkeypatch)
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert f"preparing {CORPUS} into {tmp_path / 'cache'}" in err and "(the cache; MLMLAB_CACHE moves it)" in err
+
+
+def test_pretrain_into_a_log_file_writes_a_line_at_each_evaluation(tmp_path, capsys, monkeypatch):
+    """stderr not a terminal (nohup, a scheduler's log): no bar, so each held-out evaluation is a line with the time
+    left; --no-progress writes none."""
+    monkeypatch.setenv("MLMLAB_CACHE", str(tmp_path / "cache"))
+    overrides = ("train.eval_every=2", "train.eval_batches=1")
+    assert main([arg for arg in pretrain_argv(tmp_path / "a", *overrides) if arg != "--no-progress"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
+    assert len(lines) == 1, lines  # step 2; step 4 is the final evaluation, which the command's summary reports
+    assert re.fullmatch(r"step 2/4 \(50%\): loss \d+\.\d{3}; held-out MLM loss \d+\.\d{3}, accuracy 0\.\d{3}; "
+                        r"about \d+ min left", lines[0]), lines[0]
+    assert main(pretrain_argv(tmp_path / "b", *overrides)) == 0
+    assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
 
 
 def test_every_long_command_takes_no_progress_and_mask_names_training_progress_apart():

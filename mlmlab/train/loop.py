@@ -47,7 +47,7 @@ from mlmlab.train.optim import (
     build_optimizer, learning_rate, refuse_warmup_without_decay, resume_lr_note, set_lr, training_progress,
 )
 from mlmlab.utils import jsonio
-from mlmlab.utils.progress import progress_bar, say_once
+from mlmlab.utils.progress import progress_bar, say, say_once
 from mlmlab.utils.signals import STOP_SIGNALS, exit_code
 
 # Checkpoints hold the whole model and optimizer state, keyed by parameter name, whatever the
@@ -126,6 +126,21 @@ class _Window:
 
 def _progress_bar(cfg: TrainConfig, initial: int, shown: bool) -> tqdm:
     return progress_bar("pretrain", None if cfg.max_minutes > 0 else cfg.max_steps, shown, initial=initial)
+
+
+class _ProgressLines:
+    """The bar's news as one line per evaluation, for a log file; time left from this process's pace."""
+
+    def __init__(self, progress: float):
+        self.started, self.progress_at_start = time.perf_counter(), progress
+
+    def line(self, step: int, cfg: TrainConfig, progress: float, loss: float, evaluation: dict) -> str:
+        budget = f" of a {cfg.max_minutes:g}-minute budget" if cfg.max_minutes > 0 else f"/{cfg.max_steps}"
+        held_out = (f"; held-out MLM loss {evaluation['mlm_loss']:.3f}, accuracy {evaluation['mlm_accuracy']:.3f}"
+                    if {"mlm_loss", "mlm_accuracy"} <= evaluation.keys() else "")
+        pace = (progress - self.progress_at_start) / (time.perf_counter() - self.started)  # progress per second
+        left = f"; about {(1 - progress) / pace / 60:.0f} min left" if pace > 0 else ""
+        return f"step {step}{budget} ({progress:.0%}): loss {loss:.3f}{held_out}{left}"
 
 
 class _StopRequest:
@@ -489,6 +504,8 @@ class Trainer:
         batches, window, stopping = self.batches(), _Window(), False
         shown = self.show_progress and self.accelerator.is_main_process
         with _progress_bar(self.cfg.train, self.state.step, shown) as bar:
+            # No bar where stderr is a log file (nohup, a scheduler): a line at each evaluation instead.
+            self._lines = _ProgressLines(self.progress()) if shown and bar.disable else None
             while self.progress() < 1.0 and not stopping:
                 started = time.perf_counter()
                 out = self.train_step(batches, stop.requested)
@@ -512,7 +529,10 @@ class Trainer:
             self.peak.refresh_if_due()  # outside the timed steps
         unfinished = self.progress() < 1.0
         if cfg.eval_every and step % cfg.eval_every == 0 and unfinished:
-            self.metrics.write({"step": step, "eval": self.evaluate(cfg.eval_batches)})
+            evaluation = self.evaluate(cfg.eval_batches)
+            self.metrics.write({"step": step, "eval": evaluation})
+            if self._lines:
+                say(self._lines.line(step, self.cfg.train, self.progress(), out["loss"], evaluation))
         if cfg.save_every and step % cfg.save_every == 0 and unfinished:
             self._save()
         return window
