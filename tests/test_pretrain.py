@@ -1,6 +1,7 @@
 """End to end on the bundled Wikipedia sample: train, export, load with Auto classes, resume."""
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -169,54 +170,72 @@ def test_sigterm_saves_a_checkpoint(tmp_path):
     assert json.loads((saved / "trainer_state.json").read_text())["step"] >= 1
 
 
+@pytest.fixture(scope="module")
+def four_steps(tmp_path_factory):
+    """A finished 4-step run of _command (ckpt-2, ckpt-4, model/), trained once: each test damages a copy of it."""
+    run = tmp_path_factory.mktemp("four-steps") / "run"
+    subprocess.run(_command(run, 4), check=True, capture_output=True)
+    return run
+
+
+def _copy(run, out_dir):
+    shutil.copytree(run, out_dir, dirs_exist_ok=True)
+    return out_dir
+
+
+def _pretrain_here(capsys, out_dir, steps, *extra) -> tuple[int, str]:
+    """_command's run in this process (no interpreter to start): its exit code and stderr. A traceback would
+    raise here rather than print."""
+    capsys.readouterr()
+    code = main(_command(out_dir, steps)[3:] + list(extra))  # [3:]: without "python -m mlmlab.cli"
+    return code, capsys.readouterr().err
+
+
 def _damage(folder):
     (folder / "training_state.pt").write_bytes(b"truncated")
 
 
-def test_corrupt_checkpoint_is_skipped(tmp_path, capsys):
-    subprocess.run(_command(tmp_path, 4), check=True, capture_output=True)
+def test_corrupt_checkpoint_is_skipped(tmp_path, four_steps, capsys):
+    _copy(four_steps, tmp_path)
     _damage(checkpoint.latest(tmp_path))
     assert checkpoint.latest(tmp_path).name == "ckpt-00000002"
     assert "does not match its checksum" in capsys.readouterr().err
 
 
-def test_a_run_whose_checkpoints_are_all_damaged_is_refused_not_restarted(tmp_path):
-    subprocess.run(_command(tmp_path, 4), check=True, capture_output=True)
+def test_a_run_whose_checkpoints_are_all_damaged_is_refused_not_restarted(tmp_path, four_steps, capsys):
+    _copy(four_steps, tmp_path)
     for folder in checkpoint.complete_checkpoints(tmp_path, check=False):
         _damage(folder)
     metrics = (tmp_path / "metrics.jsonl").read_text()
-    rerun = subprocess.run(_command(tmp_path, 4), capture_output=True, text=True)
-    assert rerun.returncode != 0 and "Traceback" not in rerun.stderr
-    assert "every checkpoint" in rerun.stderr.strip().splitlines()[-1]
+    code, err = _pretrain_here(capsys, tmp_path, 4)
+    assert code != 0 and "every checkpoint" in err.strip().splitlines()[-1]
     assert (tmp_path / "metrics.jsonl").read_text() == metrics  # starting over would have erased them
     assert len(checkpoint.complete_checkpoints(tmp_path, check=False)) == 2
 
 
-def test_a_later_damaged_checkpoint_does_not_make_pruning_delete_the_new_one(tmp_path):
-    subprocess.run(_command(tmp_path, 4), check=True, capture_output=True)  # ckpt-2, ckpt-4 (keep_last=2)
+def test_a_later_damaged_checkpoint_does_not_make_pruning_delete_the_new_one(tmp_path, four_steps, capsys):
+    _copy(four_steps, tmp_path)  # ckpt-2, ckpt-4 (keep_last=2)
     _damage(tmp_path / "ckpt-00000004")
-    saving_every_step = _command(tmp_path, 4) + ["train.save_every=1", "--resume", "auto"]
-    resumed = subprocess.run(saving_every_step, capture_output=True, text=True)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "resuming from" in resumed.stdout + resumed.stderr and "ckpt-00000002" in resumed.stdout + resumed.stderr
+    code, err = _pretrain_here(capsys, tmp_path, 4, "train.save_every=1", "--resume", "auto")
+    assert code == 0, err[-2000:]
+    assert "resuming from" in err and "ckpt-00000002" in err
     # Steps 3 and 4 saved again: ckpt-3 survived the pruning after it, and ckpt-4 was rewritten intact.
     assert [folder.name for folder in checkpoint.complete_checkpoints(tmp_path)] == ["ckpt-00000003", "ckpt-00000004"]
 
 
-def test_resuming_an_earlier_checkpoint_inside_its_own_run_is_refused(tmp_path):
-    subprocess.run(_command(tmp_path, 4), check=True, capture_output=True)
+def test_resuming_an_earlier_checkpoint_inside_its_own_run_is_refused(tmp_path, four_steps, capsys):
+    _copy(four_steps, tmp_path)
     earlier = tmp_path / "ckpt-00000002"
-    refused = subprocess.run(_command(tmp_path, 4) + ["--resume", str(earlier)], capture_output=True, text=True)
-    assert refused.returncode != 0 and "Traceback" not in refused.stderr
-    assert "ckpt-00000004" in refused.stderr.strip().splitlines()[-1]
-    branched = subprocess.run(_command(tmp_path / "branch", 4) + ["--resume", str(earlier)], capture_output=True, text=True)
-    assert branched.returncode == 0, branched.stderr[-2000:]
+    code, err = _pretrain_here(capsys, tmp_path, 4, "--resume", str(earlier))
+    assert code != 0 and "ckpt-00000004" in err.strip().splitlines()[-1]
+    code, err = _pretrain_here(capsys, tmp_path / "branch", 4, "--resume", str(earlier))
+    assert code == 0, err[-2000:]
     assert [folder.name for folder in checkpoint.complete_checkpoints(tmp_path)] == ["ckpt-00000002", "ckpt-00000004"]
 
 
-def test_optimizer_state_in_another_format_is_refused_in_one_line(tmp_path):
+def test_optimizer_state_in_another_format_is_refused_in_one_line(tmp_path, four_steps, capsys):
     """A checkpoint whose optimizer state is keyed by index (torch's own format, and mlmlab's before FSDP)."""
-    subprocess.run(_command(tmp_path, 2), check=True, capture_output=True)
+    _copy(four_steps, tmp_path)
     saved = checkpoint.latest(tmp_path)  # the rerun below resumes from it
     states = checkpoint.load_torch(saved / "training_state.pt")
     by_name = states["optimizer"]
@@ -227,7 +246,5 @@ def test_optimizer_state_in_another_format_is_refused_in_one_line(tmp_path):
     checkpoint.save_torch(states, saved / "training_state.pt")
     (saved / checkpoint.MANIFEST).unlink()
     checkpoint._write_manifest(saved)  # a complete checkpoint, not a corrupt one
-    resumed = subprocess.run(_command(tmp_path, 2), capture_output=True, text=True)
-    assert resumed.returncode != 0
-    lines = resumed.stderr.strip().splitlines()
-    assert "optimizer state" in lines[-1] and "Traceback" not in resumed.stderr
+    code, err = _pretrain_here(capsys, tmp_path, 4)
+    assert code != 0 and "optimizer state" in err.strip().splitlines()[-1]
