@@ -158,12 +158,14 @@ def cmd_study(args) -> None:
     from mlmlab.experiments.runner import dry_run_text, parse_only, parse_shard, run_study
     from mlmlab.experiments.study import load_study
 
+    if args.time_limit < 0:
+        raise UserError(f"--time-limit {args.time_limit:g}: give the minutes the runs may take from now (0: no limit)")
     study, shard = load_study(args.study, out_dir=args.out), parse_shard(args.shard)
     only = parse_only(args.only, study)
     if args.dry_run:
         print(dry_run_text(study, shard, timed_steps=args.time_steps, show_progress=not args.no_progress, only=only))
     else:
-        run_study(study, shard, show_progress=not args.no_progress, only=only)
+        run_study(study, shard, show_progress=not args.no_progress, only=only, time_limit=args.time_limit)
 
 
 def cmd_config(args) -> None:
@@ -354,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", metavar="ARM[/seedN]",
                    help="only these runs: an arm's every seed, or one seed of it (adm-entropy/seed1); e.g. to run a "
                         "long arm's runs side by side")
+    p.add_argument("--time-limit", type=float, default=0.0, metavar="MINUTES",
+                   help="start only the runs that will finish within MINUTES from now, by their arm's finished runs "
+                        "(a job's walltime); a run of an arm with none finished is started")
     p.add_argument("--out", default=None, help="study folder (default: the study's out_dir, else studies/<name>)")
     p.add_argument("--dry-run", action="store_true", help="validate every arm's config and print the estimated cost; train nothing")
     p.add_argument("--time-steps", type=int, default=0, metavar="STEPS",

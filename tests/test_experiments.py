@@ -162,6 +162,44 @@ def test_only_names_an_arms_every_seed_or_one_of_them_and_the_dry_run_lists_just
             runner.parse_only([spec], study)
 
 
+def test_a_time_limit_starts_only_the_runs_that_fit_by_their_arms_finished_runs(tmp_path, monkeypatch):
+    """--time-limit: a run of an arm whose finished runs took 10 min is not started with 5 min left, nor is one
+    whose checkpoint holds half of it with 4 min left; with 6 min left that one is; an arm with no finished run
+    is started (nothing says how long it takes)."""
+    study = study_file.load_study(write_study(tmp_path, seeds=[0, 1, 2]))
+    runs = {(run.arm.name, run.seed): run for run in runner.plan_runs(study)}
+    rows = [result_row(runs["dynamic", 0].key, wall_seconds=600.0)]
+    now = 1000.0
+    monkeypatch.setattr(runner.time, "monotonic", lambda: now)
+    assert runner.time_needed(runs["dynamic", 1], rows, now + 300) == (
+        "~10 min (the median of its arm's 1 finished runs) and 5 min left of --time-limit")
+    assert runner.time_needed(runs["adm-entropy", 1], rows, now + 300) == ""
+    assert runner.time_needed(runs["dynamic", 1], rows, math.inf) == ""
+    half = runs["dynamic", 2].cost["steps"] // 2  # 4 steps: a checkpoint at step 2
+    (Path(runs["dynamic", 2].config.train.out_dir) / f"ckpt-{half:08d}").mkdir(parents=True)
+    assert "~5 min (the median of its arm's 1 finished runs, less the 50% its checkpoint holds)" in \
+        runner.time_needed(runs["dynamic", 2], rows, now + 240)
+    assert runner.time_needed(runs["dynamic", 2], rows, now + 360) == ""
+
+
+def test_the_runner_says_which_runs_the_time_limit_left_unstarted(tmp_path):
+    study = study_file.load_study(write_study(tmp_path, seeds=[0, 1]))
+    first = runner.plan_runs(study)[0]
+    (tmp_path / "out").mkdir()
+    runner.append_row(tmp_path / "out" / "results.jsonl", result_row(
+        first.key, wall_seconds=600.0, config=to_dict(first.config), datasets=first.datasets))
+    lines = []
+    assert runner.run_study(study, show_progress=False, log=lines.append, only=(("dynamic", None),),
+                            time_limit=1.0) == []
+    assert "[2/2] dynamic seed 1: not started, ~10 min (the median of its arm's 1 finished runs) and 1 min left of " \
+           "--time-limit" in lines
+
+
+def test_a_time_limit_is_minutes_from_the_command(tmp_path, capsys):
+    assert main(["study", write_study(tmp_path), "--time-limit", "-1"]) == 2
+    assert "--time-limit" in capsys.readouterr().err
+
+
 def test_presets_load_and_validate_every_arm():
     for name in sorted(path.stem for path in study_file.STUDY_DIR.glob("*.yaml")):
         if name == "roberta-base-adm":  # its own test above

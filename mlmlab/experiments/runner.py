@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import re
+import statistics
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -290,16 +291,17 @@ def append_row(results: Path, row: dict) -> None:
 
 
 def run_study(study: Study, shard: tuple[int, int] = (0, 1), show_progress: bool = True, log=print,
-              only: tuple[tuple[str, int | None], ...] = ()) -> list[dict]:
+              only: tuple[tuple[str, int | None], ...] = (), time_limit: float = 0.0) -> list[dict]:
     """Run this shard's unfinished runs (of those ``only`` names: parse_only), the gate arm's first; return the
-    rows written.
+    rows written. ``time_limit`` > 0: minutes from now in which a run must finish to be started (fits_in).
 
     One process per shard of a study folder: shards append to one results.jsonl side by side, but
     another process on the same shard (another study, or the same one started twice) is refused; two
     that reach the same run are kept apart by the run folder's own lock.
     """
+    deadline = time.monotonic() + 60 * time_limit if time_limit > 0 else math.inf
     with results_lock(study, shard, only):
-        return _run_shard(study, shard, only, show_progress, log)
+        return _run_shard(study, shard, only, deadline, show_progress, log)
 
 
 def results_lock(study: Study, shard: tuple[int, int], only: tuple[tuple[str, int | None], ...] = ()) -> WriterLock:
@@ -310,7 +312,8 @@ def results_lock(study: Study, shard: tuple[int, int], only: tuple[tuple[str, in
                       "give this study another --out")
 
 
-def _run_shard(study: Study, shard: tuple[int, int], only: tuple, show_progress: bool, log) -> list[dict]:
+def _run_shard(study: Study, shard: tuple[int, int], only: tuple, deadline: float, show_progress: bool,
+               log) -> list[dict]:
     planned = plan_runs(study)
     if study.glue.tasks and not (study.glue_dir and Path(study.glue_dir).is_dir()):
         # A row without the GLUE it should have would count as finished and never get it.
@@ -331,6 +334,10 @@ def _run_shard(study: Study, shard: tuple[int, int], only: tuple, show_progress:
             continue
         if gate_arm is not None and run.arm.name != gate_arm:
             check_gates(study, planned, finished_rows(results), log)
+        too_long = time_needed(run, finished_rows(results), deadline)
+        if too_long:
+            log(f"{label}: not started, {too_long}")
+            continue
         log(f"{label}: {run.cost['steps']} steps of batch {run.cost['sequences_per_step']} -> {run.config.train.out_dir}")
         row = execute(run, study, results, show_progress)
         glue, gain = row["glue"].get("average"), row["probe"].get("average_gain")
@@ -341,6 +348,25 @@ def _run_shard(study: Study, shard: tuple[int, int], only: tuple, show_progress:
         rows.append(row)
     log(f"{len(rows)} runs finished, {len(runs) - len(rows)} skipped; results in {results}")
     return rows
+
+
+def time_needed(run: Run, rows: list[dict], deadline: float) -> str:
+    """Why ``run`` would not finish before ``deadline`` (time.monotonic()), or "": it would, or nothing says how long
+    it takes. Its arm's finished runs say that (their median wall time, less what its checkpoint has done), as a
+    walltime-limited job on a cluster or a session of a few hours needs: a run cut short loses what its
+    checkpoints do not hold, and all of it on a machine that is not there next time."""
+    walls = [row["wall_seconds"] for row in rows if row.get("arm") == run.arm.name and "wall_seconds" in row]
+    left = deadline - time.monotonic()
+    if not walls or math.isinf(left):
+        return ""
+    saved = complete_checkpoints(Path(run.config.train.out_dir), check=False)
+    done = step_of(saved[-1]) / run.cost["steps"] if saved else 0.0
+    needed = statistics.median(walls) * (1 - done)
+    if needed <= left:
+        return ""
+    return (f"~{needed / 60:.0f} min (the median of its arm's {len(walls)} finished runs"
+            + (f", less the {done:.0%} its checkpoint holds" if done else "")
+            + f") and {max(left, 0) / 60:.0f} min left of --time-limit")
 
 
 def check_probe_data(study: Study) -> None:
