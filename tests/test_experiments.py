@@ -4,6 +4,8 @@ import dataclasses
 import gzip
 import json
 import math
+import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -138,12 +140,21 @@ def test_dry_run_counts_only_the_runs_left(tmp_path, capsys):
     (tmp_path / "out").mkdir()
     runner.append_row(tmp_path / "out" / "results.jsonl", result_row(runs[0].key, arm=runs[0].arm.name))
     (Path(runs[1].config.train.out_dir) / "ckpt-00000005").mkdir(parents=True)  # a run stopped at step 5
+    training = Path(runs[2].config.train.out_dir)  # a run this process trains, by its lock file
+    training.mkdir(parents=True)
+    (training / ".lock").write_text(f"pid {os.getpid()} on host {socket.gethostname()}\n")
+    (training / "metrics.jsonl").write_text('{"step": 2, "loss": 9.0}\n{"step": 3, "loss": 8.5}\n')
     assert main(["study", source, "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "this shard: 1 of its 4 runs already in" in out
     assert [line for line in out.splitlines() if line.startswith("left:")] == [
-        "left: adm-entropy seed 0 (resumes from its checkpoint at step 5)", "left: dynamic seed 1 (not started)",
+        "left: adm-entropy seed 0 (resumes from its checkpoint at step 5)",
+        f"left: dynamic seed 1 (training in pid {os.getpid()}, logged step 3 of 4)",
         "left: adm-entropy seed 1 (not started)"]
+    (training / ".lock").write_text(f"pid {os.getpid()} on host another-{socket.gethostname()}\n")
+    assert runner.run_state(runs[2]) == "not started"  # a lock naming another host says nothing of this one
+    (training / ".lock").write_text(f"pid {2 ** 30} on host {socket.gethostname()}\n")  # past any pid_max: ended
+    assert runner.run_state(runs[2]) == "not started"
 
 
 def test_only_names_an_arms_every_seed_or_one_of_them_and_the_dry_run_lists_just_those(tmp_path, capsys):

@@ -41,9 +41,10 @@ from mlmlab.experiments.timing import WARMUP_STEPS, timed_run, run_minutes
 from mlmlab.model_folder import load_pretrained
 from mlmlab.train.checkpoint import complete_checkpoints, step_of
 from mlmlab.train.loop import Trainer
+from mlmlab.train.metrics import METRICS_FILE
 from mlmlab.train.optim import refuse_warmup_without_decay
 from mlmlab.utils import jsonio
-from mlmlab.utils.files import WriterLock
+from mlmlab.utils.files import WriterLock, live_holder
 
 
 @dataclass(frozen=True)
@@ -455,9 +456,22 @@ def downstream_note(study: Study, work: dict[str, Downstream]) -> str:
 
 
 def run_state(run: Run) -> str:
-    """Where a run left to do stands: its newest checkpoint (not verified here), or not started."""
-    saved = complete_checkpoints(Path(run.config.train.out_dir), check=False)
+    """Where a run left to do stands: training now (the process its folder's lock names is alive), its newest
+    checkpoint (not verified here), or not started."""
+    folder = Path(run.config.train.out_dir)
+    pid = live_holder(folder)
+    if pid is not None:
+        return f"training in pid {pid}, logged step {logged_step(folder)} of {run.cost['steps']}"
+    saved = complete_checkpoints(folder, check=False)
     return f"resumes from its checkpoint at step {step_of(saved[-1])}" if saved else "not started"
+
+
+def logged_step(folder: Path) -> int:
+    """The step of the last record in a run's metrics.jsonl (0 before the first)."""
+    path = folder / METRICS_FILE
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
+    records = [record for record in map(jsonio.object_or_none, lines) if record is not None]
+    return records[-1].get("step", 0) if records else 0
 
 
 def probed_cost_lines(study: Study, arm_runs: list[Run], left: list[Run], steps: int, work: dict[str, Downstream],

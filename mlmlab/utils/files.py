@@ -9,6 +9,7 @@ import fcntl
 import glob
 import hashlib
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -243,6 +244,28 @@ def _holder(handle: TextIO) -> str:
             return text
         time.sleep(0.05)
     return "a process that has not said which"
+
+
+def live_holder(folder: Path) -> int | None:
+    """The pid that the folder's lock file names, when that process is alive on this host; else None.
+
+    Read, never locked: a probe that took the lock for a moment could refuse a writer starting then.
+    A pid reused by another process after the writer died reads as alive; the caller says "pid P".
+    """
+    try:
+        text = (Path(folder) / LOCK_FILE).read_text(encoding="utf-8")
+    except OSError:
+        return None
+    match = re.fullmatch(r"pid (\d+) on host (\S+)\s*", text)
+    if not match or match[2] != socket.gethostname():
+        return None
+    try:
+        os.kill(int(match[1]), 0)  # signal 0: only whether the process exists
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # it exists, another user's
+        pass
+    return int(match[1])
 
 
 def lock_folder(folder: Path, what: str, instead: str) -> WriterLock:
