@@ -257,14 +257,8 @@ def live_holder(folder: Path) -> int | None:
     except OSError:
         return None
     match = re.fullmatch(r"pid (\d+) on host (\S+)\s*", text)
-    if not match or match[2] != socket.gethostname():
+    if not match or match[2] != socket.gethostname() or not _alive(int(match[1])):
         return None
-    try:
-        os.kill(int(match[1]), 0)  # signal 0: only whether the process exists
-    except ProcessLookupError:
-        return None
-    except PermissionError:  # it exists, another user's
-        pass
     return int(match[1])
 
 
