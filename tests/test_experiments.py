@@ -182,15 +182,15 @@ def test_a_time_limit_starts_only_the_runs_that_fit_by_their_arms_finished_runs(
     rows = [result_row(runs["dynamic", 0].key, wall_seconds=600.0)]
     now = 1000.0
     monkeypatch.setattr(runner.time, "monotonic", lambda: now)
-    assert runner.time_needed(runs["dynamic", 1], rows, now + 300) == (
+    assert runner.not_in_time(runs["dynamic", 1], rows, now + 300) == (
         "~10 min (the median of its arm's 1 finished runs) and 5 min left of --time-limit")
-    assert runner.time_needed(runs["adm-entropy", 1], rows, now + 300) == ""
-    assert runner.time_needed(runs["dynamic", 1], rows, math.inf) == ""
+    assert runner.not_in_time(runs["adm-entropy", 1], rows, now + 300) == ""
+    assert runner.not_in_time(runs["dynamic", 1], rows, math.inf) == ""
     half = runs["dynamic", 2].cost["steps"] // 2  # 4 steps: a checkpoint at step 2
     (Path(runs["dynamic", 2].config.train.out_dir) / f"ckpt-{half:08d}").mkdir(parents=True)
     assert "~5 min (the median of its arm's 1 finished runs, less the 50% its checkpoint holds)" in \
-        runner.time_needed(runs["dynamic", 2], rows, now + 240)
-    assert runner.time_needed(runs["dynamic", 2], rows, now + 360) == ""
+        runner.not_in_time(runs["dynamic", 2], rows, now + 240)
+    assert runner.not_in_time(runs["dynamic", 2], rows, now + 360) == ""
 
 
 def test_the_runner_says_which_runs_the_time_limit_left_unstarted(tmp_path):

@@ -294,7 +294,7 @@ def append_row(results: Path, row: dict) -> None:
 def run_study(study: Study, shard: tuple[int, int] = (0, 1), show_progress: bool = True, log=print,
               only: tuple[tuple[str, int | None], ...] = (), time_limit: float = 0.0) -> list[dict]:
     """Run this shard's unfinished runs (of those ``only`` names: parse_only), the gate arm's first; return the
-    rows written. ``time_limit`` > 0: minutes from now in which a run must finish to be started (fits_in).
+    rows written. ``time_limit`` > 0: minutes from now in which a run must finish to be started (not_in_time).
 
     One process per shard of a study folder: shards append to one results.jsonl side by side, but
     another process on the same shard (another study, or the same one started twice) is refused; two
@@ -335,7 +335,7 @@ def _run_shard(study: Study, shard: tuple[int, int], only: tuple, deadline: floa
             continue
         if gate_arm is not None and run.arm.name != gate_arm:
             check_gates(study, planned, finished_rows(results), log)
-        too_long = time_needed(run, finished_rows(results), deadline)
+        too_long = not_in_time(run, finished_rows(results), deadline)
         if too_long:
             log(f"{label}: not started, {too_long}")
             continue
@@ -351,7 +351,7 @@ def _run_shard(study: Study, shard: tuple[int, int], only: tuple, deadline: floa
     return rows
 
 
-def time_needed(run: Run, rows: list[dict], deadline: float) -> str:
+def not_in_time(run: Run, rows: list[dict], deadline: float) -> str:
     """Why ``run`` would not finish before ``deadline`` (time.monotonic()), or "": it would, or nothing says how long
     it takes. Its arm's finished runs say that (their median wall time, less what its checkpoint has done), as a
     walltime-limited job on a cluster or a session of a few hours needs: a run cut short loses what its
