@@ -128,7 +128,7 @@ def parse_only(specs: list[str] | None, study: Study) -> tuple[tuple[str, int | 
     arms = [arm.name for arm in study.arms]
     chosen = []
     for spec in specs or ():
-        match = re.fullmatch(r"(.+?)(?:/seed(\d+))?", spec.strip())
+        match = re.fullmatch(r"(.*?)(?:/seed(\d+))?", spec.strip())
         arm, seed = match[1], None if match[2] is None else int(match[2])
         if arm not in arms:
             raise UserError(f"--only {spec!r}: the study has no arm {arm!r}; its arms are {', '.join(arms)}")
@@ -330,12 +330,13 @@ def _run_shard(study: Study, shard: tuple[int, int], only: tuple, deadline: floa
     rows = []
     for number, run in enumerate(runs, 1):
         label = f"[{number}/{len(runs)}] {run.arm.name} seed {run.seed}"
-        if run.key in {row["key"] for row in finished_rows(results)}:
+        finished = finished_rows(results)  # read anew before each run: other shards append to it
+        if run.key in {row["key"] for row in finished}:
             log(f"{label}: already in {results}, skipped")
             continue
         if gate_arm is not None and run.arm.name != gate_arm:
-            check_gates(study, planned, finished_rows(results), log)
-        too_long = not_in_time(run, finished_rows(results), deadline)
+            check_gates(study, planned, finished, log)
+        too_long = not_in_time(run, finished, deadline)
         if too_long:
             log(f"{label}: not started, {too_long}")
             continue
