@@ -358,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "long arm's runs side by side")
     p.add_argument("--time-limit", type=float, default=0.0, metavar="MINUTES",
                    help="start only the runs that will finish within MINUTES from now, by their arm's finished runs "
-                        "(a job's walltime); a run of an arm with none finished is started")
+                        "(else their FLOPs at the study's finished runs' pace; a job's walltime)")
     p.add_argument("--out", default=None, help="study folder (default: the study's out_dir, else studies/<name>)")
     p.add_argument("--dry-run", action="store_true", help="validate every arm's config and print the estimated cost; train nothing")
     p.add_argument("--time-steps", type=int, default=0, metavar="STEPS",

@@ -175,16 +175,24 @@ def test_only_names_an_arms_every_seed_or_one_of_them_and_the_dry_run_lists_just
 
 def test_a_time_limit_starts_only_the_runs_that_fit_by_their_arms_finished_runs(tmp_path, monkeypatch):
     """--time-limit: a run of an arm whose finished runs took 10 min is not started with 5 min left, nor is one
-    whose checkpoint holds half of it with 4 min left; with 6 min left that one is; an arm with no finished run
-    is started (nothing says how long it takes)."""
+    whose checkpoint holds half of it with 4 min left; with 6 min left that one is. A run of an arm with none
+    finished takes its FLOPs at the other arms' pace; with no finished run in the study it is started (nothing
+    says how long it takes)."""
     study = study_file.load_study(write_study(tmp_path, seeds=[0, 1, 2]))
     runs = {(run.arm.name, run.seed): run for run in runner.plan_runs(study)}
-    rows = [result_row(runs["dynamic", 0].key, wall_seconds=600.0)]
+    dynamic_flops, adm_flops = runs["dynamic", 0].cost["flops"], runs["adm-entropy", 0].cost["flops"]
+    assert adm_flops > 1.5 * dynamic_flops  # the entropy scorer's pass over the vocabulary
+    rows = [result_row(runs["dynamic", 0].key, wall_seconds=600.0, flops=dynamic_flops)]
     now = 1000.0
     monkeypatch.setattr(runner.time, "monotonic", lambda: now)
     assert runner.not_in_time(runs["dynamic", 1], rows, now + 300) == (
         "~10 min (the median of its arm's 1 finished runs) and 5 min left of --time-limit")
-    assert runner.not_in_time(runs["adm-entropy", 1], rows, now + 300) == ""
+    adm_minutes = 10 * adm_flops / dynamic_flops
+    assert runner.not_in_time(runs["adm-entropy", 1], rows, now + 60 * 12) == (
+        f"~{adm_minutes:.0f} min (its {adm_flops:.3g} FLOPs at the median pace of the study's 1 finished runs) "
+        "and 12 min left of --time-limit")
+    assert runner.not_in_time(runs["adm-entropy", 1], rows, now + 60 * (adm_minutes + 1)) == ""
+    assert runner.not_in_time(runs["adm-entropy", 1], [], now + 1) == ""
     assert runner.not_in_time(runs["dynamic", 1], rows, math.inf) == ""
     half = runs["dynamic", 2].cost["steps"] // 2  # 4 steps: a checkpoint at step 2
     (Path(runs["dynamic", 2].config.train.out_dir) / f"ckpt-{half:08d}").mkdir(parents=True)

@@ -354,21 +354,36 @@ def _run_shard(study: Study, shard: tuple[int, int], only: tuple, deadline: floa
 
 def not_in_time(run: Run, rows: list[dict], deadline: float) -> str:
     """Why ``run`` would not finish before ``deadline`` (time.monotonic()), or "": it would, or nothing says how long
-    it takes. Its arm's finished runs say that (their median wall time, less what its checkpoint has done), as a
-    walltime-limited job on a cluster or a session of a few hours needs: a run cut short loses what its
-    checkpoints do not hold, and all of it on a machine that is not there next time."""
-    walls = [row["wall_seconds"] for row in rows if row.get("arm") == run.arm.name and "wall_seconds" in row]
+    it takes (no finished run in the study). A run cut short loses what its checkpoints do not hold, and all of it on
+    a machine that is not there next time: a walltime-limited job on a cluster or a session of a few hours needs
+    this. The estimate, less what the run's checkpoint has done, is expected_seconds'."""
+    expected = expected_seconds(run, rows)
     left = deadline - time.monotonic()
-    if not walls or math.isinf(left):
+    if expected is None or math.isinf(left):
         return ""
+    seconds, basis = expected
     saved = complete_checkpoints(Path(run.config.train.out_dir), check=False)
     done = step_of(saved[-1]) / run.cost["steps"] if saved else 0.0
-    needed = statistics.median(walls) * (1 - done)
+    needed = seconds * (1 - done)
     if needed <= left:
         return ""
-    return (f"~{needed / 60:.0f} min (the median of its arm's {len(walls)} finished runs"
-            + (f", less the {done:.0%} its checkpoint holds" if done else "")
+    return (f"~{needed / 60:.0f} min ({basis}" + (f", less the {done:.0%} its checkpoint holds" if done else "")
             + f") and {max(left, 0) / 60:.0f} min left of --time-limit")
+
+
+def expected_seconds(run: Run, rows: list[dict]) -> tuple[float, str] | None:
+    """(seconds, what they are based on) that ``run`` should take from start to row, or None: no run finished.
+    Its arm's finished runs if any (their median wall time); else its FLOPs at the median seconds per FLOP of the
+    study's finished runs (the arm's scorer passes counted: an ADM arm's first run is not started in a
+    dynamic run's time)."""
+    walls = [row["wall_seconds"] for row in rows if row.get("arm") == run.arm.name and "wall_seconds" in row]
+    if walls:
+        return statistics.median(walls), f"the median of its arm's {len(walls)} finished runs"
+    paces = [row["wall_seconds"] / row["flops"] for row in rows if "wall_seconds" in row and row.get("flops")]
+    if paces:
+        return (statistics.median(paces) * run.cost["flops"],
+                f"its {run.cost['flops']:.3g} FLOPs at the median pace of the study's {len(paces)} finished runs")
+    return None
 
 
 def check_probe_data(study: Study) -> None:
