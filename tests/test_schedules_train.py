@@ -156,6 +156,57 @@ def test_runs_of_different_precisions_train_side_by_side_in_one_process(tmp_path
     assert (fp32.precision, bf16.precision, later_fp32.precision) == ("no", "bf16", "no")
 
 
+def test_held_out_evaluation_is_fp32_in_a_bf16_run_as_mlmlab_evaluate_is(tmp_path):
+    """The held-out figures are the weights' own: a bf16 run evaluates in fp32, to the bit what evaluating its
+    model alone (`mlmlab evaluate` of the export) gives, while its training step stays in bf16."""
+    import torch
+
+    from mlmlab.evaluate.perplexity import evaluate_mlm
+
+    bf16 = small_trainer(tmp_path, "b", "train.precision=bf16")
+    assert matmul_dtypes(bf16) == {torch.bfloat16}
+    bf16.evaluator = evaluate_mlm
+    seen = set()
+    hook = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, output: seen.add(output.dtype) if isinstance(module, torch.nn.Linear) else None)
+    try:
+        in_run = bf16.evaluate(max_batches=2)
+    finally:
+        hook.remove()
+    assert seen == {torch.float32}
+    alone = evaluate_mlm(bf16.model, bf16.valid_store, bf16.masker.info, batch_size=bf16.cfg.train.eval_batch_size,
+                         max_batches=2)
+    assert in_run["mlm_loss"] == alone["mlm_loss"] and in_run["mlm_accuracy"] == alone["mlm_accuracy"]
+    assert matmul_dtypes(bf16) == {torch.bfloat16}  # training is back in bf16 after it
+
+
+def test_a_cuda_run_uses_tf32_unless_it_asks_for_fp32(monkeypatch):
+    """train.precision=fp32 means IEEE fp32 on a GPU too (a precision study's fp32 arm); auto and bf16 take
+    TF32 for the fp32 matmuls left. The Accelerator is this CPU's, told it is on CUDA."""
+    import torch
+
+    from mlmlab.config import load_config
+    from mlmlab.train import launch
+
+    real_accelerator = launch.Accelerator
+
+    class OnCuda:
+        device = torch.device("cuda")
+
+        def __init__(self, *args, **kwargs):
+            self.real = real_accelerator(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+    monkeypatch.setattr(launch, "Accelerator", OnCuda)
+    for flag in (torch.backends.cuda.matmul, torch.backends.cudnn):
+        monkeypatch.setattr(flag, "allow_tf32", flag.allow_tf32)  # put back after the test
+    for precision, tf32 in (("fp32", False), ("auto", True), ("fp32", False)):
+        launch.make_accelerator(load_config("tiny", [f"train.precision={precision}"]))
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (tf32, tf32), precision
+
+
 def test_auto_precision_is_bf16_on_cpus_with_amx_and_fp32_on_others(tmp_path, monkeypatch):
     """Where bf16 autocast measured faster and ended where fp32 does (studies/precision-bf16-cpu)."""
     import torch

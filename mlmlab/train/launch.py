@@ -50,19 +50,28 @@ def make_accelerator(cfg: Config) -> Accelerator:
     release_other_precision(precision)
     accelerator = Accelerator(mixed_precision=precision, kwargs_handlers=[ddp_kwargs], cpu=not torch.cuda.is_available())
     if accelerator.device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        use_tf32(cfg.train.precision != choices.FP32)
     check_fsdp(accelerator, cfg)
     return accelerator
 
 
+def use_tf32(allowed: bool) -> None:
+    """TF32 for CUDA's fp32 matmuls (a 10-bit mantissa, several times faster) where the run does not ask for
+    fp32: train.precision=fp32 means IEEE fp32, so that a precision study's fp32 arm is one. Set either way: a
+    study's arms of both precisions run one after another in one process."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = allowed
+
+
 def say_precision(accelerator: Accelerator, cfg: Config) -> None:
-    """On a CPU, which precision this run trains in on which CPU (hosts of one machine type differ in
-    bf16 units), and what bf16 costs where it has none. Said once the run's refusals are past, so a
-    refusal stays the one line on stderr."""
-    if accelerator.device.type == "cuda":
-        return
+    """Which precision this run trains in on which device (hosts of one machine type differ in bf16 units),
+    and what bf16 costs on a CPU that has none. Said once the run's refusals are past, so a refusal stays
+    the one line on stderr."""
     used = {"no": choices.FP32}.get(accelerator.mixed_precision, accelerator.mixed_precision)
+    if accelerator.device.type == "cuda":
+        tf32 = "on" if torch.backends.cuda.matmul.allow_tf32 else "off"
+        say_once(accelerator, f"precision {used} (train.precision={cfg.train.precision}) on "
+                              f"{torch.cuda.get_device_name(accelerator.device)}, TF32 matmuls {tf32}")
+        return
     say_once(accelerator, f"precision {used} (train.precision={cfg.train.precision}) on {describe_cpu()}")
     if used == choices.BF16 and not has_bf16_units(cpu_features()):
         say_once(accelerator, slow_bf16_note())
