@@ -240,3 +240,35 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(tmp
     saved = checkpoint.latest(tmp_path)
     step = json.loads((saved / "trainer_state.json").read_text())["step"]
     assert step == max(record[0] for record in losses(tmp_path)) >= 1
+
+
+def test_a_cuda_resume_restores_one_state_onto_each_process_own_gpu(monkeypatch):
+    """A checkpoint's per-process CUDA states go each to its own process; where the process count changed, the
+    main process's own GPU state (first in its list of every GPU it saw), not the whole list: that would fail
+    on a host showing fewer GPUs. The CUDA calls are recorded (this host has no GPU)."""
+    from types import SimpleNamespace
+
+    from mlmlab.train.loop import set_rng_states
+
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append((state, device)))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: pytest.fail("restored every GPU's state"))
+    monkeypatch.setattr(torch, "set_rng_state", lambda state: None)
+    eight_gpus = [torch.full((4,), i, dtype=torch.uint8) for i in range(8)]
+    two_processes = torch.stack([torch.full((4,), 10 + i, dtype=torch.uint8) for i in range(2)])
+    states = {"torch_rng": torch.zeros(4, dtype=torch.uint8), "cuda_rng": eight_gpus,
+              "cuda_rng_by_process": two_processes, "torch_rng_by_process": two_processes}
+    for processes, rank, expected in ((2, 1, two_processes[1]), (1, 0, eight_gpus[0]), (4, 3, eight_gpus[0])):
+        restored.clear()
+        set_rng_states(states, SimpleNamespace(num_processes=processes, process_index=rank, device=f"cuda:{rank}"))
+        assert len(restored) == 1 and torch.equal(restored[0][0], expected) and restored[0][1] == f"cuda:{rank}"
+
+
+def test_processes_wait_for_each_other_longer_than_nccls_ten_minutes():
+    """The others wait at a barrier while the main process prepares the corpus (launch.PROCESS_GROUP_TIMEOUT)."""
+    from mlmlab.train import launch
+
+    accelerator = launch.make_accelerator(load_config("tiny", ["train.precision=fp32"]))
+    assert accelerator.init_handler.timeout == launch.PROCESS_GROUP_TIMEOUT
+    assert launch.PROCESS_GROUP_TIMEOUT.total_seconds() > 600

@@ -105,3 +105,10 @@ def test_training_under_a_slow_start_up_peak_logs_mfu_at_most_one(tmp_path, monk
     lines = [line for line in lines if "mfu" in line]
     assert len(lines) == 4 and all(0 < line["mfu"] <= 1 for line in lines)
     assert 0 < summary["mfu"] <= 1 and summary["peak_flops"] >= real("cpu", torch.float32) / 10
+
+
+def test_timing_the_peak_draws_nothing_from_torchs_global_rng():
+    """Its random operands come from a generator of their own: the global one feeds dropout (bitwise resume)."""
+    before = torch.get_rng_state()
+    assert mfu.peak_matmul_flops("cpu", torch.float32, seconds=0.05) > 0
+    assert torch.equal(torch.get_rng_state(), before)

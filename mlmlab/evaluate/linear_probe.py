@@ -186,8 +186,8 @@ def load_encoder(model_dir: Path, init: str, seed: int, device: torch.device) ->
     glue.load_model refuses a checkpoint that lacks encoder weights; its classifier head is dropped.
     """
     # transformers draws initial weights from torch's global RNG and takes no generator; the fork
-    # hands the caller's RNG state back untouched.
-    with torch.random.fork_rng(devices=[]):
+    # hands the caller's RNG states back untouched (manual_seed reseeds every GPU's too).
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
         torch.manual_seed(seed)
         model = load_model(model_dir, HEAD_TASK, init, dropout=0.0)
     return model.base_model.to(device).eval()

@@ -7,11 +7,12 @@ is refused in one line.
 
 import os
 import sys
+from datetime import timedelta
 
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from accelerate.utils import DistributedDataParallelKwargs, DistributedType, parse_flag_from_env
+from accelerate.utils import DistributedDataParallelKwargs, DistributedType, InitProcessGroupKwargs, parse_flag_from_env
 
 from mlmlab import choices
 from mlmlab.config import Config
@@ -40,6 +41,12 @@ def auto_precision() -> str:
     return "bf16" if cpu_features()["amx_bf16"] else "no"
 
 
+# How long a process waits for the others at a collective. The first is the main process preparing the
+# corpus while the others wait (Trainer: main_process_first), which on a large corpus outlasts NCCL's
+# 10-minute default; prepare a large corpus beforehand (`mlmlab prepare`) and the wait is seconds.
+PROCESS_GROUP_TIMEOUT = timedelta(hours=2)
+
+
 def make_accelerator(cfg: Config) -> Accelerator:
     refuse_deepspeed()
     refuse_fp16_without_cuda(cfg.train.precision)
@@ -48,7 +55,8 @@ def make_accelerator(cfg: Config) -> Accelerator:
     # cpu=True is what makes accelerate run several CPU processes (gloo) under torchrun.
     precision = mixed_precision(cfg.train.precision)
     release_other_precision(precision)
-    accelerator = Accelerator(mixed_precision=precision, kwargs_handlers=[ddp_kwargs], cpu=not torch.cuda.is_available())
+    handlers = [ddp_kwargs, InitProcessGroupKwargs(timeout=PROCESS_GROUP_TIMEOUT)]
+    accelerator = Accelerator(mixed_precision=precision, kwargs_handlers=handlers, cpu=not torch.cuda.is_available())
     if accelerator.device.type == "cuda":
         use_tf32(cfg.train.precision != choices.FP32)
     check_fsdp(accelerator, cfg)

@@ -267,10 +267,12 @@ def set_rng_states(states: dict, accelerator) -> None:
     if not torch.cuda.is_available():
         return
     own = _own_state(states, "cuda_rng", accelerator)
+    if own is None and "cuda_rng" in states:
+        # The main process's list holds a state per GPU it could see, its own device (cuda:0 under a
+        # launcher) first; restoring the whole list would fail on a host that shows fewer GPUs.
+        own = states["cuda_rng"][0]
     if own is not None:
-        torch.cuda.set_rng_state(own)
-    elif "cuda_rng" in states:
-        torch.cuda.set_rng_state_all(states["cuda_rng"])
+        torch.cuda.set_rng_state(own, accelerator.device)
 
 
 def _own_state(states: dict, name: str, accelerator) -> torch.Tensor | None:

@@ -43,9 +43,10 @@ def peak_matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.flo
     peak_matmul_size), then that matmul repeats until ``seconds`` have passed; the fastest one
     counts, since a shared machine only ever makes a matmul slower. A fixed 2048^2 cost 17 GFLOP
     a matmul: ~40 s in bf16 on a CPU without bf16 units (issue 33); this costs ``seconds`` plus at
-    most two matmuls of the chosen size on any host, in any precision. The operands are constants,
-    not random: drawing them would advance torch's global RNG and shift dropout, breaking bitwise
-    resume. GEMM speed does not depend on the values.
+    most two matmuls of the chosen size on any host, in any precision. The operands are random, from
+    a generator of their own (torch's global RNG feeds dropout: drawing from it would break bitwise
+    resume): a GPU multiplies constant matrices faster than real ones (less power, higher clocks), so
+    a peak timed on ones would be too high and every MFU too low.
     """
     deadline = time.perf_counter() + seconds
     size, best = FIRST_SIZE, 0.0
@@ -62,7 +63,7 @@ def peak_matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.flo
 
 def _time_matmul(device, dtype: torch.dtype, size: int, warm_up: bool = False) -> tuple[float, float]:
     """(FLOP/s, seconds) of one size x size matmul; ``warm_up``: one untimed first (thread pools, kernel choice)."""
-    a = torch.ones(size, size, device=device, dtype=dtype)
+    a = torch.randn(size, size, device=device, dtype=dtype, generator=torch.Generator(device).manual_seed(0))
     if warm_up:
         a @ a
     start = clock(device)
