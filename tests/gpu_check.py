@@ -1,0 +1,159 @@
+"""The GPU paths' checks, for the few minutes a GPU is lent: one command, a line per check, exit 1 if any failed.
+
+Not part of the suite (it has no GPU): `python tests/gpu_check.py --out DIR`. Each check runs the real
+command (`python -m mlmlab.cli ...`) on the bundled sample, on whatever device torch sees, so the same
+script also runs here on a CPU (slowly: `--steps 4` checks that it works). On a GPU it checks what a CPU
+cannot: bf16 autocast and TF32 as the log says, the fused levers against eager, ModernBERT, the ADM
+scorer, export and fill-mask on the device, and it reports (does not require) whether a resumed run is
+bitwise the uninterrupted one there (float atomics may differ: docs/scale-out.md).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+
+
+def pretrain(out: Path, steps: int, *overrides: str, config: str = "tiny") -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "mlmlab.cli", "pretrain", "--config", config, "--no-progress",
+               f"train.out_dir={out}", f"train.max_steps={steps}", f"train.warmup_steps={max(steps // 10, 1)}",
+               "train.log_every=1", f"train.eval_every={steps}", "train.eval_batches=5", *overrides]
+    return subprocess.run(command, env=ENV, capture_output=True, text=True, cwd=ROOT)
+
+
+def losses(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row["loss"] for row in rows if "loss" in row]
+
+
+def trained(result: subprocess.CompletedProcess, run_dir: Path, *said: str) -> str:
+    """'' if the run ended well, its loss fell and its log says each of ``said``; else what went wrong."""
+    if result.returncode != 0:
+        return f"exit {result.returncode}: {result.stderr.strip().splitlines()[-1:]}"
+    missing = [text for text in said if text not in result.stderr]
+    if missing:
+        return f"the log does not say {missing}"
+    first, last = losses(run_dir)[0], losses(run_dir)[-1]
+    return "" if last < first else f"the loss did not fall: {first:.3f} -> {last:.3f}"
+
+
+def check_auto_precision(out: Path, steps: int, cuda: bool) -> str:
+    said = ("precision bf16 (train.precision=auto)", "TF32 matmuls on") if cuda else ()
+    return trained(pretrain(out / "auto", steps), out / "auto", *said)
+
+
+def check_fp32_means_no_tf32(out: Path, steps: int, cuda: bool) -> str:
+    said = ("precision fp32", "TF32 matmuls off") if cuda else ()
+    return trained(pretrain(out / "fp32", steps, "train.precision=fp32"), out / "fp32", *said)
+
+
+def check_fused_levers_follow_eager(out: Path, steps: int, cuda: bool) -> str:
+    """train.fused_head and train.fused_qkv against check_fp32_means_no_tf32's run: the same seed and batches."""
+    fused = pretrain(out / "fused", steps, "train.precision=fp32", "train.fused_head=true", "train.fused_qkv=true")
+    problem = trained(fused, out / "fused")
+    if problem:
+        return problem
+    eager, levered = losses(out / "fp32"), losses(out / "fused")
+    worst = max(abs(a - b) / abs(a) for a, b in zip(eager, levered))
+    return "" if worst < 1e-3 else f"the fused run's loss left the eager one's by {worst:.1e} (relative)"
+
+
+def check_modernbert(out: Path, steps: int, cuda: bool) -> str:
+    return trained(pretrain(out / "modernbert", steps, config="modernbert-tiny"), out / "modernbert")
+
+
+def check_adm_entropy_scorer(out: Path, steps: int, cuda: bool) -> str:
+    run = pretrain(out / "adm", steps, "masking.strategy=adaptive", "masking.scorer=entropy")
+    return trained(run, out / "adm")
+
+
+def check_export_and_fill_mask(out: Path, steps: int, cuda: bool) -> str:
+    model = out / "auto" / "model"
+    evaluated = subprocess.run([sys.executable, "-m", "mlmlab.cli", "evaluate", "--model", str(model), "--data",
+                                "mlmlab/resources/sample/valid.txt.gz", "--max-batches", "5"],
+                               env=ENV, capture_output=True, text=True, cwd=ROOT)
+    if evaluated.returncode != 0:
+        return f"evaluate: exit {evaluated.returncode}: {evaluated.stderr.strip().splitlines()[-1:]}"
+    from transformers import logging, pipeline
+
+    logging.set_verbosity_error()  # the pipeline's report of the NSP head it leaves out
+    fill = pipeline("fill-mask", model=str(model), device=0 if cuda else -1)
+    guesses = fill("the capital of france is [MASK].")
+    return "" if len(guesses) == 5 else f"fill-mask gave {guesses}"
+
+
+def report_resume_equality(out: Path, steps: int, cuda: bool) -> str:
+    """Information, not a failure: a resume from the middle checkpoint against the run that went straight on."""
+    run_dir, half = out / "resume", max(steps // 2, 1)
+    first = pretrain(run_dir, steps, f"train.save_every={half}", "train.keep_last=2", "train.precision=fp32")
+    if first.returncode != 0:
+        return f"exit {first.returncode}: {first.stderr.strip().splitlines()[-1:]}"
+    straight = load_file(run_dir / "model" / "model.safetensors")
+    shutil.rmtree(sorted(run_dir.glob("ckpt-*"))[-1])
+    shutil.rmtree(run_dir / "model")
+    (run_dir / "summary.json").unlink()
+    second = pretrain(run_dir, steps, f"train.save_every={half}", "train.keep_last=2", "train.precision=fp32")
+    if second.returncode != 0:
+        return f"resume: exit {second.returncode}: {second.stderr.strip().splitlines()[-1:]}"
+    resumed = load_file(run_dir / "model" / "model.safetensors")
+    worst = max((resumed[name] - tensor).abs().max().item() for name, tensor in straight.items())
+    print(f"  resumed run's weights differ from the straight run's by at most {worst:.3g}")
+    return ""
+
+
+def report_base_throughput(out: Path, steps: int, cuda: bool) -> str:
+    """Information: the base preset (BERT-base, batch 256 x 512, auto precision) trained for a few steps; the
+    median tokens/s and MFU of its second half."""
+    if not cuda:
+        print("  not run: BERT-base is for a GPU")
+        return ""
+    run = pretrain(out / "base", steps, config="base")
+    if run.returncode != 0:
+        return f"exit {run.returncode}: {run.stderr.strip().splitlines()[-1:]}"
+    rows = [json.loads(line) for line in (out / "base" / "metrics.jsonl").read_text().splitlines()]
+    timed = [row for row in rows if "tokens_per_s" in row]
+    second_half = timed[len(timed) // 2:]
+    tokens_per_s, mfu = (statistics.median(row[key] for row in second_half) for key in ("tokens_per_s", "mfu"))
+    print(f"  base: {tokens_per_s:,.0f} tokens/s, MFU {mfu:.1%} (medians of steps {second_half[0]['step']}-"
+          f"{second_half[-1]['step']})")
+    return ""
+
+
+CHECKS = [check_auto_precision, check_fp32_means_no_tf32, check_fused_levers_follow_eager, check_modernbert,
+          check_adm_entropy_scorer, check_export_and_fill_mask, report_resume_equality,
+          report_base_throughput]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for the runs (emptied first)")
+    parser.add_argument("--steps", type=int, default=60, help="training steps per run")
+    args = parser.parse_args()
+    cuda = torch.cuda.is_available()
+    device = torch.cuda.get_device_name() if cuda else "CPU (no GPU: the CUDA-only lines are not checked)"
+    print(f"gpu_check on {device}; torch {torch.__version__}, {args.steps} steps a run", flush=True)
+    shutil.rmtree(args.out, ignore_errors=True)
+    args.out.mkdir(parents=True)
+    failed = 0
+    for check in CHECKS:
+        started = time.perf_counter()
+        problem = check(args.out, args.steps, cuda)
+        failed += bool(problem)
+        print(f"{'FAIL' if problem else 'ok  '} {check.__name__} ({time.perf_counter() - started:.0f} s)"
+              + (f": {problem}" if problem else ""), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
