@@ -32,6 +32,11 @@ def pretrain(out: Path, steps: int, *overrides: str, config: str = "tiny") -> su
     return subprocess.run(command, env=ENV, capture_output=True, text=True, cwd=ROOT)
 
 
+def failure(result: subprocess.CompletedProcess) -> str:
+    lines = result.stderr.strip().splitlines()
+    return f"exit {result.returncode}: {lines[-1] if lines else 'nothing on stderr'}"
+
+
 def losses(run_dir: Path) -> list[float]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [row["loss"] for row in rows if "loss" in row]
@@ -40,7 +45,7 @@ def losses(run_dir: Path) -> list[float]:
 def trained(result: subprocess.CompletedProcess, run_dir: Path, *said: str) -> str:
     """'' if the run ended well, its loss fell and its log says each of ``said``; else what went wrong."""
     if result.returncode != 0:
-        return f"exit {result.returncode}: {result.stderr.strip().splitlines()[-1:]}"
+        return failure(result)
     missing = [text for text in said if text not in result.stderr]
     if missing:
         return f"the log does not say {missing}"
@@ -84,7 +89,7 @@ def check_export_and_fill_mask(out: Path, steps: int, cuda: bool) -> str:
                                 "mlmlab/resources/sample/valid.txt.gz", "--max-batches", "5"],
                                env=ENV, capture_output=True, text=True, cwd=ROOT)
     if evaluated.returncode != 0:
-        return f"evaluate: exit {evaluated.returncode}: {evaluated.stderr.strip().splitlines()[-1:]}"
+        return "evaluate: " + failure(evaluated)
     from transformers import logging, pipeline
 
     logging.set_verbosity_error()  # the pipeline's report of the NSP head it leaves out
@@ -98,14 +103,14 @@ def report_resume_equality(out: Path, steps: int, cuda: bool) -> str:
     run_dir, half = out / "resume", max(steps // 2, 1)
     first = pretrain(run_dir, steps, f"train.save_every={half}", "train.keep_last=2", "train.precision=fp32")
     if first.returncode != 0:
-        return f"exit {first.returncode}: {first.stderr.strip().splitlines()[-1:]}"
+        return failure(first)
     straight = load_file(run_dir / "model" / "model.safetensors")
     shutil.rmtree(sorted(run_dir.glob("ckpt-*"))[-1])
     shutil.rmtree(run_dir / "model")
     (run_dir / "summary.json").unlink()
     second = pretrain(run_dir, steps, f"train.save_every={half}", "train.keep_last=2", "train.precision=fp32")
     if second.returncode != 0:
-        return f"resume: exit {second.returncode}: {second.stderr.strip().splitlines()[-1:]}"
+        return "resume: " + failure(second)
     resumed = load_file(run_dir / "model" / "model.safetensors")
     worst = max((resumed[name] - tensor).abs().max().item() for name, tensor in straight.items())
     print(f"  resumed run's weights differ from the straight run's by at most {worst:.3g}")
@@ -120,7 +125,7 @@ def report_base_throughput(out: Path, steps: int, cuda: bool) -> str:
         return ""
     run = pretrain(out / "base", steps, config="base")
     if run.returncode != 0:
-        return f"exit {run.returncode}: {run.stderr.strip().splitlines()[-1:]}"
+        return failure(run)
     rows = [json.loads(line) for line in (out / "base" / "metrics.jsonl").read_text().splitlines()]
     timed = [row for row in rows if "tokens_per_s" in row]
     second_half = timed[len(timed) // 2:]
