@@ -12,7 +12,7 @@ Names: ``model`` is the transformers model (encoder + heads); its architecture's
 """
 
 import math
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -178,15 +178,6 @@ class SparsePretraining(nn.Module):
 
     def forward(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None,
                 mlm_denominator=None, nsp_denominator=None, **_unused) -> dict:
-        # Held-out figures are the weights' own, in fp32 whatever the run trains in: accelerate wraps this
-        # forward in the run's autocast (bf16 on AMX CPUs and GPUs), and `mlmlab evaluate` of the exported
-        # model runs in fp32; an arm's precision must not also set the precision of its evaluation.
-        with nullcontext() if self.training else torch.autocast(input_ids.device.type, enabled=False):
-            return self._losses(input_ids, attention_mask, token_type_ids, labels, next_sentence_label,
-                                mlm_denominator, nsp_denominator)
-
-    def _losses(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label, mlm_denominator,
-                nsp_denominator) -> dict:
         # (B, T, H), and (B, H) where there is an NSP head
         hidden, pooled = self._encode(input_ids, attention_mask, token_type_ids)
         selected_index = (labels != IGNORE_INDEX).flatten().nonzero().squeeze(1)  # (M,)

@@ -25,6 +25,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from accelerate.utils import DistributedType
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
 from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
@@ -540,10 +541,14 @@ class Trainer:
         return window
 
     def evaluate(self, max_batches: int | None = None) -> dict:
-        """Held-out evaluation by ``evaluator`` ({} without one), through the wrapped module: FSDP gathers there."""
+        """Held-out evaluation by ``evaluator`` ({} without one) of the model itself, in fp32 whatever the run
+        trains in, as `mlmlab evaluate` of its export: the prepared module's forward runs in the run's autocast
+        (bf16 on AMX CPUs and GPUs). Under FSDP through the prepared module, whose forward gathers the shards
+        (in the bf16 of its mixed-precision policy where the run trains in bf16)."""
         if self.evaluator is None:
             return {}  # the caller handed no validator: training only
-        return self.evaluator(self.module, self.valid_store, self.masker.info, batch_size=self.cfg.train.eval_batch_size,
+        sharded = self.accelerator.distributed_type == DistributedType.FSDP
+        return self.evaluator(self.module if sharded else self.model, self.valid_store, self.masker.info, batch_size=self.cfg.train.eval_batch_size,
                              max_batches=max_batches, device=self.accelerator.device,
                              token_counts=self.train_store.token_counts, freq_cuts=self.cfg.masking.freq_cuts)
 
