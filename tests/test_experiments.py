@@ -586,8 +586,24 @@ def test_the_recorded_decision_rule_is_applied_to_every_arm_as_written(tmp_path)
     assert calls == {"better": "**win**", "worse": "**lose**", "slightly": "**inconclusive**",
                      "guarded": "**inconclusive**", "shift": "**inconclusive, prior shift**",
                      "partial": "**win (provisional: 2 of 3 seeds)**"}
+    holm_calls = {line.split("|")[1].strip(): line.split("|")[-3].strip() for line in text.splitlines()
+                  if line.startswith("| ") and "**" in line}
+    assert holm_calls["partial"].endswith("(provisional: 2 of 3 seeds)**")  # read from 2 seeds, as the other
+    assert holm_calls["shift"] == "**inconclusive, prior shift**"
     assert "better, by less than the least effect (0.01)" in text
     assert "a guard failed: glue.tasks.STS-B.dev.pearson fell by 0.02 > 0.01" in text
+
+
+def test_a_call_over_fewer_seeds_than_the_study_has_is_provisional_even_where_the_baseline_lacks_one(tmp_path):
+    """The baseline's seed 2 is missing: 2 pairs are not the study's 3 seeds, though they are all its rows."""
+    rule = {"metric": "eval.mlm_loss", "lower_is_better": True, "min_effect": 0.01, "guard": {}}
+    rows = [dict(synthetic_row("dynamic", seed, 100.0 + seed, 900.0), decision=rule) for seed in (0, 1)]
+    rows += [dict(synthetic_row("better", seed, 90.0 + seed * 1.1, 900.0), decision=rule) for seed in (0, 1, 2)]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    line = next(line for line in report.write_report(results, tmp_path / "report").read_text().splitlines()
+                if line.startswith("| better"))
+    assert line.count("(provisional: 2 of 3 seeds)") == 2  # the call and the Holm call
 
 
 def test_held_out_figures_from_different_prepared_data_are_flagged_not_silently_averaged():

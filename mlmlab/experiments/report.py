@@ -246,6 +246,7 @@ def decision_section(rows: list[dict], groups, baseline: str, metrics: list[Metr
     rarest = buckets[-1] if buckets else None
     recalibrated = next((m for m in metrics if m.label == "recalibrated loss (nats)"), None)
     arms = [arm for arm in groups if arm != baseline]
+    seeds = len({row["seed"] for rows in groups.values() for row in rows})  # the study's, as far as its rows show
     mains = {arm: compare(groups[arm], base_rows, primary) for arm in arms}
     adjusted = dict(zip(arms, holm([c.p if c is not None else math.nan for c in mains.values()])))
     header = ["arm", "paired seeds", f"Δ {primary.label} [95% t-interval]", "p", "p (Holm)"]
@@ -259,11 +260,13 @@ def decision_section(rows: list[dict], groups, baseline: str, metrics: list[Metr
         recal = compare(groups[arm], base_rows, recalibrated) if recalibrated else None
         recal_call = decide({**rule, "guard": {}}, recal, {})[0] if recalibrated else None
         shifted = ", prior shift" if prior_shift(main, rare, rule["lower_is_better"], recal_call) else ""
-        provisional = f" (provisional: {main.n} of {len(base_rows)} seeds)" if main and main.n < len(base_rows) else ""
+        # Until every seed is in, both calls are provisional; the Holm family then also lacks the arms with
+        # fewer than two paired seeds, so its correction is weaker than the final one.
+        provisional = f" (provisional: {main.n} of {seeds} seeds)" if main and main.n < seeds else ""
         body.append([arm, str(main.n if main else 0), format_delta(main), format_p(main.p if main else math.nan),
                      format_p(adjusted[arm]), *map(format_delta, checks), *([format_delta(rare)] if rarest else []),
                      *([format_delta(recal)] if recalibrated else []), f"**{call}{shifted}{provisional}**",
-                     f"**{holm_call(call, adjusted[arm])}**", why])
+                     f"**{holm_call(call, adjusted[arm])}{shifted}{provisional}**", why])
     caveat = [] if gates_held else ["A validity gate failed: these calls are not conclusions.", ""]
     return (["## Pre-registered decision (the study's rule as its rows record it, applied as written)", "",
              rule_text(rule, rarest, recalibrated), ""] + caveat + markdown.table(header, body) + [""])
