@@ -717,6 +717,23 @@ def test_steps_to_target_is_the_first_evaluation_below_it_in_steps_and_flops():
     assert report.steps_to_target_section([{"seed": 0, "decision": {**rule, "target": None}}], curves, "dynamic") == []
 
 
+def test_flops_to_a_step_count_each_steps_own_mask_rate():
+    """A 30% -> 15% decay spends more per step early on than its mean rate says; a constant rate does not."""
+    from mlmlab.config import load_config
+    from mlmlab.experiments.budget import flops_until, step_flops
+
+    constant = load_config("tiny", ["train.max_steps=1000", "masking.rate=0.225"])
+    decay = load_config("tiny", ["train.max_steps=1000", "masking.rate_schedule=linear_decay",
+                                 "masking.rate_start=0.3", "masking.rate=0.15"])
+    assert flops_until(constant, 400) == pytest.approx(400 * step_flops(constant)["total"])
+    assert step_flops(decay)["total"] == pytest.approx(step_flops(constant)["total"])  # the same mean rate
+    assert flops_until(decay, 400) > 1.05 * flops_until(constant, 400)
+    assert flops_until(decay, 1000) == pytest.approx(flops_until(constant, 1000), rel=1e-3)
+    row = {"config": to_dict(decay), "flops_per_step": step_flops(decay)["total"]}
+    assert report.flops_to(row, 400) == flops_until(decay, 400)
+    assert report.flops_to({"flops_per_step": 2.0}, 400) == 800.0  # a row made before configs were recorded
+
+
 def test_a_decision_target_must_be_a_number_on_an_eval_figure(tmp_path):
     decision = {"metric": "eval.mlm_loss", "min_effect": 0.01, "target": 5.5}
     assert study_file.load_study(write_study(tmp_path, decision=decision)).decision.target == 5.5

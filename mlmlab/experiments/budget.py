@@ -54,15 +54,25 @@ def sequences_per_step(cfg: Config) -> int:
     return cfg.train.batch_size * cfg.train.grad_accum
 
 
-def step_flops(cfg: Config) -> dict:
-    """{"train", "scorer", "total"}: estimated FLOPs of one optimizer step (global batch, one process)."""
+def step_flops(cfg: Config, rate: float | None = None) -> dict:
+    """{"train", "scorer", "total"}: estimated FLOPs of one optimizer step (global batch, one process) at mask
+    rate ``rate`` (default: the run's mean rate)."""
     model, seq = cfg.model, cfg.data.max_seq_length
     vocab = padded_vocab_size(vocab_size_for(cfg.data.tokenizer), model.pad_vocab_multiple)
     encoder = encoder_forward_flops(model, seq)
-    train = TRAINING_PASSES * (encoder + head_flops(model, vocab, mean_mask_rate(cfg) * seq))
+    rate = mean_mask_rate(cfg) if rate is None else rate
+    train = TRAINING_PASSES * (encoder + head_flops(model, vocab, rate * seq))
     scorer = scorer_flops(cfg, encoder, vocab)
     batch = sequences_per_step(cfg)
     return {"train": batch * train, "scorer": batch * scorer, "total": batch * (train + scorer)}
+
+
+def flops_until(cfg: Config, steps: int) -> float:
+    """Estimated FLOPs of a run's first ``steps`` optimizer steps, each at its own step's mask rate: steps x
+    step_flops would take the whole run's mean rate, and a decaying rate spends more per step early on. Exact
+    for the FLOP model, which is linear in the rate."""
+    rates = [rate_at(cfg.masking, step / cfg.train.max_steps) for step in range(steps)]
+    return steps * step_flops(cfg, float(np.mean(rates)))["total"] if steps else 0.0
 
 
 def scorer_flops(cfg: Config, encoder: float, vocab: int) -> float:

@@ -18,7 +18,9 @@ import numpy as np
 from scipy import stats
 
 from mlmlab import choices
+from mlmlab.config import from_dict
 from mlmlab.errors import UserError
+from mlmlab.experiments.budget import flops_until
 from mlmlab.experiments.curves import (
     last_per_x, mask_share_keys, progress_of, row_sequences_per_step, steps_to_target,
 )
@@ -351,13 +353,13 @@ def steps_to_target_section(rows: list[dict], curves, baseline: str) -> list[str
     if target is None or not metric.startswith("eval.") or not curves:
         return []
     key = metric.removeprefix("eval.")
-    reached = {arm: {row["seed"]: (steps_to_target(row, records, key, target), row.get("flops_per_step", math.nan))
+    reached = {arm: {row["seed"]: (at := steps_to_target(row, records, key, target), at and flops_to(row, at))
                      for row, records in runs} for arm, runs in curves.items()}
     base = {seed: steps for seed, (steps, _) in reached.get(baseline, {}).items() if steps is not None}
     body = []
     for arm, seeds in reached.items():
         steps = {seed: at for seed, (at, _) in seeds.items() if at is not None}
-        flops = [at * per_step for at, per_step in seeds.values() if at is not None]
+        flops = [spent for at, spent in seeds.values() if at is not None]
         paired = [steps[seed] - base[seed] for seed in steps if seed in base]
         delta = "" if arm == baseline or not paired else f"{np.mean(paired):+.0f} ({len(paired)} seeds)"
         body.append([arm, " / ".join(str(seeds[seed][0] or "never") for seed in sorted(seeds)),
@@ -365,9 +367,19 @@ def steps_to_target_section(rows: list[dict], curves, baseline: str) -> list[str
                      f"{len(seeds) - len(steps)} of {len(seeds)}", delta])
     return [f"## Steps to target (held-out {key} below {target:g}, the study's decision.target)", "",
             "The first evaluation step at which each run's held-out figure fell below the target, read from its "
-            "metrics.jsonl (resolution: the evaluation interval); FLOPs = that step x the arm's FLOPs per step.", "",
+            "metrics.jsonl (resolution: the evaluation interval); FLOPs = the run's estimated FLOPs up to that step, "
+            "each step at its own mask rate (budget.flops_until).", "",
             *markdown.table(["arm", "step per seed", "mean ± std", "mean FLOPs", "never reached",
                              f"Δ steps vs {baseline} (paired)"], body), ""]
+
+
+def flops_to(row: dict, steps: int) -> float:
+    """The row's run's estimated FLOPs over its first ``steps`` steps, from the config it recorded; from its FLOPs
+    per step (the run's mean mask rate) where that config or its tokenizer cannot be loaded here."""
+    try:
+        return flops_until(from_dict(row["config"]), steps)
+    except (KeyError, UserError):
+        return steps * row.get("flops_per_step", math.nan)
 
 
 def cost_section(groups) -> list[str]:
