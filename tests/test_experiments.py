@@ -699,6 +699,9 @@ def test_a_rare_token_gain_is_a_prior_shift_unless_the_prior_free_loss_wins(tmp_
     calls = decision_calls(tmp_path, rows)
     assert calls["shift"][0] == "**lose, prior shift**"
     assert calls["learns"][0] == "**lose**"
+    recalibrated = {line.split("|")[1].strip(): line.split("|")[-5].strip()
+                    for line in (tmp_path / "report" / "report.md").read_text().splitlines() if "**" in line}
+    assert recalibrated["learns"].endswith(": win") and recalibrated["shift"].endswith(": inconclusive")
 
 
 def test_steps_to_target_is_the_first_evaluation_below_it_in_steps_and_flops():

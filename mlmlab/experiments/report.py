@@ -253,7 +253,8 @@ def decision_section(rows: list[dict], groups, baseline: str, metrics: list[Metr
     adjusted = dict(zip(arms, holm([c.p if c is not None else math.nan for c in mains.values()])))
     header = ["arm", "paired seeds", f"Δ {primary.label} [95% t-interval]", "p", "p (Holm)"]
     header += [f"Δ {m.label}" for m in guards] + ([f"Δ {rarest.label}"] if rarest else [])
-    header += (["Δ recalibrated loss (nats)"] if recalibrated else []) + ["call", "call (Holm)", "why"]
+    header += ["Δ recalibrated loss (nats): its call, no guard"] if recalibrated else []
+    header += ["call", "call (Holm)", "why"]
     body = []
     for arm in arms:
         main, checks = mains[arm], [compare(groups[arm], base_rows, m) for m in guards]
@@ -267,8 +268,9 @@ def decision_section(rows: list[dict], groups, baseline: str, metrics: list[Metr
         provisional = f" (provisional: {main.n} of {seeds} seeds)" if main and main.n < seeds else ""
         body.append([arm, str(main.n if main else 0), format_delta(main), format_p(main.p if main else math.nan),
                      format_p(adjusted[arm]), *map(format_delta, checks), *([format_delta(rare)] if rarest else []),
-                     *([format_delta(recal)] if recalibrated else []), f"**{call}{shifted}{provisional}**",
-                     f"**{holm_call(call, adjusted[arm])}{shifted}{provisional}**", why])
+                     *([f"{format_delta(recal)}: {recal_call}"] if recalibrated else []),
+                     f"**{call}{shifted}{provisional}**", f"**{holm_call(call, adjusted[arm])}{shifted}{provisional}**",
+                     why])
     caveat = [] if gates_held else ["A validity gate failed: these calls are not conclusions.", ""]
     return (["## Pre-registered decision (the study's rule as its rows record it, applied as written)", "",
              rule_text(rule, rarest, recalibrated), ""] + caveat + markdown.table(header, body) + [""])
