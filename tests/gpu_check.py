@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+
+from test_distributed import forget_last_checkpoint, weights
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
@@ -104,14 +105,12 @@ def report_resume_equality(out: Path, steps: int, cuda: bool) -> str:
     first = pretrain(run_dir, steps, f"train.save_every={half}", "train.keep_last=2", "train.precision=fp32")
     if first.returncode != 0:
         return failure(first)
-    straight = load_file(run_dir / "model" / "model.safetensors")
-    shutil.rmtree(sorted(run_dir.glob("ckpt-*"))[-1])
-    shutil.rmtree(run_dir / "model")
-    (run_dir / "summary.json").unlink()
+    straight = weights(run_dir)
+    forget_last_checkpoint(run_dir)
     second = pretrain(run_dir, steps, f"train.save_every={half}", "train.keep_last=2", "train.precision=fp32")
     if second.returncode != 0:
         return "resume: " + failure(second)
-    resumed = load_file(run_dir / "model" / "model.safetensors")
+    resumed = weights(run_dir)
     worst = max((resumed[name] - tensor).abs().max().item() for name, tensor in straight.items())
     print(f"  resumed run's weights differ from the straight run's by at most {worst:.3g}")
     return ""

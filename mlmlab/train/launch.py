@@ -75,13 +75,11 @@ def say_precision(accelerator: Accelerator, cfg: Config) -> None:
     and what bf16 costs on a CPU that has none. Said once the run's refusals are past, so a refusal stays
     the one line on stderr."""
     used = {"no": choices.FP32}.get(accelerator.mixed_precision, accelerator.mixed_precision)
-    if accelerator.device.type == "cuda":
-        tf32 = "on" if torch.backends.cuda.matmul.allow_tf32 else "off"
-        say_once(accelerator, f"precision {used} (train.precision={cfg.train.precision}) on "
-                              f"{torch.cuda.get_device_name(accelerator.device)}, TF32 matmuls {tf32}")
-        return
-    say_once(accelerator, f"precision {used} (train.precision={cfg.train.precision}) on {describe_cpu()}")
-    if used == choices.BF16 and not has_bf16_units(cpu_features()):
+    on_gpu = accelerator.device.type == "cuda"
+    where = (f"{torch.cuda.get_device_name(accelerator.device)}, TF32 matmuls "
+             + ("on" if torch.backends.cuda.matmul.allow_tf32 else "off")) if on_gpu else describe_cpu()
+    say_once(accelerator, f"precision {used} (train.precision={cfg.train.precision}) on {where}")
+    if not on_gpu and used == choices.BF16 and not has_bf16_units(cpu_features()):
         say_once(accelerator, slow_bf16_note())
 
 

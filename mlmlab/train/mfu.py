@@ -51,25 +51,30 @@ def peak_matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.flo
     deadline = time.perf_counter() + seconds
     size, best = FIRST_SIZE, 0.0
     while True:
-        rate, took = _time_matmul(device, dtype, size, warm_up=True)
+        operand = _random_square(device, dtype, size)
+        rate, took = _time_matmul(operand, warm_up=True)
         best = max(best, rate)
         if took >= big_enough or size >= peak_matmul_size(device) or time.perf_counter() >= deadline:
             break
         size *= 2
-    while time.perf_counter() < deadline:
-        best = max(best, _time_matmul(device, dtype, size)[0])
+    while time.perf_counter() < deadline:  # the same operand again: drawing it anew would only spend the time
+        best = max(best, _time_matmul(operand)[0])
     return best
 
 
-def _time_matmul(device, dtype: torch.dtype, size: int, warm_up: bool = False) -> tuple[float, float]:
-    """(FLOP/s, seconds) of one size x size matmul; ``warm_up``: one untimed first (thread pools, kernel choice)."""
-    a = torch.randn(size, size, device=device, dtype=dtype, generator=torch.Generator(device).manual_seed(0))
+def _random_square(device, dtype: torch.dtype, size: int) -> torch.Tensor:
+    """(size, size) standard normal values from a generator of its own, not torch's global one."""
+    return torch.randn(size, size, device=device, dtype=dtype, generator=torch.Generator(device).manual_seed(0))
+
+
+def _time_matmul(a: torch.Tensor, warm_up: bool = False) -> tuple[float, float]:
+    """(FLOP/s, seconds) of one a @ a; ``warm_up``: one untimed first (thread pools, kernel choice)."""
     if warm_up:
         a @ a
-    start = clock(device)
+    start = clock(a.device)
     a @ a
-    took = max(clock(device) - start, 1e-9)
-    return 2 * size**3 / took, took
+    took = max(clock(a.device) - start, 1e-9)
+    return 2 * a.shape[0] ** 3 / took, took
 
 
 class MeasuredPeak:
