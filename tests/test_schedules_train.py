@@ -156,6 +156,19 @@ def test_runs_of_different_precisions_train_side_by_side_in_one_process(tmp_path
     assert (fp32.precision, bf16.precision, later_fp32.precision) == ("no", "bf16", "no")
 
 
+@pytest.mark.parametrize("scorer", ["entropy", "grad_norm"])
+def test_adm_scores_in_the_precision_the_step_trains_in(tmp_path, scorer):
+    """ADM's scoring forward is a forward of the training model: a bf16 run scores in bf16 (on an AMX host,
+    where auto picks bf16, an fp32 scorer would cost more than the step), an fp32 run in fp32."""
+    import torch
+
+    adm = ("masking.strategy=adaptive", f"masking.scorer={scorer}", "masking.adapt_schedule=constant")
+    for precision, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        trainer = small_trainer(tmp_path, f"{scorer}-{precision}", f"train.precision={precision}", *adm)
+        assert matmul_dtypes(trainer) == {dtype}, precision
+        assert trainer.masker.stats()["mask_scored_steps"] == 1  # the step was scored
+
+
 def test_held_out_evaluation_is_fp32_in_a_bf16_run_as_mlmlab_evaluate_is(tmp_path):
     """The held-out figures are the weights' own: a bf16 run evaluates in fp32, to the bit what evaluating its
     model alone (`mlmlab evaluate` of the export) gives, while its training step stays in bf16."""

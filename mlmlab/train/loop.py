@@ -466,8 +466,9 @@ class Trainer:
         (whether any process was asked to stop) are the same on every process.
         """
         started = time.perf_counter()
-        micro = self.masker.mask_step(self._next_micro_batches(batches), self.model, progress=self.progress(),
-                                      step=self.state.step + 1)
+        micro = self._next_micro_batches(batches)
+        with self.accelerator.autocast():  # ADM's scoring forward in the precision the step trains in
+            micro = self.masker.mask_step(micro, self.model, progress=self.progress(), step=self.state.step + 1)
         sums = _StepSums(self.cfg.data.objective, self.cfg.model, self.model.config.vocab_size, self.accelerator.device)
         results = forwards_and_backwards(self.accelerator, self.module, micro, sums)
         self.masker.learn_step(micro, results, partial(concat_over_processes, self.accelerator))
