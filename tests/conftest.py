@@ -6,6 +6,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The suite checks the CPU path, to the bit where it promises bits, on any machine: on a GPU host
+# mlmlab would otherwise pick CUDA, where float atomics vary. tests/gpu_check.py checks the GPU path.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data"

@@ -3,7 +3,6 @@
 import gzip
 
 import pytest
-import torch
 
 from mlmlab.cli import main
 
@@ -125,7 +124,6 @@ def test_unsharded_or_untested_launch_is_refused_before_training(capsys, tmp_pat
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 autocast is real on CUDA; the refusal is for CPUs")
 def test_fp16_on_cpu_is_refused_rather_than_trained_in_fp32(capsys, tmp_path):
     code, err = run_cli(capsys, "pretrain", "--no-progress", "train.precision=fp16", f"train.out_dir={tmp_path / 'run'}")
     assert_one_line_error(code, err, "fp16", "bf16")
