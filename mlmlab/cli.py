@@ -13,7 +13,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from mlmlab import choices
-from mlmlab.config import MaskingConfig, config_listing, frequency_cuts, load_config
+from mlmlab.config import MaskingConfig, config_listing, frequency_cuts, load_config, preset_names
 from mlmlab.errors import UserError, write_refusal
 from mlmlab.evaluate.glue_settings import GlueSettings
 from mlmlab.utils import jsonio
@@ -274,8 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="adaptive: the share of training done, in [0, 1], whose a to use (default: 1, the end)")
     p.set_defaults(func=cmd_mask)
 
-    p = sub.add_parser("pretrain", help="pretrain a BERT with MLM (+ NSP)")
-    p.add_argument("--config", default="tiny", help="preset name or YAML file (default: tiny)")
+    p = sub.add_parser("pretrain", help="pretrain a BERT (MLM + NSP) or ModernBERT (MLM) encoder")
+    p.add_argument("--config", default="tiny",
+                   help=f"preset name ({', '.join(preset_names())}) or YAML file (default: tiny)")
     p.add_argument("--resume", default=None, help="'auto' (newest intact checkpoint of the run) or a checkpoint folder")
     p.add_argument("--init", default=None, metavar="MODEL_DIR",
                    help="start from this model's weights only (train.init): a HuggingFace BERT folder or a run's model/; "
@@ -368,7 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="print a resolved config: every key with its value, its default where it differs, "
                                       "and what it is for")
-    p.add_argument("preset", nargs="?", default=None, help="preset name or YAML file (default: the defaults, = tiny)")
+    p.add_argument("preset", nargs="?", default=None,
+                   help=f"preset name ({', '.join(preset_names())}) or YAML file (default: the defaults, = tiny)")
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.lr=2e-3")
     p.set_defaults(func=cmd_config)
 
