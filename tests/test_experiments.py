@@ -716,7 +716,7 @@ def test_steps_to_target_is_the_first_evaluation_below_it_in_steps_and_flops():
               "adm": [({"seed": 0, "flops_per_step": 2e9}, records), ({"seed": 1, "flops_per_step": 2e9}, records)]}
     text = "\n".join(report.steps_to_target_section(rows, curves, "dynamic"))
     assert "| dynamic | 400 / never | 400 (n=1) | 4e+11 | 1 of 2 |  |" in text
-    assert "| adm | 200 / 200 | 200 ± 0 (n=2) | 4e+11 | 0 of 2 | -200 (1 seeds) |" in text
+    assert "| adm | 200 / 200 | 200 ± 0 (n=2) | 4e+11 | 0 of 2 | -200 (1 seed) |" in text
     assert report.steps_to_target_section([{"seed": 0, "decision": {**rule, "target": None}}], curves, "dynamic") == []
 
 

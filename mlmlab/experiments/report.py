@@ -363,7 +363,8 @@ def steps_to_target_section(rows: list[dict], curves, baseline: str) -> list[str
         steps = {seed: at for seed, (at, _) in seeds.items() if at is not None}
         flops = [spent for at, spent in seeds.values() if at is not None]
         paired = [steps[seed] - base[seed] for seed in steps if seed in base]
-        delta = "" if arm == baseline or not paired else f"{np.mean(paired):+.0f} ({len(paired)} seeds)"
+        seeds_paired = f"{len(paired)} seed{'s' if len(paired) > 1 else ''}"
+        delta = "" if arm == baseline or not paired else f"{np.mean(paired):+.0f} ({seeds_paired})"
         body.append([arm, " / ".join(str(seeds[seed][0] or "never") for seed in sorted(seeds)),
                      mean_std({s: float(v) for s, v in steps.items()}), f"{np.mean(flops):.3g}" if flops else "–",
                      f"{len(seeds) - len(steps)} of {len(seeds)}", delta])
