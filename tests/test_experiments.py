@@ -440,6 +440,35 @@ def test_report_from_results_alone_has_tables_ci_and_honest_sentences(tmp_path, 
     assert (tmp_path / "report" / "perplexity_buckets.png").is_file()
 
 
+def test_the_masking_label_names_the_rate_and_any_architecture_but_bert():
+    """Arms that differ only in their rate (bert-15, bert-30) or architecture must not share a label."""
+    from mlmlab.experiments.report import masking_label
+
+    row = synthetic_row("dynamic", 0, 100, 900)
+    assert masking_label(row) == "dynamic, rate 0.15"
+    row["config"]["masking"].update(rate=0.3)
+    row["config"]["model"] = {"architecture": "modernbert"}
+    assert masking_label(row) == "modernbert: dynamic, rate 0.3"
+    row["config"]["masking"].update(rate_schedule="linear_decay", rate=0.15, rate_start=0.3)
+    row["config"]["model"] = {"architecture": "bert"}
+    assert masking_label(row) == "dynamic, rate 0.3→0.15"
+
+
+def test_target_shares_are_plotted_only_where_an_arm_masks_adaptively(tmp_path):
+    """Uniform masking's shares are the corpus's: a study without ADM gets no empty mask_share.png."""
+    records = [{"step": 10, "loss": 7.0, "tokens_seen": 1000, "mask_share_freq_0_1000": 0.6, "mask_a": 0.5},
+               {"step": 100, "loss": 6.0, "tokens_seen": 10000, "mask_share_freq_0_1000": 0.5, "mask_a": 1.0}]
+    for strategies, expected in ((["dynamic", "dynamic"], set()), (["dynamic", "adaptive"], {"mask_share.png", "mask_a.png"})):
+        out = tmp_path / "-".join(strategies)
+        rows = [synthetic_row(f"arm{i}", 0, 100, 900, strategy) for i, strategy in enumerate(strategies)]
+        for row in rows:
+            (out / row["run_dir"]).mkdir(parents=True)
+            (out / row["run_dir"] / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (out / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        assert main(["report", str(out / "results.jsonl"), "--out", str(out)]) == 0
+        assert {p.name for p in out.glob("mask_*.png")} == expected, strategies
+
+
 def test_cost_table_names_each_arms_torch_threads_and_warns_when_they_differ():
     alike = {"dynamic": [dict(synthetic_row("dynamic", 0, 100, 900), torch_threads=2)]}
     assert "runs were made with different" not in "\n".join(report.cost_section(alike)).lower()

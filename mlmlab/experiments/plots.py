@@ -25,9 +25,10 @@ def write_plots(groups, baseline, metrics, curves, out: Path) -> list[str]:
     images = [bucket_bars(plt, groups, [m for m in metrics if m.label.startswith("ppl") or m.label == "perplexity"], out)]
     if curves:
         images.append(loss_curves(plt, curves, out))
-        compared = {arm: runs for arm, runs in curves.items() if arm == baseline or is_adaptive(groups[arm])}
-        images.append(mask_share_curves(plt, compared, out))
         adaptive = {arm: runs for arm, runs in curves.items() if is_adaptive(groups[arm])}
+        if adaptive and mask_share_keys(adaptive):  # uniform masking's shares are the corpus's: nothing to plot
+            images.append(mask_share_curves(plt, {**{arm: curves[arm] for arm in [baseline] if arm in curves},
+                                                  **adaptive}, out))
         if adaptive:
             images.append(adapt_factor_curves(plt, adaptive, out))
     if downstream_metrics(metrics):

@@ -180,9 +180,10 @@ def masking_label(row: dict) -> str:
         label += ", frequency-neutral" if m.get("frequency_neutral") else ""  # absent from older results
     else:
         label = m["strategy"]
-    if m["rate_schedule"] == choices.LINEAR_DECAY:
-        label += f", rate {m['rate_start']:g}→{m['rate']:g}"
-    return label
+    start = m["rate_start"] if m["rate_schedule"] == choices.LINEAR_DECAY else m["rate"]
+    label += f", rate {m['rate']:g}" if start == m["rate"] else f", rate {start:g}→{m['rate']:g}"
+    architecture = (row["config"].get("model") or {}).get("architecture", choices.BERT)  # absent from older results
+    return label if architecture == choices.BERT else f"{architecture}: {label}"
 
 
 def commands(rows: list[dict], results: Path, out: Path) -> list[str]:
