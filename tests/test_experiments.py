@@ -742,10 +742,13 @@ def test_steps_to_target_is_the_first_evaluation_below_it_in_steps_and_flops():
     rows = [{"seed": 0, "decision": rule}]
     late = [{"step": 100, "eval": {"mlm_loss": 6.5}}, {"step": 400, "eval": {"mlm_loss": 5.8}}]
     curves = {"dynamic": [({"seed": 0, "flops_per_step": 1e9}, late), ({"seed": 1, "flops_per_step": 1e9}, late[:1])],
-              "adm": [({"seed": 0, "flops_per_step": 2e9}, records), ({"seed": 1, "flops_per_step": 2e9}, records)]}
+              "adm": [({"seed": 0, "flops_per_step": 2e9}, records), ({"seed": 1, "flops_per_step": 2e9}, records)],
+              "same": [({"seed": 0, "flops_per_step": 1e9}, late), ({"seed": 1, "flops_per_step": 1e9}, late[:1])]}
     text = "\n".join(report.steps_to_target_section(rows, curves, "dynamic"))
-    assert "| dynamic | 400 / never | 400 (n=1) | 4e+11 | 1 of 2 |  |" in text
-    assert "| adm | 200 / 200 | 200 ± 0 (n=2) | 4e+11 | 0 of 2 | -200 (1 seed) |" in text
+    assert "| dynamic | 400 / never | 400 (n=1) | 4e+11 | 1 of 2 |  |  |" in text
+    # seed 1: adm reached the target where dynamic never did, which counts as earlier but not in the paired Δ
+    assert "| adm | 200 / 200 | 200 ± 0 (n=2) | 4e+11 | 0 of 2 | -200 (1 seed) | 2 of 2 |" in text
+    assert "| same | 400 / never | 400 (n=1) | 4e+11 | 1 of 2 | +0 (1 seed) | 0 of 2 |" in text
     assert report.steps_to_target_section([{"seed": 0, "decision": {**rule, "target": None}}], curves, "dynamic") == []
 
 

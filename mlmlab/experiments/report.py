@@ -358,7 +358,8 @@ def steps_to_target_section(rows: list[dict], curves, baseline: str) -> list[str
     key = metric.removeprefix("eval.")
     reached = {arm: {row["seed"]: (at := steps_to_target(row, records, key, target), at and flops_to(row, at))
                      for row, records in runs} for arm, runs in curves.items()}
-    base = {seed: steps for seed, (steps, _) in reached.get(baseline, {}).items() if steps is not None}
+    base_runs = {seed: steps for seed, (steps, _) in reached.get(baseline, {}).items()}  # steps None: never
+    base = {seed: steps for seed, steps in base_runs.items() if steps is not None}
     body = []
     for arm, seeds in reached.items():
         steps = {seed: at for seed, (at, _) in seeds.items() if at is not None}
@@ -368,13 +369,22 @@ def steps_to_target_section(rows: list[dict], curves, baseline: str) -> list[str
         delta = "" if arm == baseline or not paired else f"{np.mean(paired):+.0f} ({seeds_paired})"
         body.append([arm, " / ".join(str(seeds[seed][0] or "never") for seed in sorted(seeds)),
                      mean_std({s: float(v) for s, v in steps.items()}), f"{np.mean(flops):.3g}" if flops else "–",
-                     f"{len(seeds) - len(steps)} of {len(seeds)}", delta])
+                     f"{len(seeds) - len(steps)} of {len(seeds)}", delta,
+                     "" if arm == baseline else earlier_seeds(steps, base_runs, seeds)])
     return [f"## Steps to target (held-out {key} below {target:g}, the study's decision.target)", "",
             "The first evaluation step at which each run's held-out figure fell below the target, read from its "
             "metrics.jsonl (resolution: the evaluation interval); FLOPs = the run's estimated FLOPs up to that step, "
             "each step at its own mask rate (budget.flops_until).", "",
             *markdown.table(["arm", "step per seed", "mean ± std", "mean FLOPs", "never reached",
-                             f"Δ steps vs {baseline} (paired)"], body), ""]
+                             f"Δ steps vs {baseline} (paired)", f"seeds earlier than {baseline}"], body), ""]
+
+
+def earlier_seeds(steps: dict, base_runs: dict, seeds) -> str:
+    """"k of n": of the n seeds that both the arm and the baseline ran, the k where the arm reached the target
+    at an earlier step than the baseline's run of that seed, or reached it where that run never did."""
+    both = [seed for seed in seeds if seed in base_runs]
+    earlier = [seed for seed in both if seed in steps and (base_runs[seed] is None or steps[seed] < base_runs[seed])]
+    return f"{len(earlier)} of {len(both)}" if both else "–"
 
 
 def flops_to(row: dict, steps: int) -> float:
