@@ -718,6 +718,28 @@ def test_a_win_that_holm_does_not_keep_is_inconclusive_in_the_holm_column(tmp_pa
     assert calls["weak"] == ("**win**", "**inconclusive**")
 
 
+def test_holm_calls_wait_for_the_arms_and_seeds_the_study_file_plans(tmp_path):
+    """Holm over the arms tested so far is weaker than over the study's family: a win stays provisional until the
+    other arms are in, unless even the whole family's factor keeps it (family x p < 0.05). Seeds too come from
+    the study file, not only the rows."""
+    source = write_study(tmp_path, arms=[DYNAMIC, {"name": "strong"}, {"name": "weak"}, {"name": "later"}],
+                         seeds=[0, 1, 2, 3], baseline="dynamic")
+    base = [6.00, 6.10, 5.90, 6.05]
+    rows = decided_rows("dynamic", base)
+    rows += decided_rows("strong", [b - 0.30 + d for b, d in zip(base, (0.001, -0.001, 0.002, 0.0))])
+    rows += decided_rows("weak", [b - 0.05 + d for b, d in zip(base, (0.025, -0.025, 0.02, -0.015))])
+    rows += decided_rows("later", base[:3])  # seeds 0-2 of 4
+    weak = compare(rows[8:12], rows[:4], Metric("l", ("eval", "mlm_loss"), True))
+    assert 0.05 / 3 < weak.p < 0.05  # the larger of two p-values (x1): a Holm win among the two arms tested so far
+    for row in rows:
+        row["study_source"] = source
+    calls = decision_calls(tmp_path, [row for row in rows if row["arm"] != "later"])
+    assert calls["strong"] == ("**win**", "**win**")  # 3 x p < 0.05: final whatever "later" shows
+    assert calls["weak"] == ("**win**", "**win (provisional: Holm over 2 of 3 arms)**")
+    calls = decision_calls(tmp_path, rows)
+    assert calls["later"][0].endswith("(provisional: 3 of 4 seeds)**")
+
+
 def test_a_rare_token_gain_is_a_prior_shift_unless_the_prior_free_loss_wins(tmp_path):
     base, rare_base, rare_gain = [6.0, 6.1, 5.9], [900.0, 950.0, 880.0], [600.0, 640.0, 590.0]
     rows = decided_rows("dynamic", base, recalibrated=[5.8, 5.9, 5.7], rare=rare_base)

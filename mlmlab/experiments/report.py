@@ -24,7 +24,7 @@ from mlmlab.experiments.budget import flops_until
 from mlmlab.experiments.curves import (
     last_per_x, mask_share_keys, progress_of, row_sequences_per_step, steps_to_target,
 )
-from mlmlab.experiments.decision import decide, holm_call, prior_shift, rule_text
+from mlmlab.experiments.decision import LOSE, WIN, decide, holm_call, prior_shift, rule_text
 from mlmlab.experiments.gates import gate_outcomes
 from mlmlab.experiments.measures import (
     Metric, by_seed, downstream_metrics, loss_metric, metrics_of, probe_metrics, recalibrated_metrics, run_points,
@@ -32,6 +32,7 @@ from mlmlab.experiments.measures import (
 from mlmlab.experiments.plots import write_plots
 from mlmlab.experiments.results import read_rows
 from mlmlab.experiments.statistics import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, FEW_SEEDS, Comparison, compare, holm
+from mlmlab.experiments.study import load_study
 from mlmlab.utils import markdown
 from mlmlab.utils.jsonio import json_lines
 
@@ -249,9 +250,12 @@ def decision_section(rows: list[dict], groups, baseline: str, metrics: list[Metr
     rarest = buckets[-1] if buckets else None
     recalibrated = next((m for m in metrics if m.label == "recalibrated loss (nats)"), None)
     arms = [arm for arm in groups if arm != baseline]
-    seeds = len({row["seed"] for rows in groups.values() for row in rows})  # the study's, as far as its rows show
+    planned_arms, planned_seeds = planned(rows)
+    seeds = len(planned_seeds | {row["seed"] for rows in groups.values() for row in rows})
+    family = len((planned_arms | set(arms)) - {baseline})  # the arms Holm adjusts together once all are in
     mains = {arm: compare(groups[arm], base_rows, primary) for arm in arms}
     adjusted = dict(zip(arms, holm([c.p if c is not None else math.nan for c in mains.values()])))
+    tested = sum(not math.isnan(p) for p in adjusted.values())
     header = ["arm", "paired seeds", f"Δ {primary.label} [95% t-interval]", "p", "p (Holm)"]
     header += [f"Δ {m.label}" for m in guards] + ([f"Δ {rarest.label}"] if rarest else [])
     header += ["Δ recalibrated loss (nats): its call, no guard"] if recalibrated else []
@@ -264,17 +268,34 @@ def decision_section(rows: list[dict], groups, baseline: str, metrics: list[Metr
         recal = compare(groups[arm], base_rows, recalibrated) if recalibrated else None
         recal_call = decide({**rule, "guard": {}}, recal, {})[0] if recalibrated else None
         shifted = ", prior shift" if prior_shift(main, rare, rule["lower_is_better"], recal_call) else ""
-        # Until every seed is in, both calls are provisional; the Holm family then also lacks the arms with
-        # fewer than two paired seeds, so its correction is weaker than the final one.
+        # Until every seed is in, both calls are provisional.
         provisional = f" (provisional: {main.n} of {seeds} seeds)" if main and main.n < seeds else ""
+        held = holm_call(call, adjusted[arm])
+        # Holm's adjusted p-values only grow as arms join the family, so an inconclusive Holm call stays one; a
+        # win or a loss is final once every arm is tested, or where even the whole family's largest factor
+        # (family x p) keeps it below 0.05.
+        open_family = held in (WIN, LOSE) and tested < family and family * main.p >= 0.05
+        holm_provisional = provisional or (f" (provisional: Holm over {tested} of {family} arms)" if open_family else "")
         body.append([arm, str(main.n if main else 0), format_delta(main), format_p(main.p if main else math.nan),
                      format_p(adjusted[arm]), *map(format_delta, checks), *([format_delta(rare)] if rarest else []),
                      *([f"{format_delta(recal)}: {recal_call}"] if recalibrated else []),
-                     f"**{call}{shifted}{provisional}**", f"**{holm_call(call, adjusted[arm])}{shifted}{provisional}**",
-                     why])
+                     f"**{call}{shifted}{provisional}**", f"**{held}{shifted}{holm_provisional}**", why])
     caveat = [] if gates_held else ["A validity gate failed: these calls are not conclusions.", ""]
     return (["## Pre-registered decision (the study's rule as its rows record it, applied as written)", "",
              rule_text(rule, rarest, recalibrated), ""] + caveat + markdown.table(header, body) + [""])
+
+
+def planned(rows: list[dict]) -> tuple[set[str], set[int]]:
+    """The study's arms and seeds from its study file, where the rows' study_source still loads; else none (the
+    rows then say as far as they show)."""
+    sources = {row.get("study_source") for row in rows} - {None}
+    if len(sources) != 1:
+        return set(), set()
+    try:
+        study = load_study(sources.pop())
+    except (UserError, OSError):
+        return set(), set()
+    return {arm.name for arm in study.arms}, set(study.seeds)
 
 
 def summary_section(groups, baseline, metrics) -> list[str]:
