@@ -26,10 +26,10 @@ def write_plots(groups, baseline, metrics, curves, out: Path) -> list[str]:
     if curves:
         images.append(loss_curves(plt, curves, out))
         adaptive = {arm: runs for arm, runs in curves.items() if is_adaptive(groups[arm])}
-        if adaptive and mask_share_keys(adaptive):  # uniform masking's shares are the corpus's: nothing to plot
-            images.append(mask_share_curves(plt, {**{arm: curves[arm] for arm in [baseline] if arm in curves},
-                                                  **adaptive}, out))
         if adaptive:
+            if mask_share_keys(adaptive):  # uniform masking's shares are the corpus's: nothing to plot without ADM
+                baseline_runs = {baseline: curves[baseline]} if baseline in curves else {}
+                images.append(mask_share_curves(plt, {**baseline_runs, **adaptive}, out))
             images.append(adapt_factor_curves(plt, adaptive, out))
     if downstream_metrics(metrics):
         images.append(scores_against_loss(plt, groups, metrics, out))
