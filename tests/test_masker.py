@@ -48,7 +48,17 @@ def test_each_micro_batch_is_observed_with_its_own_scores(bert_tokenizer, sample
         apart.learn_step([alone], [pretraining_loss(model, alone)])
     got, expected = together.stats(), apart.stats()
     assert {key: got[key] for key in SCORE_KEYS} == {key: expected[key] for key in SCORE_KEYS}
-    assert got["mask_scored_steps"] == 2
+    assert got["mask_scored_steps"] == 1  # one optimizer step, however many micro-batches it has
+
+
+def test_scored_steps_count_optimizer_steps_not_micro_batches(bert_tokenizer, sample_paragraphs, model):
+    """grad_accum = 2 over two steps: mask_scored_steps says 2 (it counted the 4 micro-batches before)."""
+    batches = [real_batch(bert_tokenizer, sample_paragraphs[i : i + 6], i) for i in (0, 6)]
+    masker = Masker(adm_entropy(), bert_tokenizer, token_counts=None)
+    for step in (1, 2):
+        masked = masker.mask_step([(0, batch) for batch in batches], model, progress=0.5, step=step)
+        masker.learn_step(masked, [pretraining_loss(model, m) for m in masked])
+    assert masker.stats()["mask_scored_steps"] == 2
 
 
 def test_score_stats_describe_the_scored_sequences(bert_tokenizer, sample_paragraphs, model):

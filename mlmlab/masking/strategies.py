@@ -51,7 +51,8 @@ class UniformStrategy:
 
     def _reset_window(self) -> None:
         self._bucket_hits = torch.zeros(len(self.bucket_names), dtype=torch.long)
-        self._score_sums = [0.0, 0.0, 0]  # mean score of selected, of eligible, steps scored
+        self._score_sums = [0.0, 0.0, 0]  # mean score of selected, of eligible, micro-batches they sum over
+        self._scored_steps = 0  # optimizer steps scored: one per step however many micro-batches it has
         self._seconds = 0.0
 
     def epoch_key(self, epoch: int) -> int:
@@ -114,6 +115,7 @@ class AdaptiveStrategy(UniformStrategy):
         # (grad_accum: a step asks the weights of all its micro-batches before the first one is observed).
         self._unobserved_scores = deque()
         self._observed = []  # loss scorers: observations of this step's micro-batches, for learn()
+        self._last_scored_step = None
 
     def epoch_key(self, epoch: int) -> int:
         return epoch  # dynamic: new masks every epoch
@@ -140,12 +142,19 @@ class AdaptiveStrategy(UniformStrategy):
         eligible = eligible_positions(batch["input_ids"], self.info.special_ids)  # (B, T)
         scored = self._scored_rows(batch, epoch_key) if model_scorer else None  # (B,) bool; None: every row
         scores = normalise(self._raw_scores(model, batch, eligible, scored, step), eligible, cfg.normalize)  # (B, T)
+        self._count_scored_step(step)
         weights = blend(scores, self.a, cfg.floor)
         counted = eligible.clone()  # (B, T)
         if scored is not None:
             weights[~scored] = 1.0  # rows not scored: uniform
             counted[~scored] = False
         return weights, (scores, counted)
+
+    def _count_scored_step(self, step: int) -> None:
+        """A step's micro-batches all score at the same step: count it once (stats' mask_scored_steps)."""
+        if step != self._last_scored_step:
+            self._scored_steps += 1
+            self._last_scored_step = step
 
     def _raw_scores(self, model, batch: dict, eligible: torch.Tensor, scored: torch.Tensor | None,
                     step: int) -> torch.Tensor:
@@ -239,14 +248,13 @@ class AdaptiveStrategy(UniformStrategy):
         self.loss_scorer.learn(observed)
 
     def stats(self, total=None) -> dict:
-        scored = self._score_sums[2]  # this process's scored steps: the same on every process
-        sums = torch.tensor(self._score_sums, dtype=torch.float64)  # (selected, eligible, scored) sums
+        sums = torch.tensor(self._score_sums, dtype=torch.float64)  # (selected, eligible, micro-batches) sums
         selected, eligible, all_scored = (total(sums) if total else sums).tolist()
         out = {
             "mask_a": self.a,
             "mask_score_selected": selected / all_scored if all_scored else float("nan"),
             "mask_score_eligible": eligible / all_scored if all_scored else float("nan"),
-            "mask_scored_steps": scored,
+            "mask_scored_steps": self._scored_steps,  # step-based: the same on every process
             "mask_score_seconds": self._seconds,  # the main process's
             "mask_score_seconds_total": self.score_seconds_total,
         }
