@@ -13,7 +13,7 @@ from mlmlab.cli import main
 from mlmlab.errors import UserError
 from mlmlab.evaluate import linear_probe
 from mlmlab.evaluate.linear_probe import load_encoder, run_probes
-from mlmlab.experiments import runner
+from mlmlab.experiments import downstream, runner
 from mlmlab.experiments import study as study_file
 from mlmlab.experiments.gates import gate_results, row_value
 
@@ -115,6 +115,22 @@ def test_every_figure_has_its_random_init_baseline_and_gain(tiny_model_dir, glue
     assert pooled["average_gain"] == pytest.approx(np.mean([f["gain"] for f in pooled["tasks"].values()]))
 
 
+def test_several_random_inits_average_the_baseline(tiny_model_dir, glue_dir, tmp_path):
+    """random_inits = 3: the baseline is the mean of draws from seeds 0, 1, 2; the first draw is the one-draw baseline."""
+    noisy = write_glue(tmp_path / "noisy", label_noise=0.5)  # not separable: the draws' probes differ
+    one = probe(tiny_model_dir, noisy, ["SST-2", "MRPC"])["poolings"]["mean"]["tasks"]
+    three = probe(tiny_model_dir, noisy, ["SST-2", "MRPC"], random_inits=3)
+    for task, figures in three["poolings"]["mean"]["tasks"].items():
+        draws = figures["random_init_scores"]
+        assert len(draws) == 3 and draws[0] == one[task]["random_init_score"] and len(set(draws)) > 1, draws
+        assert figures["random_init_score"] == pytest.approx(np.mean(draws))
+        assert figures["random_init_sd"] == pytest.approx(np.std(draws, ddof=1))
+        assert figures["score"] == one[task]["score"] and figures["random_init_C"] == one[task]["random_init_C"]
+        assert figures["gain"] == pytest.approx(figures["score"] - np.mean(draws))
+    table = linear_probe.format_probe_table(three)
+    assert "weights drawn from seeds 0-2, the mean of the 3 probes" in table and " ± " in table
+
+
 def test_a_separable_task_is_probed_to_100_percent_and_random_labels_to_chance(tiny_model_dir, glue_dir, tmp_path):
     separable = probe(tiny_model_dir, glue_dir, poolings=choices.POOLINGS)["poolings"]
     for pooling in choices.POOLINGS:
@@ -174,6 +190,7 @@ def test_cli_prints_the_table_and_writes_results(tiny_model_dir, glue_dir, tmp_p
     ("dev file", "MRPC/dev.tsv is missing"),
     ("model", "has no config.json"),
     ("seed", "probe seed -1 must be an integer >= 0"),
+    ("random inits", "probe random_inits 0 must be an integer >= 1"),
 ])
 def test_cli_errors_are_one_line(tiny_model_dir, glue_dir, tmp_path, capsys, breakage, expected):
     data, model = tmp_path / "glue", tiny_model_dir
@@ -186,8 +203,8 @@ def test_cli_errors_are_one_line(tiny_model_dir, glue_dir, tmp_path, capsys, bre
     else:
         model = tmp_path / "not-a-model"
         model.mkdir()
-    seed = ["--seed", "-1"] if breakage == "seed" else []
-    assert main(["probe", "--model", str(model), "--data-dir", str(data), "--no-progress", *seed]) == 2
+    extra = {"seed": ["--seed", "-1"], "random inits": ["--random-inits", "0"]}.get(breakage, [])
+    assert main(["probe", "--model", str(model), "--data-dir", str(data), "--no-progress", *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("mlmlab: error: ") and "\n" not in err and expected in err, err
 
@@ -207,7 +224,7 @@ def test_a_probe_block_validates_and_its_row_paths_are_known(tmp_path, glue_dir)
 
 
 @pytest.mark.parametrize(("fields", "words"), [
-    ({"probe": {"tasks": ["SST-2"], "layers": 2}}, ["unknown probe key 'layers'", "valid keys: tasks, pooling, seed"]),
+    ({"probe": {"tasks": ["SST-2"], "layers": 2}}, ["unknown probe key 'layers'", "valid keys: tasks, pooling, seed, random_inits"]),
     ({"probe": {"pooling": "max"}}, ["study key 'probe'", "pooling"]),
     ({"probe": {"pooling": ["mean", "cls"]}}, ["study key 'probe'", "one pooling"]),
     ({"probe": {"tasks": ["SQuAD"]}}, ["study key 'probe'", "unknown GLUE task(s) SQuAD"]),
@@ -231,6 +248,18 @@ def test_the_probe_block_enters_run_keys_only_where_a_study_has_one(tmp_path):
     assert keys() == keys()
     assert keys(probe={"tasks": ["SST-2"]}) != keys()
     assert keys(probe={"tasks": ["SST-2"]}) != keys(probe={"tasks": ["SST-2"], "pooling": "cls"})
+    # A probe key added later enters only when set off its default: the finished runs of a study keep their keys.
+    assert keys(probe={"tasks": ["SST-2"], "random_inits": 1}) == keys(probe={"tasks": ["SST-2"]})
+    assert keys(probe={"tasks": ["SST-2"], "random_inits": 3}) != keys(probe={"tasks": ["SST-2"]})
+
+
+def test_a_studys_probe_cost_counts_each_random_init_draw(tmp_path, glue_dir, bert_tokenizer):
+    def probe_encoders(**probe):
+        study = study_file.load_study(write_study(tmp_path, glue_dir=str(glue_dir), probe={"tasks": ["SST-2"], **probe}))
+        [work] = downstream.probe_work(study, bert_tokenizer)
+        return work.runs
+
+    assert probe_encoders() == 2 and probe_encoders(random_inits=3) == 4  # the pretrained encoder and each draw
 
 
 def test_a_study_without_the_probes_data_stops_before_training(tmp_path):

@@ -15,7 +15,11 @@ the frozen encoder already holds, with nothing left to chance but a fixed seed:
 3. The same for a random-init encoder of the same config.json and vocabulary (weights
    drawn by transformers from ``seed``): every figure has its baseline, and
    gain = pretrained - random init in the task's score (GLUE's rule: the mean of the
-   task's metrics), on the 0-1 scale evaluate.glue uses.
+   task's metrics), on the 0-1 scale evaluate.glue uses. One draw is noisy: a random encoder
+   is a bag of its random input embeddings, and over six init seeds a tiny one's SST-2 probe
+   spread by a standard deviation of 1.3-1.5 points (studies/arch-plateau-wp8k). Runs of one
+   config share the draw, so their gains still compare; across architectures, ``random_inits``
+   = N averages the baseline over the draws of seeds seed .. seed + N - 1.
 
 SST-2 trains on a fixed 8,000-row sample of its 67k training rows (glue_data.subsample's
 fixed seed, the same rows for every model), every other task on all of its rows; the dev
@@ -104,50 +108,56 @@ def run_probes(
     *,
     poolings: Sequence[str] = (choices.MEAN_POOLING,),
     seed: int = 0,
+    random_inits: int = 1,
     out_dir=None,
     show_progress: bool = True,
 ) -> dict:
     """Probe ``model_dir`` and its random-init twin on each task (None: DEFAULT_TASKS) for each pooling.
 
-    Returns {"model_dir", "seed", "selection", "strengths", "train_samples", "poolings": {pooling:
+    ``random_inits``: the random-init baseline is the mean over that many draws (seeds seed, seed + 1, ...);
+    the C-selection split stays ``seed``'s for every draw.
+
+    Returns {"model_dir", "seed", "random_inits", "selection", "strengths", "train_samples", "poolings": {pooling:
     {"tasks": {task: figures}, "average_gain"}}, "seconds"}; with ``out_dir`` also writes it to
     probe_results.json and probe_results.md there. Every argument and file is checked first.
     """
     # --out is this process's from the first check on: two probes writing one folder would mix their files.
     with nullcontext() if out_dir is None else lock_folder(Path(out_dir), f"the probe output folder {out_dir}",
                                                            "give --out another folder"):
-        results = probe_all(model_dir, tasks, data_dir, poolings, seed, show_progress)
+        results = probe_all(model_dir, tasks, data_dir, poolings, seed, random_inits, show_progress)
         if out_dir is not None:
             write_probe_results(results, Path(out_dir))
     return results
 
 
 def probe_all(model_dir, tasks: Sequence[str] | None, data_dir, poolings: Sequence[str], seed: int,
-              show_progress: bool) -> dict:
+              random_inits: int, show_progress: bool) -> dict:
     """run_probes' results, nothing written."""
     started = time.perf_counter()
     model_dir, data_dir = Path(model_dir), Path(data_dir)
-    names = checked_arguments(tasks or DEFAULT_TASKS, poolings, seed)
+    names = checked_arguments(tasks or DEFAULT_TASKS, poolings, seed, random_inits)
     check_arguments(model_dir, data_dir, PRETRAINED)
     check_task_files(names, data_dir)
     tokenizer = load_any_tokenizer(model_dir)
     data = {name: read_task(TASKS[name], data_dir, tokenizer) for name in names}  # every file read before any forward
     device = compute_device()
-    features = {init: encoder_features(model_dir, init, data, seed, device, show_progress)
-                for init in (PRETRAINED, RANDOM_INIT)}
+    pretrained = encoder_features(model_dir, PRETRAINED, data, seed, device, show_progress)
+    draws = [encoder_features(model_dir, RANDOM_INIT, data, seed + draw, device, show_progress)
+             for draw in range(random_inits)]
     # The fits are small (N x H) products: BLAS and OpenMP threads only busy-wait on each other and on
     # torch's; one thread fit SST-2's probes 30x faster on a busy 2-core machine (13 s -> 0.4 s a fit).
     with threadpool_limits(limits=1):
-        pooled = {pooling: pooling_results(pooling, data, features, seed) for pooling in poolings}
+        pooled = {pooling: pooling_results(pooling, data, pretrained, draws, seed) for pooling in poolings}
     results = {
-        "model_dir": str(model_dir), "seed": seed, "selection": SELECTION_NOTE, "strengths": list(STRENGTHS),
+        "model_dir": str(model_dir), "seed": seed, "random_inits": random_inits, "selection": SELECTION_NOTE,
+        "strengths": list(STRENGTHS),
         "train_samples": {name: TRAIN_SAMPLES[name] for name in names if name in TRAIN_SAMPLES}, "poolings": pooled,
     }
     results["seconds"] = time.perf_counter() - started
     return results
 
 
-def checked_arguments(tasks, poolings, seed) -> list[str]:
+def checked_arguments(tasks, poolings, seed, random_inits: int = 1) -> list[str]:
     """The canonical task names, or a UserError naming the bad argument (also what a study checks when read)."""
     names = resolve_task_names(tasks)
     known = not isinstance(poolings, str) and all(pooling in choices.POOLINGS for pooling in poolings)
@@ -155,6 +165,8 @@ def checked_arguments(tasks, poolings, seed) -> list[str]:
         raise UserError(f"pooling {poolings!r} must name some of {choices.listed(choices.POOLINGS)}, each once")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise UserError(f"probe seed {seed!r} must be an integer >= 0")
+    if not isinstance(random_inits, int) or isinstance(random_inits, bool) or random_inits < 1:
+        raise UserError(f"probe random_inits {random_inits!r} must be an integer >= 1 (the random-init draws averaged)")
     return names
 
 
@@ -248,26 +260,33 @@ def split_features(encoder: torch.nn.Module, split: EncodedSplit, device: torch.
 # ---------------------------------------------------------------- probes
 
 
-def pooling_results(pooling: str, data: dict[str, TaskData], features: dict, seed: int) -> dict:
-    """{"tasks": {task: figures}, "average_gain"} of one pooling."""
+def pooling_results(pooling: str, data: dict[str, TaskData], pretrained: dict, draws: list[dict], seed: int) -> dict:
+    """{"tasks": {task: figures}, "average_gain"} of one pooling; ``draws``: each random-init encoder's features."""
     tasks = {}
     for name, task_data in data.items():
-        probes = {init: probe_task(task_data, features[init][name], pooling, seed)
-                  for init in (PRETRAINED, RANDOM_INIT)}
-        tasks[name] = task_figures(task_data, probes[PRETRAINED], probes[RANDOM_INIT])
+        tasks[name] = task_figures(task_data, probe_task(task_data, pretrained[name], pooling, seed),
+                                   [probe_task(task_data, features[name], pooling, seed) for features in draws])
     return {"tasks": tasks, "average_gain": float(np.mean([figures["gain"] for figures in tasks.values()]))}
 
 
-def task_figures(task_data: TaskData, pretrained: dict, random_init: dict) -> dict:
-    """The row's figures of one task: metrics, their random-init twins, scores, gain, chosen C and sizes."""
+def task_figures(task_data: TaskData, pretrained: dict, draws: list[dict]) -> dict:
+    """The row's figures of one task: metrics, their random-init twins (the draws' means), scores, gain, chosen C
+    (random init: the first draw's) and sizes; with several draws also each draw's score and their sd."""
+    random_metrics = {name: float(np.mean([draw["metrics"][name] for draw in draws])) for name in draws[0]["metrics"]}
+    random_score = task_score(random_metrics)  # the mean of the draws' scores: a score is its metrics' mean
+    spread = {}
+    if len(draws) > 1:
+        draw_scores = [draw["score"] for draw in draws]
+        spread = {"random_init_scores": draw_scores, "random_init_sd": float(np.std(draw_scores, ddof=1))}
     return {
         **pretrained["metrics"],
-        **{f"random_init_{name}": value for name, value in random_init["metrics"].items()},
+        **{f"random_init_{name}": value for name, value in random_metrics.items()},
         "score": pretrained["score"],
-        "random_init_score": random_init["score"],
-        "gain": pretrained["score"] - random_init["score"],
+        "random_init_score": random_score,
+        "gain": pretrained["score"] - random_score,
         "C": pretrained["strength"],
-        "random_init_C": random_init["strength"],
+        "random_init_C": draws[0]["strength"],
+        **spread,
         "train_examples": len(task_data.splits["train"]),
         "dev_examples": sum(len(task_data.splits[name]) for name in task_data.dev_names),
     }
@@ -348,15 +367,27 @@ def format_probe_table(results: dict) -> str:
     for pooling, pooled in results["poolings"].items():
         for name, figures in pooled["tasks"].items():
             body.append([name, pooling, score_name(TASKS[name]), percent(figures["score"]),
-                         percent(figures["random_init_score"]), points(figures["gain"])])
+                         random_init_cell(figures), points(figures["gain"])])
         body.append(["average", pooling, "", "", "", points(pooled["average_gain"])])
     lines = markdown.table(["Task", "Pooling", "Score", "Pretrained", "Random init", "Gain"], body)
     lines.append(f"{Path(results['model_dir']).name}: GLUE dev scores x100; random init = the same config.json with "
-                 f"weights drawn from seed {results['seed']}; gain = pretrained - random init. {results['selection']}")
+                 f"{drawn_weights(results['seed'], results.get('random_inits', 1))}; gain = pretrained - random init. "
+                 f"{results['selection']}")
     for name, rows in results["train_samples"].items():
         lines.append(f"{name} trains on a fixed sample of at most {rows} training rows (the same rows for every model).")
     lines.append(f"Took {results['seconds'] / 60:.1f} min.")
     return "\n".join(lines) + "\n"
+
+
+def drawn_weights(seed: int, draws: int) -> str:
+    if draws == 1:
+        return f"weights drawn from seed {seed}"
+    return f"weights drawn from seeds {seed}-{seed + draws - 1}, the mean of the {draws} probes (± their sd)"
+
+
+def random_init_cell(figures: dict) -> str:
+    cell = percent(figures["random_init_score"])
+    return cell if "random_init_sd" not in figures else f"{cell} ± {100 * figures['random_init_sd']:.1f}"
 
 
 def score_name(task: GlueTask) -> str:

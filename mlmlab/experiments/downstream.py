@@ -34,7 +34,7 @@ from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.evaluate.glue import EVAL_BATCH_SIZE, EncodedSplit, encode, load_model, predict, train_model
 from mlmlab.evaluate.glue_data import TASKS, TRAIN_FILE, missing_files, read_labeled
 from mlmlab.evaluate.glue_settings import FineTuneSettings
-from mlmlab.evaluate.linear_probe import PRETRAINED, RANDOM_INIT, load_encoder, probe_task, read_task, split_features
+from mlmlab.evaluate.linear_probe import RANDOM_INIT, load_encoder, probe_task, read_task, split_features
 from mlmlab.experiments.study import Study
 from mlmlab.experiments.timing import TIMED_EVAL_BATCHES, WARMUP_STEPS
 from mlmlab.flops import TRAINING_PASSES, encoder_forward_flops
@@ -43,9 +43,9 @@ from mlmlab.train.init import resolve_init
 from mlmlab.utils.devices import clock, compute_device
 from mlmlab.utils.progress import progress_bar
 
-# Each probe task is fitted on the features of both encoders (run_probes). Random-init features are kept per
-# process and shared by runs of one model config, so counting them for every run is an upper bound.
-PROBE_ENCODERS = len((PRETRAINED, RANDOM_INIT))
+# Each probe task is fitted on the features of the pretrained encoder and of each random-init draw (run_probes).
+# Random-init features are kept per process and shared by runs of one model config, so counting them for every
+# run is an upper bound.
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def probe_work(study: Study, tokenizer) -> list[TaskWork]:
         rows = sum(map(len, splits.values()))
         tokens = sum(padded_tokens(lengths, np.argsort(lengths, kind="stable"), EVAL_BATCH_SIZE)
                      for lengths in splits.values())
-        works.append(TaskWork(name, runs=PROBE_ENCODERS, steps=0, trained_rows=0, trained_length=0.0,
+        works.append(TaskWork(name, runs=1 + study.probe.random_inits, steps=0, trained_rows=0, trained_length=0.0,
                               forward_rows=rows, forward_length=tokens / rows, fit_rows=len(splits["train"])))
     return works
 
@@ -186,7 +186,7 @@ def timed_glue_task(folder: Path, work: TaskWork, settings: FineTuneSettings, st
 
 
 def timed_probe_task(folder: Path, work: TaskWork, study: Study, tokenizer, device) -> float:
-    """Seconds of the task's probes (both encoders' features, their fits) in one study run."""
+    """Seconds of the task's probes (every encoder's features, their fits) in one study run."""
     sample = read_task(TASKS[work.name], Path(study.glue_dir), tokenizer, max_rows=TIMED_EVAL_BATCHES * EVAL_BATCH_SIZE)
     encoder = load_encoder(folder, RANDOM_INIT, study.probe.seed, device)
     split_features(encoder, sample.splits["train"], device, "", False)  # warm-up: thread pools, allocator

@@ -22,6 +22,7 @@ NOT_IDENTITY = ("train.out_dir",)  # where a run lives, not what it computes
 # The GLUE settings that existed when keys were first made: always in a key. A field added later
 # enters only when a study sets it off its default, so adding one changes no finished run's key.
 KEYED_GLUE_FIELDS = ("tasks", "seeds", "learning_rates", "epochs", "batch_size", "max_length", "max_train_examples")
+KEYED_PROBE_FIELDS = ("tasks", "pooling", "seed")  # the probe block's, by the same rule
 
 
 def identity_hash(cfg: Config, explicit_keys, datasets: dict, settings: dict) -> str:
@@ -42,7 +43,11 @@ def config_changes(recorded: dict, planned: dict) -> list[str]:
 def settings_of(study) -> dict:
     """The study's settings besides the config that decide a row's numbers. The probe block enters only
     where a study has one: the studies from before probes keep their keys."""
-    glue, defaults = dataclasses.asdict(study.glue), dataclasses.asdict(type(study.glue)())
-    chosen = {key: value for key, value in glue.items() if key in KEYED_GLUE_FIELDS or value != defaults[key]}
-    settings = {"glue": chosen, "eval_data": study.eval_data}
-    return settings if study.probe is None else {**settings, "probe": dataclasses.asdict(study.probe)}
+    settings = {"glue": keyed_fields(study.glue, KEYED_GLUE_FIELDS), "eval_data": study.eval_data}
+    return settings if study.probe is None else {**settings, "probe": keyed_fields(study.probe, KEYED_PROBE_FIELDS)}
+
+
+def keyed_fields(settings, always: tuple[str, ...]) -> dict:
+    """The fields of a settings dataclass in a run key: ``always``'s, and any other set off its default."""
+    values, defaults = dataclasses.asdict(settings), dataclasses.asdict(type(settings)())
+    return {key: value for key, value in values.items() if key in always or value != defaults[key]}

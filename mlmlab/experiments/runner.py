@@ -215,7 +215,8 @@ def probe_for(run: Run, study: Study, show_progress: bool) -> dict:
         return {"skipped": "no probe block in the study"}
     run_dir = Path(run.config.train.out_dir)
     result = run_probes(run_dir / "model", settings.tasks, study.glue_dir, poolings=[settings.pooling],
-                        seed=settings.seed, out_dir=run_dir / "probe", show_progress=show_progress)
+                        seed=settings.seed, random_inits=settings.random_inits, out_dir=run_dir / "probe",
+                        show_progress=show_progress)
     return {"pooling": settings.pooling, **result["poolings"][settings.pooling], "seconds": result["seconds"]}
 
 
@@ -464,8 +465,8 @@ def downstream_note(study: Study, work: dict[str, Downstream]) -> str:
     skipped = [name for name in glue_settings(study) if name not in {task.name for task in counted.glue}]
     parts = [f"GLUE {', '.join(task.name for task in counted.glue)}: every training row of every epoch, learning "
              "rate and seed, padded as its batch is, and the dev predictions"] if counted.glue else []
-    parts += [f"probes {', '.join(task.name for task in counted.probes)}: every split's features, for both "
-              "encoders (the regressions are timed only with --time-steps)"] if counted.probes else []
+    parts += [f"probes {', '.join(task.name for task in counted.probes)}: every split's features, for the "
+              "pretrained and each random-init encoder (the regressions are timed only with --time-steps)"] if counted.probes else []
     parts += [f"GLUE tasks skipped, their files absent: {', '.join(skipped)}"] if skipped else []
     return (f"GLUE and probes per run: FLOPs counted from the task files in {study.glue_dir} with each arm's tokenizer "
             f"(mlmlab/experiments/downstream.py); {'; '.join(parts)}")

@@ -77,6 +77,7 @@ class ProbeSettings:
     tasks: list = field(default_factory=lambda: list(linear_probe.DEFAULT_TASKS))  # canonical names once read
     pooling: str = choices.MEAN_POOLING
     seed: int = 0  # the random-init baseline's weights and the training rows held out to choose C
+    random_inits: int = 1  # random-init draws the baseline averages (seeds seed, seed + 1, ...)
 
 
 @dataclass(frozen=True)
@@ -310,7 +311,8 @@ def _probe_settings(value) -> ProbeSettings | None:
     _refuse_unknown(value, [f.name for f in dataclasses.fields(ProbeSettings)], "probe key")
     settings = ProbeSettings(**value)
     try:  # a bad setting fails now, not after hours of pretraining
-        names = linear_probe.checked_arguments(settings.tasks, [settings.pooling], settings.seed)
+        names = linear_probe.checked_arguments(settings.tasks, [settings.pooling], settings.seed,
+                                               settings.random_inits)
     except UserError as err:
         raise UserError(f"study key 'probe': {err} (one pooling per study)") from None
     return dataclasses.replace(settings, tasks=names)
