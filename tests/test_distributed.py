@@ -175,11 +175,27 @@ def test_fsdp_trains_like_one_process_and_resumes_to_the_bit(tmp_path, one_proce
     assert all(torch.equal(resumed[name], tensor) for name, tensor in sharded_run.items())
 
 
-def test_fsdp_refuses_model_scorers_in_one_line(tmp_path):
-    result = fsdp_pretrain(tmp_path / "adm", "masking.strategy=adaptive", "masking.scorer=entropy")
+def test_fsdp_with_the_fused_levers_trains_like_one_eager_process(tmp_path, one_process):
+    """train.fused_head reads the decoder's weight in the root module's forward and train.fused_qkv concatenates
+    Q, K and V in each layer's: both where FSDP2 has gathered the shards, so both run sharded."""
+    result = fsdp_pretrain(tmp_path / "fused", "train.fused_head=true", "train.fused_qkv=true")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "train.fused_qkv: 2 attention layers project Q, K and V with one matmul" in result.stdout + result.stderr
+    assert_same_trajectory(losses(one_process()), losses(tmp_path / "fused"))
+    fused, reference = weights(tmp_path / "fused"), weights(one_process())
+    for name, tensor in reference.items():
+        torch.testing.assert_close(fused[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (("masking.strategy=adaptive", "masking.scorer=entropy"), "masking.scorer=entropy needs the whole model"),
+    (("train.compile=true",), "train.compile with FSDP is untested"),
+], ids=["model-scorer", "compile"])
+def test_fsdp_refuses_what_it_cannot_run_in_one_line(tmp_path, overrides, message):
+    result = fsdp_pretrain(tmp_path / "run", *overrides)
     assert result.returncode != 0
-    assert "masking.scorer=entropy needs the whole model" in result.stderr
-    assert not (tmp_path / "adm" / "metrics.jsonl").exists()
+    assert message in result.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 def test_each_process_resumes_its_own_dropout_generator(tmp_path):
