@@ -778,6 +778,7 @@ def test_flops_to_a_step_count_each_steps_own_mask_rate():
     """A 30% -> 15% decay spends more per step early on than its mean rate says; a constant rate does not."""
     from mlmlab.config import load_config
     from mlmlab.experiments.budget import flops_until, step_flops
+    from mlmlab.masking.schedules import rate_at
 
     constant = load_config("tiny", ["train.max_steps=1000", "masking.rate=0.225"])
     decay = load_config("tiny", ["train.max_steps=1000", "masking.rate_schedule=linear_decay",
@@ -786,9 +787,11 @@ def test_flops_to_a_step_count_each_steps_own_mask_rate():
     assert step_flops(decay)["total"] == pytest.approx(step_flops(constant)["total"])  # the same mean rate
     assert flops_until(decay, 400) > 1.05 * flops_until(constant, 400)
     assert flops_until(decay, 1000) == pytest.approx(flops_until(constant, 1000), rel=1e-3)
+    each_step = sum(step_flops(decay, rate_at(decay.masking, step / 1000))["total"] for step in range(400))
+    assert flops_until(decay, 400) == pytest.approx(each_step, rel=1e-12)  # the curve's linear form is exact
     row = {"config": to_dict(decay), "flops_per_step": step_flops(decay)["total"]}
-    assert report.flops_to(row, 400) == flops_until(decay, 400)
-    assert report.flops_to({"flops_per_step": 2.0}, 400) == 800.0  # a row made before configs were recorded
+    assert report.flops_at(row, 400) == flops_until(decay, 400)
+    assert report.flops_at({"flops_per_step": 2.0}, 400) == 800.0  # a row made before configs were recorded
 
 
 def test_a_decision_target_must_be_a_number_on_an_eval_figure(tmp_path):

@@ -69,10 +69,17 @@ def step_flops(cfg: Config, rate: float | None = None) -> dict:
 
 def flops_until(cfg: Config, steps: int) -> float:
     """Estimated FLOPs of a run's first ``steps`` optimizer steps, each at its own step's mask rate: steps x
-    step_flops would take the whole run's mean rate, and a decaying rate spends more per step early on. Exact
-    for the FLOP model, which is linear in the rate."""
-    rates = [rate_at(cfg.masking, step / cfg.train.max_steps) for step in range(steps)]
-    return steps * step_flops(cfg, float(np.mean(rates)))["total"] if steps else 0.0
+    step_flops would take the whole run's mean rate, and a decaying rate spends more per step early on."""
+    return float(flops_curve(cfg, steps)[steps])
+
+
+def flops_curve(cfg: Config, last_step: int) -> np.ndarray:
+    """(last_step + 1,) flops_until(cfg, s) for s = 0 .. last_step, from one pass over the steps' mask rates.
+    Exact for the FLOP model, which is linear in the rate: a step at rate r costs fixed + r * per_rate."""
+    rates = np.array([rate_at(cfg.masking, step / cfg.train.max_steps) for step in range(last_step)])  # (S,)
+    fixed = step_flops(cfg, 0.0)["total"]
+    per_rate = step_flops(cfg, 1.0)["total"] - fixed
+    return np.concatenate(([0.0], np.cumsum(fixed + per_rate * rates)))  # (S + 1,)
 
 
 def scorer_flops(cfg: Config, encoder: float, vocab: int) -> float:

@@ -1,9 +1,15 @@
 """Runs' logged records (metrics.jsonl) as curves: a value per step, against sequences seen or training progress."""
 
+import json
 import math
 from collections import defaultdict
+from functools import lru_cache
 
 import numpy as np
+
+from mlmlab.config import from_dict
+from mlmlab.errors import UserError
+from mlmlab.experiments.budget import flops_curve
 
 
 def mean_curve(runs: list[tuple[dict, list[dict]]], value, x) -> tuple[list[float], list[float]]:
@@ -36,6 +42,25 @@ def sequences_seen(row: dict, record: dict) -> float:
 def row_sequences_per_step(row: dict) -> float:
     """Sequences per optimizer step of a row's run (rows written before the rename call it global_batch)."""
     return row.get("sequences_per_step", row.get("global_batch", 1))
+
+
+def flops_seen(row: dict, record: dict) -> float:
+    return flops_at(row, record["step"])
+
+
+def flops_at(row: dict, steps: int) -> float:
+    """The row's run's estimated FLOPs over its first ``steps`` steps, from the config it recorded; from its FLOPs
+    per step (the run's mean mask rate) where that config or its tokenizer cannot be loaded here."""
+    try:
+        return float(_recorded_flops_curve(json.dumps(row["config"], sort_keys=True), max(steps, row.get("steps", steps)))[steps])
+    except (KeyError, UserError):
+        return steps * row.get("flops_per_step", math.nan)
+
+
+@lru_cache(maxsize=64)
+def _recorded_flops_curve(config_json: str, last_step: int) -> np.ndarray:
+    """budget.flops_curve of a recorded config, once per run config: a curve asks for every evaluation's step."""
+    return flops_curve(from_dict(json.loads(config_json)), last_step)
 
 
 def progress_of(row: dict, record: dict) -> float:

@@ -18,11 +18,9 @@ import numpy as np
 from scipy import stats
 
 from mlmlab import choices
-from mlmlab.config import from_dict
 from mlmlab.errors import UserError
-from mlmlab.experiments.budget import flops_until
 from mlmlab.experiments.curves import (
-    last_per_x, mask_share_keys, progress_of, row_sequences_per_step, steps_to_target,
+    flops_at, last_per_x, mask_share_keys, progress_of, row_sequences_per_step, steps_to_target,
 )
 from mlmlab.experiments.decision import LOSE, WIN, decide, holm_call, prior_shift, rule_text
 from mlmlab.experiments.gates import gate_outcomes
@@ -377,7 +375,7 @@ def steps_to_target_section(rows: list[dict], curves, baseline: str) -> list[str
     if target is None or not metric.startswith("eval.") or not curves:
         return []
     key = metric.removeprefix("eval.")
-    reached = {arm: {row["seed"]: (at := steps_to_target(row, records, key, target), at and flops_to(row, at))
+    reached = {arm: {row["seed"]: (at := steps_to_target(row, records, key, target), at and flops_at(row, at))
                      for row, records in runs} for arm, runs in curves.items()}
     base_runs = {seed: steps for seed, (steps, _) in reached.get(baseline, {}).items()}  # steps None: never
     base = {seed: steps for seed, steps in base_runs.items() if steps is not None}
@@ -406,15 +404,6 @@ def earlier_seeds(steps: dict, base_runs: dict, seeds) -> str:
     both = [seed for seed in seeds if seed in base_runs]
     earlier = [seed for seed in both if seed in steps and (base_runs[seed] is None or steps[seed] < base_runs[seed])]
     return f"{len(earlier)} of {len(both)}" if both else "–"
-
-
-def flops_to(row: dict, steps: int) -> float:
-    """The row's run's estimated FLOPs over its first ``steps`` steps, from the config it recorded; from its FLOPs
-    per step (the run's mean mask rate) where that config or its tokenizer cannot be loaded here."""
-    try:
-        return flops_until(from_dict(row["config"]), steps)
-    except (KeyError, UserError):
-        return steps * row.get("flops_per_step", math.nan)
 
 
 def cost_section(groups) -> list[str]:
