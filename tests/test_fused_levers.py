@@ -10,6 +10,7 @@ import torch
 from mlmlab.config import ModelConfig
 from mlmlab.fused_qkv import fuse_qkv
 from mlmlab.model import build_model, pretraining_loss
+from mlmlab.train.launch import fused_head_on
 from test_schedules_train import small_trainer
 
 
@@ -89,3 +90,20 @@ def test_training_with_a_fused_lever_follows_the_eager_one(tmp_path, monkeypatch
         return losses
 
     assert losses(True) == pytest.approx(losses(False), rel=1e-4)
+
+
+def test_a_cpu_run_takes_the_fused_head_unless_told_not_to(tmp_path, monkeypatch, capsys):
+    """train.fused_head null (auto): fused on a CPU, said at start-up; a GPU keeps the eager head (never timed there)."""
+    module, name = CALLED["train.fused_head"]
+    calls = []
+    fused = getattr(importlib.import_module(module), name)
+    monkeypatch.setattr(f"{module}.{name}", lambda *args, **kwargs: calls.append(1) or fused(*args, **kwargs))
+    for setting, expected in ((), True), (("train.fused_head=false",), False):
+        calls.clear()
+        trainer = small_trainer(tmp_path, str(expected), *setting)
+        trainer.train_step(trainer.batches())
+        assert bool(calls) == expected
+    said = capsys.readouterr()
+    assert "fused MLM head (train.fused_head=null: auto)" in said.out + said.err
+    assert "eager MLM head (train.fused_head=false)" in said.out + said.err
+    assert fused_head_on(None, torch.device("cuda")) is False and fused_head_on(True, torch.device("cuda")) is True

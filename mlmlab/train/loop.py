@@ -39,7 +39,9 @@ from mlmlab.masking.masker import Masker
 from mlmlab.model import COMPILED_LENGTH_MULTIPLE, IGNORE_INDEX, SparsePretraining
 from mlmlab.train import checkpoint
 from mlmlab.train.init import initial_model, resolve_init
-from mlmlab.train.launch import concat_over_processes, make_accelerator, say_precision, sum_over_processes
+from mlmlab.train.launch import (
+    concat_over_processes, fused_head_on, make_accelerator, say_precision, sum_over_processes,
+)
 from mlmlab.train.memory import refuse_unfitting
 from mlmlab.train.metrics import MetricsWriter
 from mlmlab.train.mfu import MeasuredPeak, matmul_dtype, rates, training_flops
@@ -312,7 +314,7 @@ def prepared_model(cfg: Config, tokenizer, accelerator, folder: Path | None) -> 
     model = initial_model(cfg, tokenizer, resuming=folder is not None, log=partial(say_once, accelerator))
     module = SparsePretraining(model, use_nsp=cfg.data.objective == choices.NSP,
                                length_multiple=COMPILED_LENGTH_MULTIPLE if cfg.train.compile else 1,
-                               fused_head=cfg.train.fused_head)
+                               fused_head=fused_head_on(cfg.train.fused_head, accelerator.device))
     optimizer = build_optimizer(module, cfg.train, accelerator.device)
     if folder is not None:
         say_once(accelerator, f"resuming from {folder}")
