@@ -371,7 +371,7 @@ def format_probe_table(results: dict) -> str:
         body.append(["average", pooling, "", "", "", points(pooled["average_gain"])])
     lines = markdown.table(["Task", "Pooling", "Score", "Pretrained", "Random init", "Gain"], body)
     lines.append(f"{Path(results['model_dir']).name}: GLUE dev scores x100; random init = the same config.json with "
-                 f"{drawn_weights(results['seed'], results.get('random_inits', 1))}; gain = pretrained - random init. "
+                 f"{drawn_weights(results['seed'], results['random_inits'])}; gain = pretrained - random init. "
                  f"{results['selection']}")
     for name, rows in results["train_samples"].items():
         lines.append(f"{name} trains on a fixed sample of at most {rows} training rows (the same rows for every model).")

@@ -52,7 +52,8 @@ def flops_at(row: dict, steps: int) -> float:
     """The row's run's estimated FLOPs over its first ``steps`` steps, from the config it recorded; from its FLOPs
     per step (the run's mean mask rate) where that config or its tokenizer cannot be loaded here."""
     try:
-        return float(_recorded_flops_curve(json.dumps(row["config"], sort_keys=True), max(steps, row.get("steps", steps)))[steps])
+        config_json = json.dumps(row["config"], sort_keys=True)
+        return float(_recorded_flops_curve(config_json, max(steps, row.get("steps", steps)))[steps])
     except (KeyError, UserError):
         return steps * row.get("flops_per_step", math.nan)
 

@@ -61,17 +61,20 @@ def loss_curves(plt, curves, out: Path) -> str:
     """Training loss and held-out MLM loss against sequences seen, and the held-out loss against estimated training
     FLOPs: the compute-matched reading of an arm whose scorer or mask rate costs more per step."""
     fig, (train_ax, valid_ax, flops_ax) = plt.subplots(1, 3, figsize=(16, 4))
-    held_out = lambda r: r.get("eval", {}).get("mlm_loss")  # noqa: E731
     for arm, runs in curves.items():
         train_ax.plot(*mean_curve(runs, lambda r: r.get("loss"), sequences_seen), label=arm, lw=1)
-        valid_ax.plot(*mean_curve(runs, held_out, sequences_seen), marker="o", label=arm, lw=1)
-        flops_ax.plot(*mean_curve(runs, held_out, flops_seen), marker="o", ms=3, label=arm, lw=1)
+        valid_ax.plot(*mean_curve(runs, held_out_loss, sequences_seen), marker="o", label=arm, lw=1)
+        flops_ax.plot(*mean_curve(runs, held_out_loss, flops_seen), marker="o", ms=3, label=arm, lw=1)
     train_ax.set(title="training loss (MLM + NSP, mean over seeds)", xlabel="sequences seen", ylabel="loss")
     valid_ax.set(title="validation MLM loss (fixed uniform masks)", xlabel="sequences seen", ylabel="loss")
     flops_ax.set(title="validation MLM loss at equal compute", xlabel="estimated training FLOPs (scorer included)",
                  ylabel="loss")
     valid_ax.legend(fontsize=7)
     return save(plt, fig, out, "loss_curves.png")
+
+
+def held_out_loss(record: dict) -> float | None:
+    return record.get("eval", {}).get("mlm_loss")
 
 
 def mask_share_curves(plt, curves, out: Path) -> str:

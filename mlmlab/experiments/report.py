@@ -273,7 +273,8 @@ def decision_section(rows: list[dict], groups, baseline: str, metrics: list[Metr
         # win or a loss is final once every arm is tested, or where even the whole family's largest factor
         # (family x p) keeps it below 0.05.
         open_family = held in (WIN, LOSE) and tested < family and family * main.p >= 0.05
-        holm_provisional = provisional or (f" (provisional: Holm over {tested} of {family} arms)" if open_family else "")
+        holm_open = f" (provisional: Holm over {tested} of {family} arms)" if open_family else ""
+        holm_provisional = provisional or holm_open
         body.append([arm, str(main.n if main else 0), format_delta(main), format_p(main.p if main else math.nan),
                      format_p(adjusted[arm]), *map(format_delta, checks), *([format_delta(rare)] if rarest else []),
                      *([f"{format_delta(recal)}: {recal_call}"] if recalibrated else []),

@@ -466,7 +466,8 @@ def downstream_note(study: Study, work: dict[str, Downstream]) -> str:
     parts = [f"GLUE {', '.join(task.name for task in counted.glue)}: every training row of every epoch, learning "
              "rate and seed, padded as its batch is, and the dev predictions"] if counted.glue else []
     parts += [f"probes {', '.join(task.name for task in counted.probes)}: every split's features, for the "
-              "pretrained and each random-init encoder (the regressions are timed only with --time-steps)"] if counted.probes else []
+              "pretrained and each random-init encoder (the regressions are timed only with --time-steps)"
+              ] if counted.probes else []
     parts += [f"GLUE tasks skipped, their files absent: {', '.join(skipped)}"] if skipped else []
     return (f"GLUE and probes per run: FLOPs counted from the task files in {study.glue_dir} with each arm's tokenizer "
             f"(mlmlab/experiments/downstream.py); {'; '.join(parts)}")

@@ -56,7 +56,8 @@ def report(model_dir: Path) -> str:
             seed0 = (f"seed 0: CKA(final, embedding bag) {linear_cka(f, b):.3f}, mean cosine {cosine:.3f}, "
                      f"the bag's own probe {probe.probe_task(task, bag, 'mean', 0)['score']:.3f}")
     listed = " ".join(f"{score:.3f}" for score in scores)
-    return f"{model_dir.parent.parent.name}: random-init SST-2 at init seeds 0-5: {listed} (mean {np.mean(scores):.3f}); {seed0}"
+    arm = model_dir.parent.parent.name
+    return f"{arm}: random-init SST-2 at init seeds 0-5: {listed} (mean {np.mean(scores):.3f}); {seed0}"
 
 
 if __name__ == "__main__":
