@@ -269,6 +269,30 @@ def test_finished_runs_made_under_other_defaults_or_data_are_refused_not_mixed(t
         runner.refuse_incomparable(runs, [{**_row_as_made(runs[0]), "datasets": {"train": "x", "valid": "y"}}])
 
 
+def test_a_row_from_before_data_hashed_keys_is_refused_naming_the_rerun_command(tmp_path):
+    runs = runner.plan_runs(study_file.load_study(write_study(tmp_path)))
+    legacy = {**_row_as_made(runs[0]), "key": "dynamic/seed0/f5c36a6940e8", "study_source": "s.yaml",
+              "out_dir": "studies/s"}
+    del legacy["datasets"]
+    with pytest.raises(UserError, match="older than run keys with data hashes.*mlmlab study s.yaml --out studies/s-rerun"):
+        runner.refuse_incomparable(runs, [legacy])
+
+
+@pytest.mark.parametrize("name", sorted(path.parent.name for path in (ROOT / "studies").glob("*/results.jsonl")))
+def test_every_shipped_study_finds_its_rows_as_finished_runs(name, monkeypatch):
+    """A change to a default, a key or data preparation that a shipped study did not pin would retrain its finished
+    runs or refuse them; the one study from before data-hashed keys names its rerun command instead."""
+    monkeypatch.chdir(ROOT)  # the studies' data paths are relative to the repository root
+    study = study_file.load_study(name)
+    runs, rows = runner.plan_runs(study), runner.finished_rows(Path(study.out_dir) / runner.RESULTS_FILE)
+    if all("datasets" not in row for row in rows):
+        with pytest.raises(UserError, match=f"--out studies/{name}-rerun"):
+            runner.refuse_incomparable(runs, rows)
+        return
+    runner.refuse_incomparable(runs, rows)
+    assert {row["key"] for row in rows} <= {run.key for run in runs}
+
+
 def test_a_changed_default_is_pinned_under_pinned_without_changing_run_keys(tmp_path):
     """Finished under dropout 0.3 (then mlmlab's default, say); the default is now another."""
     finished = runner.plan_runs(study_file.load_study(write_study(tmp_path)))[0]

@@ -166,6 +166,11 @@ def refuse_incomparable(runs: list[Run], rows: list[dict]) -> None:
         run = planned.get((row.get("arm"), row.get("seed")))
         if run is None:  # an arm the study no longer has, or another shard's seed
             continue
+        if "datasets" not in row and row["key"] != run.key:  # written before keys held the data's hashes
+            raise UserError(
+                f"{row['arm']} seed {row['seed']} in results.jsonl was written by an mlmlab older than run keys with "
+                "data hashes (2026-11-30), so no run can be matched to it; rerun the study into a new folder: "
+                f"mlmlab study {row.get('study_source', 'STUDY')} --out {row.get('out_dir', 'studies/STUDY')}-rerun")
         changes = config_changes(row.get("config") or {}, to_dict(run.config))
         if row.get("datasets") not in (None, run.datasets):
             changes.append(f"prepared data {row['datasets']} -> {run.datasets}")
@@ -432,7 +437,9 @@ def dry_run_text(study: Study, shard: tuple[int, int] = (0, 1), timed_steps: int
         lines.append(f"{run.arm.name:<34} {c['steps']:>9} {c['sequences_per_step']:>6} {c['tokens']:>10.3g} "
                      f"{c['flops']:>9.3g} {100 * c['scorer_share']:>6.1f}% {c['gpu_hours']:>9.3g} {c['cpu_hours']:>9.3g} "
                      f"{d['glue']:>10.3g} {d['probes']:>11.3g}")
-    finished = {row["key"] for row in finished_rows(Path(study.out_dir) / RESULTS_FILE)}
+    rows = finished_rows(Path(study.out_dir) / RESULTS_FILE)
+    refuse_incomparable(runs, rows)  # what the study itself would refuse, said before its cost
+    finished = {row["key"] for row in rows}
     left = [run for run in mine if run.key not in finished]
     if timed_steps:
         lines += probed_cost_lines(study, arm_runs, left, timed_steps, work, downstream, show_progress)
