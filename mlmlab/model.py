@@ -43,7 +43,15 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> PreTrai
     architecture = architecture_named(cfg.architecture)
     config = architecture.config(cfg, padded_vocab_size(vocab_size, cfg.pad_vocab_multiple), pad_token_id)
     config._attn_implementation = cfg.attention
-    return architecture.model_class(config)
+    try:
+        return architecture.model_class(config)
+    except (ValueError, ImportError) as err:
+        if cfg.attention in ("sdpa", "eager"):  # always available on torch 2: the error is not about attention
+            raise
+        # transformers checks the implementation as the model is made: an unknown name, a package not installed,
+        # a kernel this device lacks. Its message says which; a traceback would bury it.
+        raise UserError(f"model.attention={cfg.attention!r} cannot be used here: {str(err).splitlines()[0]} Use "
+                        "model.attention=sdpa (or eager)") from None
 
 
 def load_weights(model: nn.Module, path: Path, allowed_missing: tuple[str, ...] = ()) -> None:

@@ -1,8 +1,10 @@
 """Model construction from the config."""
 
+import pytest
 import torch
 
 from mlmlab.config import load_config
+from mlmlab.errors import UserError
 from mlmlab.model import build_model, encode
 
 
@@ -22,3 +24,10 @@ def test_attention_dropout_follows_dropout_unless_set():
     assert train_mode_outputs_differ("model.dropout=0.1", "model.attention_dropout=0")
     config = build_model(load_config(None, ["model.dropout=0.1", "model.attention_dropout=0"]).model, 100, 0).config
     assert (config.hidden_dropout_prob, config.attention_probs_dropout_prob) == (0.1, 0.0)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "modernbert-tiny"])
+def test_an_attention_transformers_cannot_make_is_one_line_naming_the_key(preset):
+    cfg = load_config(preset, ["model.attention=bogus"]).model
+    with pytest.raises(UserError, match=r"^model.attention='bogus' cannot be used here: .*Use model.attention=sdpa"):
+        build_model(cfg, vocab_size=100, pad_token_id=0)
