@@ -798,6 +798,23 @@ def test_steps_to_target_is_the_first_evaluation_below_it_in_steps_and_flops():
     assert report.steps_to_target_section([{"seed": 0, "decision": {**rule, "target": None}}], curves, "dynamic") == []
 
 
+def test_an_arm_that_spends_more_flops_is_read_where_it_had_spent_the_baselines():
+    def run(seed, flops_per_step, losses):  # an evaluation every 100 steps, the last one the row's final figure
+        records = [{"step": 100 * (i + 1), "eval": {"mlm_loss": loss}} for i, loss in enumerate(losses)]
+        row = {"seed": seed, "flops_per_step": flops_per_step, "flops": flops_per_step * 100 * len(losses),
+               "eval": {"mlm_loss": losses[-1]}}
+        return row, records
+
+    curves = {"dynamic": [run(0, 1e9, [7.0, 6.0, 5.0, 4.0]), run(1, 1e9, [7.0, 6.0, 5.0, 4.2])],
+              # twice the FLOPs a step: at the baseline's 4e11 it had made 200 of its 400 steps
+              "adm": [run(0, 2e9, [6.5, 5.5, 4.5, 3.5]), run(1, 2e9, [6.5, 5.3, 4.5, 3.5])],
+              "same": [run(0, 1.005e9, [7.0, 6.0, 5.0, 3.0]), run(1, 1.005e9, [7.0, 6.0, 5.0, 3.0])]}
+    text = "\n".join(report.equal_flops_section([], curves, "dynamic"))
+    assert "| adm | 200 / 200 | 5.500 / 5.300 | +1.3 [-1.24, +3.84] |" in text  # Δ 1.5 and 1.1: mean 1.3
+    assert "| same |" not in text  # within 1% of the baseline's FLOPs: its final figure is its matched one
+    assert report.equal_flops_section([], {"dynamic": curves["dynamic"], "same": curves["same"]}, "dynamic") == []
+
+
 def test_flops_to_a_step_count_each_steps_own_mask_rate():
     """A 30% -> 15% decay spends more per step early on than its mean rate says; a constant rate does not."""
     from mlmlab.config import load_config

@@ -79,3 +79,12 @@ def steps_to_target(row: dict, records: list[dict], key: str, target: float) -> 
     reached = [record["step"] for record in records
                if isinstance(record.get("eval"), dict) and (record["eval"].get(key) or math.inf) < target]
     return min(reached, default=None)
+
+
+def last_eval_within(row: dict, records: list[dict], key: str, flops: float) -> tuple[int, float] | None:
+    """(step, held-out ``key``) of the run's last evaluation whose estimated FLOPs up to it are within ``flops``
+    (None: not even the first)."""
+    within = [(record["step"], record["eval"][key]) for record in records
+              if isinstance(record.get("eval"), dict) and record["eval"].get(key) is not None
+              and flops_at(row, record["step"]) <= flops]
+    return max(within, default=None)

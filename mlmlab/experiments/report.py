@@ -20,7 +20,7 @@ from scipy import stats
 from mlmlab import choices
 from mlmlab.errors import UserError
 from mlmlab.experiments.curves import (
-    flops_at, last_per_x, mask_share_keys, progress_of, row_sequences_per_step, steps_to_target,
+    flops_at, last_eval_within, last_per_x, mask_share_keys, progress_of, row_sequences_per_step, steps_to_target,
 )
 from mlmlab.experiments.decision import LOSE, WIN, decide, holm_call, prior_shift, rule_text
 from mlmlab.experiments.gates import gate_outcomes
@@ -29,7 +29,7 @@ from mlmlab.experiments.measures import (
 )
 from mlmlab.experiments.plots import write_plots
 from mlmlab.experiments.results import read_rows
-from mlmlab.experiments.statistics import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, FEW_SEEDS, Comparison, compare, holm
+from mlmlab.experiments.statistics import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, FEW_SEEDS, Comparison, compare, compare_by_seed, holm
 from mlmlab.experiments.study import load_study
 from mlmlab.utils import markdown
 from mlmlab.utils.jsonio import json_lines
@@ -238,7 +238,7 @@ def gates_section(gates: dict | None, results: list[dict], groups) -> list[str]:
 
 def decision_section(rows: list[dict], groups, baseline: str, metrics: list[Metric], gates_held: bool) -> list[str]:
     """The study's decision rule, as its rows recorded it, applied to every arm against the baseline."""
-    rule = next((row["decision"] for row in rows if row.get("decision")), None)
+    rule = decision_rule(rows)
     base_rows = groups.get(baseline, [])
     if rule is None or not base_rows or len(groups) < 2:
         return []
@@ -371,7 +371,7 @@ def target_share_section(curves) -> list[str]:
 def steps_to_target_section(rows: list[dict], curves, baseline: str) -> list[str]:
     """When each run left the plateau: the first evaluation below the study's target (decision.target), in steps
     and FLOPs, so "learns faster" is measured as well as "ends lower"; Δ steps paired by seed where both reached."""
-    rule = next((row["decision"] for row in rows if row.get("decision")), None) or {}
+    rule = decision_rule(rows) or {}
     target, metric = rule.get("target"), rule.get("metric", "")
     if target is None or not metric.startswith("eval.") or not curves:
         return []
@@ -397,6 +397,45 @@ def steps_to_target_section(rows: list[dict], curves, baseline: str) -> list[str
             "each step at its own mask rate (budget.flops_until).", "",
             *markdown.table(["arm", "step per seed", "mean ± std", "mean FLOPs", "never reached",
                              f"Δ steps vs {baseline} (paired)", f"seeds earlier than {baseline}"], body), ""]
+
+
+def decision_rule(rows: list[dict]) -> dict | None:
+    """The study's decision rule as its rows recorded it (None: a study without one)."""
+    return next((row["decision"] for row in rows if row.get("decision")), None)
+
+
+# An arm within this share of the baseline's FLOPs spent the same compute: its final figure is its matched one.
+SAME_FLOPS = 0.01
+
+
+def equal_flops_section(rows: list[dict], curves, baseline: str) -> list[str]:
+    """Each arm that spends more FLOPs than the baseline, read at the baseline's FLOPs: its held-out figure at
+    the last evaluation within the same seed's baseline run's total FLOPs, against that run's final figure."""
+    metric = (decision_rule(rows) or {}).get("metric", "eval.mlm_loss")
+    if not metric.startswith("eval.") or baseline not in curves:
+        return []
+    key = metric.removeprefix("eval.")
+    base = {row["seed"]: row for row, _ in curves[baseline] if (row.get("eval") or {}).get(key) is not None}
+    body = []
+    for arm, runs in curves.items():
+        matched = {row["seed"]: last_eval_within(row, records, key, base[row["seed"]]["flops"]) for row, records in runs
+                   if row["seed"] in base and row.get("flops", 0) > (1 + SAME_FLOPS) * base[row["seed"]]["flops"]}
+        matched = {seed: point for seed, point in matched.items() if point is not None}
+        if arm == baseline or not matched:
+            continue
+        comparison = compare_by_seed({seed: value for seed, (_, value) in matched.items()},
+                                     {seed: base[seed]["eval"][key] for seed in matched})
+        body.append([arm, " / ".join(f"{step:,}" for _, (step, _) in sorted(matched.items())),
+                     " / ".join(f"{value:.3f}" for _, (_, value) in sorted(matched.items())), format_delta(comparison)])
+    if not body:
+        return []
+    return [f"## At {baseline}'s FLOPs: the arms that spend more, read where they had spent as much (descriptive)", "",
+            f"Held-out {key} at each run's last evaluation whose estimated FLOPs (scorer included) are within its "
+            f"seed's {baseline} run's total, against that run's final figure, paired by seed (resolution: the "
+            "evaluation interval). Descriptive, not a decision: a run read mid-way has not decayed its LR, which "
+            "favours the baseline; an arm with budget compute-matched is the run trained to that budget.", "",
+            *markdown.table(["arm", "step per seed", f"{key} there", f"Δ vs {baseline}'s final [95% t-interval]"],
+                            body), ""]
 
 
 def earlier_seeds(steps: dict, base_runs: dict, seeds) -> str:
@@ -489,6 +528,7 @@ def write_report(results: Path, out: Path) -> Path:
                           groups, baseline, [m for m in metrics if "ppl" in m.label or m.label == "perplexity"],
                           [m for m in metrics if m.label.endswith("(nats)") and m.path[0] == "eval"])
     lines += steps_to_target_section(rows, curves, baseline)
+    lines += equal_flops_section(rows, curves, baseline)
     recalibrated = recalibrated_metrics(rows)
     if recalibrated:
         lines += metric_table("Prior-free loss: the output bias refitted on half the held-out targets, the other "

@@ -87,12 +87,15 @@ def paired_bootstrap(diffs: np.ndarray) -> tuple[float, float]:
 
 def compare(rows: list[dict], base_rows: list[dict], metric: Metric) -> Comparison | None:
     """The arm against the baseline on one metric, over the seeds both have (pairs matched by seed)."""
-    arm, baseline = by_seed(rows, metric), by_seed(base_rows, metric)
+    return compare_by_seed(by_seed(rows, metric), by_seed(base_rows, metric), identical_runs(rows, base_rows))
+
+
+def compare_by_seed(arm: dict[int, float], baseline: dict[int, float], identical: bool = False) -> Comparison | None:
+    """The arm's values against the baseline's, seed -> value each, over the seeds both have."""
     seeds = sorted(set(arm) & set(baseline))
     if not seeds:
         return None
     diffs = np.array([arm[s] - baseline[s] for s in seeds])
-    identical = identical_runs(rows, base_rows)
     if len(seeds) < 2:
         return Comparison(float(diffs.mean()), math.nan, math.nan, 1, identical=identical)
     low, high, p = t_interval(diffs)
