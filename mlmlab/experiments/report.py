@@ -418,10 +418,13 @@ def equal_flops_section(rows: list[dict], curves, baseline: str) -> list[str]:
     base = {row["seed"]: row for row, _ in curves[baseline] if (row.get("eval") or {}).get(key) is not None}
     body = []
     for arm, runs in curves.items():
-        matched = {row["seed"]: last_eval_within(row, records, key, base[row["seed"]]["flops"]) for row, records in runs
-                   if row["seed"] in base and row.get("flops", 0) > (1 + SAME_FLOPS) * base[row["seed"]]["flops"]}
-        matched = {seed: point for seed, point in matched.items() if point is not None}
-        if arm == baseline or not matched:
+        if arm == baseline:
+            continue
+        spent_more = [(row, records) for row, records in runs
+                      if row["seed"] in base and row.get("flops", 0) > (1 + SAME_FLOPS) * base[row["seed"]]["flops"]]
+        matched = {row["seed"]: point for row, records in spent_more
+                   if (point := last_eval_within(row, records, key, base[row["seed"]]["flops"])) is not None}
+        if not matched:
             continue
         comparison = compare_by_seed({seed: value for seed, (_, value) in matched.items()},
                                      {seed: base[seed]["eval"][key] for seed in matched})
