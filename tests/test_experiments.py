@@ -493,6 +493,24 @@ def test_target_shares_are_plotted_only_where_an_arm_masks_adaptively(tmp_path):
         assert {p.name for p in out.glob("mask_*.png")} == expected, strategies
 
 
+def test_a_rerun_report_removes_its_own_plots_that_no_longer_apply_and_nothing_else(tmp_path):
+    """A study folder regenerated after an ADM arm's rows left keeps no mask plot the report no longer shows."""
+    rows = [synthetic_row(f"arm{i}", 0, 100, 900, strategy) for i, strategy in enumerate(["dynamic", "adaptive"])]
+    for row in rows:
+        (tmp_path / row["run_dir"]).mkdir(parents=True)
+        (tmp_path / row["run_dir"] / "metrics.jsonl").write_text(
+            json.dumps({"step": 10, "loss": 7.0, "tokens_seen": 1000, "mask_share_freq_0_1000": 0.6, "mask_a": 0.5}) + "\n")
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["report", str(results), "--out", str(tmp_path)]) == 0
+    (tmp_path / "figure_of_mine.png").write_bytes(b"not the report's")
+    results.write_text(json.dumps(rows[0]) + "\n")
+    assert main(["report", str(results), "--out", str(tmp_path)]) == 0
+    assert not list(tmp_path.glob("mask_*.png"))
+    assert (tmp_path / "figure_of_mine.png").read_bytes() == b"not the report's"
+    assert "mask_share.png" not in (tmp_path / "report.md").read_text()
+
+
 def test_cost_table_names_each_arms_torch_threads_and_warns_when_they_differ():
     alike = {"dynamic": [dict(synthetic_row("dynamic", 0, 100, 900), torch_threads=2)]}
     assert "runs were made with different" not in "\n".join(report.cost_section(alike)).lower()

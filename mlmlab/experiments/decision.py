@@ -66,7 +66,7 @@ def rule_text(rule: dict, rarest: Metric | None, recalibrated: Metric | None) ->
             "the arms' p-values adjusted together (Holm's step-down, 5% for any false call across the arms).")
     if rarest is not None:
         unexplained = ("the prior-free loss (bias refitted) is not a win" if recalibrated is not None
-                       else "no significant overall gain")
+                       else "there is no significant overall gain")
         text += (f" A significant gain in the rarest frequency bucket ({rarest.label}) where {unexplained} is "
                  "called a **prior shift**.")
     return text

@@ -9,6 +9,13 @@ from mlmlab import choices
 from mlmlab.experiments.curves import flops_seen, mask_share_keys, mean_curve, progress_of, sequences_seen
 from mlmlab.experiments.measures import by_seed, downstream_metrics, loss_metric, run_points
 
+BUCKETS_PNG = "perplexity_buckets.png"
+CURVES_PNG = "loss_curves.png"
+MASK_SHARE_PNG = "mask_share.png"
+ADAPT_FACTOR_PNG = "mask_a.png"
+SCORES_PNG = "glue_vs_mlm_loss.png"
+PLOTS = (BUCKETS_PNG, CURVES_PNG, MASK_SHARE_PNG, ADAPT_FACTOR_PNG, SCORES_PNG)  # every file a report may write
+
 
 def is_adaptive(rows: list[dict]) -> bool:
     return (rows[0].get("config") or {}).get("masking", {}).get("strategy") == choices.ADAPTIVE
@@ -33,6 +40,8 @@ def write_plots(groups, baseline, metrics, curves, out: Path) -> list[str]:
             images.append(adapt_factor_curves(plt, adaptive, out))
     if downstream_metrics(metrics):
         images.append(scores_against_loss(plt, groups, metrics, out))
+    for stale in set(PLOTS) - set(images):  # an earlier report's plot that this one does not show would mislead
+        (out / stale).unlink(missing_ok=True)
     return images
 
 
@@ -54,7 +63,7 @@ def bucket_bars(plt, groups, metrics, out: Path) -> str:
         ax.set_xticks(range(len(groups)), list(groups), rotation=60, ha="right", fontsize=7)
         ax.set_title(metric.label, fontsize=9)
     axes[0][0].set_ylabel("perplexity (mean ± std over seeds)")
-    return save(plt, fig, out, "perplexity_buckets.png")
+    return save(plt, fig, out, BUCKETS_PNG)
 
 
 def loss_curves(plt, curves, out: Path) -> str:
@@ -70,7 +79,7 @@ def loss_curves(plt, curves, out: Path) -> str:
     flops_ax.set(title="validation MLM loss at equal compute", xlabel="estimated training FLOPs (scorer included)",
                  ylabel="loss")
     valid_ax.legend(fontsize=7)
-    return save(plt, fig, out, "loss_curves.png")
+    return save(plt, fig, out, CURVES_PNG)
 
 
 def held_out_loss(record: dict) -> float | None:
@@ -87,7 +96,7 @@ def mask_share_curves(plt, curves, out: Path) -> str:
         ax.set(title=f"masked share, frequency rank {key.removeprefix('mask_share_freq_')}", xlabel="training progress")
     axes[0][0].set_ylabel("share of masked tokens")
     axes[0][-1].legend(fontsize=7)
-    return save(plt, fig, out, "mask_share.png")
+    return save(plt, fig, out, MASK_SHARE_PNG)
 
 
 def adapt_factor_curves(plt, curves, out: Path) -> str:
@@ -96,7 +105,7 @@ def adapt_factor_curves(plt, curves, out: Path) -> str:
         ax.plot(*mean_curve(runs, lambda r: r.get("mask_a"), progress_of), label=arm, lw=1)
     ax.set(title="ADM adapt factor a", xlabel="training progress", ylabel="a")
     ax.legend(fontsize=7)
-    return save(plt, fig, out, "mask_a.png")
+    return save(plt, fig, out, ADAPT_FACTOR_PNG)
 
 
 def scores_against_loss(plt, groups, metrics, out: Path) -> str:
@@ -109,4 +118,4 @@ def scores_against_loss(plt, groups, metrics, out: Path) -> str:
             ax.scatter([x for x, _ in points], [y for _, y in points], label=arm, s=18)
         ax.set(title=f"{score.label} against MLM loss (one point per run)", xlabel=loss.label, ylabel=score.label)
     axes[0][0].legend(fontsize=7)
-    return save(plt, fig, out, "glue_vs_mlm_loss.png")
+    return save(plt, fig, out, SCORES_PNG)
