@@ -10,7 +10,6 @@ foreign folder is refused in one line, the same way whichever command reads it.
 """
 
 import copy
-import json
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ from mlmlab.architectures import architecture_named, saved_architecture
 from mlmlab.data.tokenizer import folder_vocab_hash, load_tokenizer, vocab_hash
 from mlmlab.errors import UserError
 from mlmlab.model import load_weights, weight_shapes
+from mlmlab.utils.jsonio import read_json_file
 
 CONFIG_JSON = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -65,12 +65,7 @@ def read_config(folder: Path, named: str = "") -> dict:
         raise UserError(f"{named}: no such folder; {GIVE_A_MODEL_FOLDER}")
     if not path.is_file():
         raise UserError(f"{named} has no {CONFIG_JSON}; {GIVE_A_MODEL_FOLDER}")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{path} is not valid JSON ({err}); copy or export the model again") from None
-    except OSError as err:
-        raise UserError(f"cannot read {path} ({err.strerror}); copy or export the model again") from None
+    config = read_json_file(path, "copy or export the model again")
     if not isinstance(config, dict):
         raise UserError(f"{path} holds a {type(config).__name__}, not a model config; copy or export the model again")
     return config

@@ -374,6 +374,8 @@ CASES = [
     # Prepared-data metadata of the wrong shape.
     Case("meta.json a list", lambda w, t: ["dump", "--data", str(data_with_meta(w, t, "[1, 2]"))],
          ("meta.json", "prepare")),
+    Case("meta.json cut short", lambda w, t: ["dump", "--data", str(data_with_meta(w, t, '{"shards": ['))],
+         ("meta.json", "truncated or not JSON", "prepare")),
     Case("meta.json without shards", lambda w, t: ["dump", "--data", str(
         data_with_meta(w, t, meta_with(w, lambda m: m.pop("shards"))))], ("meta.json", "shards")),
     Case("meta.json shards of the wrong type", lambda w, t: ["dump", "--data", str(
@@ -429,7 +431,7 @@ CASES = [
          ("config.yaml is not a config", "'extra'")),
     Case("model config.json not JSON", lambda w, t: [
         "evaluate", "--model", str(model_with(w, t, config_json_with('{"model_type": "bert",'))),
-        "--data", str(w.data), "--max-batches", "1"], ("config.json", "not valid JSON")),
+        "--data", str(w.data), "--max-batches", "1"], ("config.json", "truncated or not JSON")),
 ]
 
 

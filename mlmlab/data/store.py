@@ -11,13 +11,13 @@ Layout::
                                   doc_b, seg_a, seg_b (.npy each)
 """
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from mlmlab.data.tokenizer import folder_vocab_hash
 from mlmlab.errors import UserError
+from mlmlab.utils.jsonio import read_json_file
 
 # Bump whenever the shard layout or instance construction changes: old folders then
 # get a new hash instead of being misread. 2: one-segment documents no longer give NSP pairs.
@@ -128,10 +128,7 @@ def _read_meta(path: Path) -> dict:
     meta_path = path / "meta.json"
     if not meta_path.is_file():
         raise UserError(f"{path} is not a prepared mlmlab dataset (no meta.json); run `mlmlab prepare` first")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{meta_path} is corrupt ({err}); delete {path} and run `mlmlab prepare` again") from None
+    meta = read_json_file(meta_path, f"delete {path} and run `mlmlab prepare` again")
     if problem := _meta_shape_problem(meta):
         raise UserError(f"{meta_path} is not what `mlmlab prepare` writes ({problem}); delete {path} and run "
                         "`mlmlab prepare` again")

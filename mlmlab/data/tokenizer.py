@@ -12,7 +12,6 @@ vocabulary, so `load_tokenizer` also asserts the loaded size against the files.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -23,6 +22,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from mlmlab.data.corpus import read_documents
 from mlmlab.data.records import Columns
 from mlmlab.errors import UserError
+from mlmlab.utils.jsonio import read_json_file
 from mlmlab.utils.progress import progress_bar
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -192,10 +192,7 @@ def _expected_vocab(tokenizer_dir: Path) -> dict[str, int]:
 def _tokenizer_spec(tokenizer_json: Path) -> dict:
     """A tokenizer.json read and checked for what mlmlab reads of it: a model and its vocabulary."""
     again = "copy the folder again, or rebuild it with `mlmlab tokenizer`"
-    try:
-        spec = json.loads(tokenizer_json.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{tokenizer_json} is truncated or not JSON ({err}); {again}") from None
+    spec = read_json_file(tokenizer_json, again)
     model = spec.get("model") if isinstance(spec, dict) else None
     if not isinstance(model, dict) or not isinstance(model.get("vocab", {}), dict):
         raise UserError(f"{tokenizer_json} holds no tokenizer model with a vocabulary; {again}")

@@ -8,6 +8,9 @@ written as ``null`` instead.
 
 import json
 import math
+from pathlib import Path
+
+from mlmlab.errors import UserError
 
 
 def finite_or_none(value):
@@ -37,3 +40,14 @@ def object_or_none(line: str) -> dict | None:
     except json.JSONDecodeError:
         return None
     return record if isinstance(record, dict) else None
+
+
+def read_json_file(path: Path, again: str):
+    """A JSON file's value; a file that cannot be read, is cut short or is not UTF-8 JSON raises a UserError naming
+    it, then ``again`` (what to do)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{path} is truncated or not JSON ({err}); {again}") from None
+    except OSError as err:
+        raise UserError(f"cannot read {path} ({err.strerror}); {again}") from None
