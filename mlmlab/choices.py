@@ -34,6 +34,7 @@ SCORERS = (*MODEL_SCORERS, *LOSS_SCORERS, *DATA_SCORERS)
 QUADRATIC = "quadratic"
 LINEAR = "linear"
 COSINE = "cosine"
+ONE_MINUS_SQRT = "1-sqrt"  # Hägele et al. 2024's cooldown, ModernBERT's LR decay
 EXPONENTIAL = "exponential"
 SIGMOID = "sigmoid"
 CONSTANT = "constant"  # also a rate schedule: the mask rate stays masking.rate
@@ -44,7 +45,8 @@ LINEAR_DECAY = "linear_decay"  # Ankner et al. 2024: from rate_start down to rat
 RATE_SCHEDULES = (CONSTANT, LINEAR_DECAY)
 
 # train.lr_schedule: the shape of the LR's decay after warmup (over the last train.decay_fraction)
-LR_SCHEDULES = (LINEAR, COSINE)  # linear: BERT's, and warmup-stable-decay; cosine: the seed's RoBERTa setting
+LR_SCHEDULES = (LINEAR, COSINE, ONE_MINUS_SQRT)  # linear: BERT's, and warmup-stable-decay; cosine: the seed's
+# RoBERTa setting; 1-sqrt: ModernBERT's (Warner et al. 2024), from Hägele et al. 2024's warmup-stable-decay study
 
 # masking.normalize
 MEAN = "mean"

@@ -122,7 +122,7 @@ class TrainConfig:
     # not silently trained. Under max_minutes it is not checked: how many steps the time holds is known only after.
     warmup_steps: int = 100
     decay_fraction: float = 0.2  # LR decays to 0 over this last share of the budget; 1.0: BERT's decay after warmup
-    lr_schedule: str = choices.LINEAR  # the decay's shape: "linear" (BERT's; warmup-stable-decay) or "cosine" (the seed's RoBERTa)
+    lr_schedule: str = choices.LINEAR  # the decay's shape: "linear" (BERT's; warmup-stable-decay), "cosine" (the seed's RoBERTa), "1-sqrt" (ModernBERT's)
     max_steps: int = 1000  # optimizer steps of the run: the budget, unless max_minutes is set
     max_minutes: float = 0.0  # > 0: a wall-clock budget instead of max_steps; LR and masking schedules follow it
     max_grad_norm: float = 1.0  # gradients are clipped to this global norm (BERT's 1.0)

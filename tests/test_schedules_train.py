@@ -107,6 +107,18 @@ def test_cosine_decay_follows_the_half_cosine_over_the_decay_window():
     assert held == 1.0 and lr_factor(90, warmup, 0.9, 0.1, 0.2, choices.COSINE) == pytest.approx(0.5)
 
 
+def test_one_minus_sqrt_decay_drops_fast_then_slowly_and_stays_below_linear():
+    total, warmup = 100, 10
+    window = [lr_factor(step, warmup, step / total, warmup / total, decay_fraction=0.2, shape=choices.ONE_MINUS_SQRT)
+              for step in range(total + 1)]
+    assert window[10] == 1.0 and window[80] == 1.0  # the peak holds until the last 20%
+    assert window[85] == pytest.approx(1 - math.sqrt(0.25))  # a quarter through the window: half the peak
+    assert window[90] == pytest.approx(1 - math.sqrt(0.5)) and window[100] == pytest.approx(0.0, abs=1e-12)
+    linear = [lr_factor(step, warmup, step / total, warmup / total, decay_fraction=0.2) for step in range(total + 1)]
+    assert all(s < l for s, l in zip(window[81:100], linear[81:100]))
+    assert all(a > b for a, b in zip(window[80:], window[81:]))
+
+
 def test_the_linear_schedule_is_the_default_and_unchanged():
     from mlmlab.config import TrainConfig
     from mlmlab.train.optim import learning_rate

@@ -12,10 +12,16 @@ from mlmlab.errors import UserError
 
 # The decay's shape: (progress, where the decay starts) -> share of the peak LR. Linear keeps the
 # exact expression it always had, so the LRs of existing runs are unchanged to the last bit.
+def _through_decay(progress: float, start: float) -> float:
+    """How far into the decay window [start, 1] ``progress`` is, from 0 to 1."""
+    return min(1.0, (progress - start) / max(1e-12, 1.0 - start))
+
+
 _DECAY_SHAPES = {
     choices.LINEAR: lambda progress, start: (1.0 - progress) / max(1e-12, 1.0 - start),
-    choices.COSINE: lambda progress, start: 0.5 * (1.0 + math.cos(math.pi * min(1.0, (progress - start)
-                                                                             / max(1e-12, 1.0 - start)))),
+    choices.COSINE: lambda progress, start: 0.5 * (1.0 + math.cos(math.pi * _through_decay(progress, start))),
+    # Falls fast at first, then slowly: below linear everywhere in the window (Hägele et al. 2024, arXiv:2405.18392).
+    choices.ONE_MINUS_SQRT: lambda progress, start: 1.0 - math.sqrt(_through_decay(progress, start)),
 }
 
 
@@ -30,8 +36,9 @@ def lr_factor(step: int, warmup_steps: int, progress: float, warmup_end_progress
     BERT's schedule, (total - step) / (total - warmup); a smaller one is the
     warmup-stable-decay schedule, which keeps the peak LR longer: a tiny model on a short
     budget needs that to learn NSP at all (the LR had decayed before NSP left chance).
-    ``shape`` is the decay's: linear, or cosine (the seed's RoBERTa setting; with
-    ``decay_fraction=1`` the usual cosine schedule from the end of warmup).
+    ``shape`` is the decay's: linear, cosine (the seed's RoBERTa setting; with
+    ``decay_fraction=1`` the usual cosine schedule from the end of warmup), or 1-sqrt
+    (ModernBERT's cooldown: 1 - sqrt of the share of the window gone).
     """
     if step < warmup_steps:
         return (step + 1) / warmup_steps
