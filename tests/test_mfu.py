@@ -90,12 +90,16 @@ def test_the_peak_is_timed_again_as_the_run_goes_and_keeps_the_best(monkeypatch)
 
 
 def test_training_under_a_slow_start_up_peak_logs_mfu_at_most_one(tmp_path, monkeypatch):
-    """A peak timed 1000x too low at start-up (a loaded host) must not show 1000x the utilisation."""
-    real, calls = mfu.peak_matmul_flops, []
+    """A peak timed far too low at start-up (a loaded host) must not show that many times the utilisation.
+
+    The timings are fixed, not measured: a real re-timing on a host this suite shares with other jobs
+    can itself come out low, which is the condition under test, not a failure of it."""
+    calls = []
+    device_peak = 1e12  # above any rate this small run trains at on a CPU
 
     def loaded_at_first(device, dtype):
         calls.append(dtype)
-        return real(device, dtype) / (1000 if len(calls) == 1 else 1)
+        return 1e6 if len(calls) == 1 else device_peak
 
     monkeypatch.setattr(mfu, "peak_matmul_flops", loaded_at_first)
     trainer = small_trainer(tmp_path, "run", "train.max_steps=4", "train.warmup_steps=1", "train.log_every=1",
@@ -104,7 +108,8 @@ def test_training_under_a_slow_start_up_peak_logs_mfu_at_most_one(tmp_path, monk
     lines = [json.loads(line) for line in trainer.metrics.path.read_text().splitlines()]
     lines = [line for line in lines if "mfu" in line]
     assert len(lines) == 4 and all(0 < line["mfu"] <= 1 for line in lines)
-    assert 0 < summary["mfu"] <= 1 and summary["peak_flops"] >= real("cpu", torch.float32) / 10
+    assert len(calls) >= 2  # training outran the start-up figure, so the peak was timed again
+    assert 0 < summary["mfu"] <= 1 and summary["peak_flops"] == device_peak
 
 
 def test_timing_the_peak_draws_nothing_from_torchs_global_rng():
