@@ -10,13 +10,14 @@ from mlmlab import choices
 from mlmlab.config import TrainConfig
 from mlmlab.errors import UserError
 
-# The decay's shape: (progress, where the decay starts) -> share of the peak LR. Linear keeps the
-# exact expression it always had, so the LRs of existing runs are unchanged to the last bit.
+
 def _through_decay(progress: float, start: float) -> float:
     """How far into the decay window [start, 1] ``progress`` is, from 0 to 1."""
     return min(1.0, (progress - start) / max(1e-12, 1.0 - start))
 
 
+# The decay's shape: (progress, where the decay starts) -> share of the peak LR. Linear keeps the
+# exact expression it always had, so the LRs of existing runs are unchanged to the last bit.
 _DECAY_SHAPES = {
     choices.LINEAR: lambda progress, start: (1.0 - progress) / max(1e-12, 1.0 - start),
     choices.COSINE: lambda progress, start: 0.5 * (1.0 + math.cos(math.pi * _through_decay(progress, start))),
