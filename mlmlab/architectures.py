@@ -116,6 +116,9 @@ class ModernBert:
             global_attn_every_n_layers=cfg.global_attention_every,
             rope_parameters={layers: {"rope_type": "default", "rope_theta": theta} for layers, theta in rope.items()},
             **ModernBert.dropout_settings(cfg.dropout, attention_dropout(cfg)), pad_token_id=pad_token_id,
+            # The released ModernBERT folders' config.json pool by mean for classification (answerdotai's models and
+            # their fine-tunes); transformers' default, "cls", would fine-tune ours (`mlmlab glue`) on another head.
+            classifier_pooling="mean",
             # The defaults are ids of ModernBERT's own 50k vocabulary, outside ours; the model reads none of them.
             bos_token_id=None, eos_token_id=None, cls_token_id=None, sep_token_id=None)
 

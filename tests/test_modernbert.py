@@ -183,6 +183,7 @@ def test_the_exported_folder_loads_with_the_auto_classes_and_fill_mask(source):
     assert len(predictions) == 5 and all("[MASK]" not in p["sequence"] for p in predictions)
     classifier, info = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2, output_loading_info=True)
     assert sorted(info["missing_keys"]) == ["classifier.bias", "classifier.weight"]  # the encoder is the pretrained one
+    assert classifier.config.classifier_pooling == "mean"  # as the released ModernBERT folders, not the library's "cls"
     tokenizer = AutoTokenizer.from_pretrained(folder)
     inputs = tokenizer(["a sentence", "and another"], ["with a pair", "b"], padding=True, return_tensors="pt")
     assert "token_type_ids" not in inputs  # ModernBERT has no segment embeddings
