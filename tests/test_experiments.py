@@ -868,3 +868,20 @@ def test_the_reports_rerun_command_points_at_where_the_rows_are_now(tmp_path):
     runner.append_row(results, result_row("a", study_source="moved", out_dir="docs/moved"))
     lines = report.commands(report.load_rows(results)[0], results, tmp_path / "report")
     assert lines[0] == f"    mlmlab study moved --out {results.parent}"
+
+
+SHIPPED_STUDIES = sorted(path.parent.name for path in (ROOT / "studies").glob("*/report.md"))
+
+
+@pytest.mark.parametrize("name", SHIPPED_STUDIES)
+def test_a_shipped_report_is_what_the_report_writes_from_its_rows(name, tmp_path, monkeypatch):
+    """A report.md under studies/ is the current report code's output from the committed rows and metrics: a change
+    to the report (or to the rows) that was not regenerated shows here, and every plot it links is shipped."""
+    monkeypatch.chdir(ROOT)  # the report quotes its paths as given: relative, as the shipped ones were written
+    shipped = Path("studies") / name
+    written = report.write_report(shipped / "results.jsonl", tmp_path).read_text()
+    expected = (shipped / "report.md").read_text()
+    assert written.replace(f"--out {tmp_path}", f"--out {shipped}") == expected, (
+        f"regenerate it: mlmlab report {shipped / 'results.jsonl'} --out {shipped}")
+    plots = sorted(path.name for path in tmp_path.glob("*.png"))
+    assert plots and all(f"]({plot})" in written and (shipped / plot).is_file() for plot in plots)
