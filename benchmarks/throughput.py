@@ -47,6 +47,7 @@ import copy
 import os
 import sys
 import tempfile
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +63,7 @@ from mlmlab.data.loader import epoch_plans
 from mlmlab.model import IGNORE_INDEX
 from mlmlab.train.loop import Trainer
 from mlmlab.train.mfu import matmul_dtype, peak_matmul_flops, peak_matmul_size, training_flops
+from mlmlab.train.stable_adamw import StableAdamW
 from mlmlab.utils.devices import clock, describe_cpu
 
 # transformers' defaults: fp32 on CPU, dropout 0.1 on hidden states and attention (attention_dropout null follows
@@ -70,7 +72,7 @@ ANCHOR_SETTINGS = ["train.precision=fp32", "model.dropout=0.1", "model.attention
 # What the transformers arms take from the config: the model, the data and its order, the batch, the precision,
 # the optimizer's settings, the collator's corruption. They collate in the timed step, as a plain loop does.
 HF_APPLIES = ("model.", "data.", "train.batch_size", "train.seed", "train.precision", "train.lr", "train.weight_decay",
-              "train.adam_beta1", "train.adam_beta2", "train.adam_eps", "train.max_grad_norm",
+              "train.adam_beta1", "train.adam_beta2", "train.adam_eps", "train.max_grad_norm", "train.optimizer",
               "masking.rate", "masking.mask_prob", "masking.random_prob", "masking.whole_word")
 HF_IGNORES = ("data.loader_workers",)
 PEAK_SECONDS = 2.0  # how long each precision's matmul peak is timed
@@ -112,8 +114,10 @@ class HFArm:
             trainer.tokenizer, mlm_probability=cfg.masking.rate, mask_replace_prob=cfg.masking.mask_prob,
             random_replace_prob=cfg.masking.random_prob, whole_word_mask=cfg.masking.whole_word)
         train = cfg.train
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=train.lr, betas=(train.adam_beta1, train.adam_beta2),
-                                           eps=train.adam_eps, weight_decay=train.weight_decay, fused=sparse)
+        # ModernBERT's recipe trains with StableAdamW (optimi's, in a hand-written loop): the anchor takes the same class
+        optimizer = StableAdamW if train.optimizer == choices.STABLE_ADAMW else partial(torch.optim.AdamW, fused=sparse)
+        self.optimizer = optimizer(self.model.parameters(), lr=train.lr, betas=(train.adam_beta1, train.adam_beta2),
+                                   eps=train.adam_eps, weight_decay=train.weight_decay)
         self.max_grad_norm, self.autocast = train.max_grad_norm, trainer.accelerator.autocast
 
     def _model(self, config):
@@ -134,7 +138,8 @@ class HFArm:
         with self.autocast():
             loss, head_positions = self._sparse_loss(batch) if self.sparse else self._full_loss(batch)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        if self.max_grad_norm:  # 0: not clipped
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         mask = batch["attention_mask"]

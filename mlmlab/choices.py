@@ -48,6 +48,11 @@ RATE_SCHEDULES = (CONSTANT, LINEAR_DECAY)
 LR_SCHEDULES = (LINEAR, COSINE, ONE_MINUS_SQRT)  # linear: BERT's, and warmup-stable-decay; cosine: the seed's
 # RoBERTa setting; 1-sqrt: ModernBERT's (Warner et al. 2024), from Hägele et al. 2024's warmup-stable-decay study
 
+# train.optimizer
+ADAMW = "adamw"  # torch's AdamW (BERT's, RoBERTa's)
+STABLE_ADAMW = "stable-adamw"  # AdamW with update clipping per tensor (Wortsman et al. 2023): ModernBERT's
+OPTIMIZERS = (ADAMW, STABLE_ADAMW)
+
 # masking.normalize
 MEAN = "mean"
 RAW = "raw"

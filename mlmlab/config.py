@@ -113,6 +113,9 @@ class TrainConfig:
     batch_size: int = 32  # global batch per optimizer step = batch_size * grad_accum * processes
     grad_accum: int = 1  # micro-batches whose gradients are summed into one optimizer step
     lr: float = 1e-3  # small models tolerate a high LR (cramming, academic-budget-bert)
+    # "adamw" (torch's, fused), or "stable-adamw": AdamW whose step shrinks per tensor when that tensor's gradient
+    # spikes past its running scale (ModernBERT's optimizer; mlmlab/train/stable_adamw.py)
+    optimizer: str = choices.ADAMW
     weight_decay: float = 0.01  # decoupled (AdamW); never on bias or LayerNorm
     adam_beta1: float = 0.9  # AdamW's first-moment decay (BERT's)
     adam_beta2: float = 0.98  # RoBERTa's value, more stable than 0.999 with large LR
@@ -125,7 +128,7 @@ class TrainConfig:
     lr_schedule: str = choices.LINEAR  # the decay's shape: "linear" (BERT's; warmup-stable-decay), "cosine" (the seed's RoBERTa), "1-sqrt" (ModernBERT's)
     max_steps: int = 1000  # optimizer steps of the run: the budget, unless max_minutes is set
     max_minutes: float = 0.0  # > 0: a wall-clock budget instead of max_steps; LR and masking schedules follow it
-    max_grad_norm: float = 1.0  # gradients are clipped to this global norm (BERT's 1.0)
+    max_grad_norm: float = 1.0  # gradients are clipped to this global norm (BERT's 1.0); 0: not clipped, norm still logged
     log_every: int = 20  # steps between records in metrics.jsonl (and TensorBoard)
     eval_every: int = 200  # steps between held-out evaluations; 0 disables
     eval_batches: int = 20  # held-out batches per evaluation (fixed masks, same every time)
@@ -190,6 +193,7 @@ def validate(cfg: Config) -> None:
     _check_architecture(cfg)
     _check_choice("train.precision", cfg.train.precision, choices.PRECISIONS)
     _check_choice("train.lr_schedule", cfg.train.lr_schedule, choices.LR_SCHEDULES)
+    _check_choice("train.optimizer", cfg.train.optimizer, choices.OPTIMIZERS)
 
 
 # model.* settings only ModernBERT reads: with BERT they would be ignored without a word.
@@ -295,7 +299,7 @@ _RANGES = (
     ("train.batch_size", at_least(1), 32), ("train.grad_accum", at_least(1), 1), ("train.lr", POSITIVE, 1e-3),
     ("train.weight_decay", NON_NEGATIVE, 0.01), ("train.adam_beta1", BELOW_ONE, 0.9), ("train.adam_beta2", BELOW_ONE, 0.98),
     ("train.adam_eps", POSITIVE, 1e-6), ("train.warmup_steps", at_least(0), 100), ("train.decay_fraction", FRACTION, 0.2),
-    ("train.max_steps", at_least(1), 1000), ("train.max_minutes", NON_NEGATIVE, 60), ("train.max_grad_norm", POSITIVE, 1.0),
+    ("train.max_steps", at_least(1), 1000), ("train.max_minutes", NON_NEGATIVE, 60), ("train.max_grad_norm", NON_NEGATIVE, 1.0),
     ("train.log_every", at_least(1), 20), ("train.eval_every", at_least(0), 200), ("train.eval_batches", at_least(1), 20),
     ("train.eval_batch_size", at_least(1), 32), ("train.save_every", at_least(0), 200), ("train.keep_last", at_least(0), 2),
     ("train.seed", SEEDS, 0), ("train.max_bad_steps", at_least(1), 5),

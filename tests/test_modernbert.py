@@ -155,6 +155,7 @@ def _command(out_dir, steps: int) -> list[str]:
     return [sys.executable, "-m", "mlmlab.cli", "pretrain", "--no-progress", *MODERNBERT, *SMALL, *COMMON,
             f"train.out_dir={out_dir}", f"train.max_steps={steps}", "train.save_every=2", "train.warmup_steps=3",
             "masking.strategy=adaptive", "masking.scorer=context",  # state that must be restored too
+            "train.optimizer=stable-adamw", "train.max_grad_norm=0",  # ModernBERT's optimizer, its recipe's no clipping
             "model.dropout=0.1"]  # dropout on, so a bitwise resume must restore its generator too
 
 

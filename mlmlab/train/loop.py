@@ -485,7 +485,9 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             self.state.skip(self.cfg.train.max_bad_steps, self.run_dir)
             return {**losses, "skipped": True}
-        grad_norm = self.accelerator.clip_grad_norm_(self.module.parameters(), self.cfg.train.max_grad_norm)
+        # max_grad_norm 0 (no clipping): an infinite bound still returns the norm, for the metrics
+        bound = self.cfg.train.max_grad_norm or math.inf
+        grad_norm = self.accelerator.clip_grad_norm_(self.module.parameters(), bound)
         set_lr(self.optimizer, learning_rate(self.cfg.train, self.state.step, self.progress(),
                                              self.state.warmup_end_progress))
         self.optimizer.step()

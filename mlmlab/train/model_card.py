@@ -141,11 +141,13 @@ def _masking(cfg: Config) -> str:
 def _training(cfg: Config, state: dict) -> str:
     t = cfg.train
     minutes = state.get("seconds", 0.0) / 60
+    optimizer = "StableAdamW (update clipping per tensor)" if t.optimizer == choices.STABLE_ADAMW else "AdamW"
+    clipping = f"gradients clipped to global norm {t.max_grad_norm:g}" if t.max_grad_norm else "no gradient clipping"
     return ("## Training\n\n"
             f"- {state['step']:,} steps, {state.get('tokens', 0):,} tokens seen (non-padding), {minutes:.1f} min of training\n"
-            f"- batch {t.batch_size} x {t.grad_accum} accumulation per process; AdamW, peak LR {t.lr:g}, "
+            f"- batch {t.batch_size} x {t.grad_accum} accumulation per process; {optimizer}, peak LR {t.lr:g}, "
             f"{t.warmup_steps} warmup steps, `{t.lr_schedule}` decay over the last {t.decay_fraction:.0%} of the budget; "
-            f"weight decay {t.weight_decay}, seed {t.seed}\n"
+            f"weight decay {t.weight_decay}, {clipping}, seed {t.seed}\n"
             f"- started from: {('`' + t.init + '` (weights only)') if t.init else 'random initialisation'}")
 
 
