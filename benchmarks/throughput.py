@@ -39,7 +39,7 @@ precision, threads and host.
     python benchmarks/throughput.py --presets modernbert-tiny   # against ModernBertForMaskedLM(sparse_prediction)
     python benchmarks/throughput.py --set train.precision=bf16  # bf16 autocast (on a CPU with AMX, or a GPU)
     python benchmarks/throughput.py --no-malloc-tuning   # every arm with glibc's allocator defaults
-    python benchmarks/throughput.py --lever train.compile=true --lever train.fused_head=false   # two levers' A/Bs
+    python benchmarks/throughput.py --lever train.compile=true --lever train.fused_head=true   # two levers' A/Bs
 """
 
 import argparse

@@ -141,8 +141,9 @@ class TrainConfig:
     precision: str = choices.AUTO  # "auto": bf16 autocast on CUDA and on CPUs with AMX, else fp32 (train/launch.py)
     compile: bool = False  # torch.compile the encoder (static shapes) and MLM head; 0.97-1.05x on a 2-core CPU
     # The MLM decoder and its cross-entropy chunk by chunk, gradients in the forward (mlmlab/head_loss.py): the
-    # same loss to float tolerance without the (M, V) logits in memory three times. null (auto): on when training
-    # on a CPU, where it won every same-recipe A/B (docs/benchmarks.md); off on a GPU, where it is unmeasured
+    # same loss to float tolerance without the (M, V) logits in memory three times. null (auto): off. Its CPU wins
+    # were glibc's page faults on the eager head's (M, V) blocks; with those gone the eager head is 1.03-1.11x faster
+    # there (docs/benchmarks.md). On a GPU it is unmeasured
     fused_head: bool | None = None
     # BERT's attention projects Q, K and V with one matmul over its three weights, concatenated (mlmlab/fused_qkv.py):
     # the same weights and checkpoints; ModernBERT's is fused already

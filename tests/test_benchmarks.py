@@ -24,12 +24,12 @@ def run_benchmark(script: str, *args: str) -> str:
 
 def test_throughput_prints_both_ratio_lines_and_each_lever():
     out = run_benchmark("throughput.py", "--presets", "tiny", "--steps", "1", "--rounds", "1", *TINY_RUN,
-                        "--lever", "train.fused_head=false")
+                        "--lever", "train.fused_head=true")
     for line in ("same recipe", "transformers' defaults"):
         assert re.search(rf"^tiny vs hf-sparse, {line}: \d+\.\d\dx \(dropout [\d.]+, float32; 1 thread, CPU ", out, re.M)
     arms = re.findall(r"^  (\S+) +\d+ +[\d.]+% +float32 +[\d.]+%$", out, re.M)
     assert arms == ["hf-naive", "hf-sparse", "mlmlab-unbucketed", "mlmlab", "hf-sparse-recipe", "mlmlab-as-shipped",
-                    "mlmlab+fused_head=false"], out
+                    "mlmlab+fused_head=true"], out
 
 
 def test_profile_step_profiles_the_same_recipe_pair():

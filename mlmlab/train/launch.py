@@ -64,9 +64,9 @@ def make_accelerator(cfg: Config) -> Accelerator:
 
 
 def fused_head_on(setting: bool | None, device: torch.device) -> bool:
-    """train.fused_head, null (auto) resolved: on for a CPU run (1.03-1.28x a step in every A/B there, issue 34),
-    off on a GPU, where its 128-row chunks were never timed against the eager head."""
-    return device.type == "cpu" if setting is None else setting
+    """train.fused_head, null (auto) resolved: off on every device. On a CPU the eager head is 1.03-1.11x faster
+    since the allocator keeps large blocks (docs/benchmarks.md); on a GPU the 128-row chunks were never timed."""
+    return bool(setting)
 
 
 def use_tf32(allowed: bool) -> None:
