@@ -63,7 +63,7 @@ def make_accelerator(cfg: Config) -> Accelerator:
     return accelerator
 
 
-def fused_head_on(setting: bool | None, device: torch.device) -> bool:
+def fused_head_on(setting: bool | None) -> bool:
     """train.fused_head, null (auto) resolved: off on every device. On a CPU the eager head is 1.03-1.11x faster
     since the allocator keeps large blocks (docs/benchmarks.md); on a GPU the 128-row chunks were never timed."""
     return bool(setting)
@@ -84,7 +84,7 @@ def say_precision(accelerator: Accelerator, cfg: Config) -> None:
     on_gpu = accelerator.device.type == "cuda"
     where = (f"{torch.cuda.get_device_name(accelerator.device)}, TF32 matmuls "
              + ("on" if torch.backends.cuda.matmul.allow_tf32 else "off")) if on_gpu else describe_cpu()
-    head = "fused" if fused_head_on(cfg.train.fused_head, accelerator.device) else "eager"
+    head = "fused" if fused_head_on(cfg.train.fused_head) else "eager"
     setting = "null: auto" if cfg.train.fused_head is None else str(cfg.train.fused_head).lower()
     say_once(accelerator, f"precision {used} (train.precision={cfg.train.precision}), {head} MLM head "
                           f"(train.fused_head={setting}) on {where}")

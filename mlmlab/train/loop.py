@@ -314,7 +314,7 @@ def prepared_model(cfg: Config, tokenizer, accelerator, folder: Path | None) -> 
     model = initial_model(cfg, tokenizer, resuming=folder is not None, log=partial(say_once, accelerator))
     module = SparsePretraining(model, use_nsp=cfg.data.objective == choices.NSP,
                                length_multiple=COMPILED_LENGTH_MULTIPLE if cfg.train.compile else 1,
-                               fused_head=fused_head_on(cfg.train.fused_head, accelerator.device))
+                               fused_head=fused_head_on(cfg.train.fused_head))
     optimizer = build_optimizer(module, cfg.train, accelerator.device)
     if folder is not None:
         say_once(accelerator, f"resuming from {folder}")
