@@ -112,6 +112,11 @@ class MaskingConfig:
 class TrainConfig:
     batch_size: int = 32  # global batch per optimizer step = batch_size * grad_accum * processes
     grad_accum: int = 1  # micro-batches whose gradients are summed into one optimizer step
+    # ModernBERT's batch-size warmup: over these first steps a step takes batch_warmup_start micro-batches, then one
+    # more at a time up to grad_accum - 1, each count for an equal share of the steps (its recipe gives every batch
+    # size the same number of updates); then grad_accum. 0: off. The data is not skipped: a smaller step reads less
+    batch_warmup_steps: int = 0
+    batch_warmup_start: int = 1  # micro-batches per step when the batch warmup starts (per process)
     lr: float = 1e-3  # small models tolerate a high LR (cramming, academic-budget-bert)
     # "adamw" (torch's, fused), or "stable-adamw": AdamW whose step shrinks per tensor when that tensor's gradient
     # spikes past its running scale (ModernBERT's optimizer; mlmlab/train/stable_adamw.py)
@@ -195,6 +200,21 @@ def validate(cfg: Config) -> None:
     _check_choice("train.precision", cfg.train.precision, choices.PRECISIONS)
     _check_choice("train.lr_schedule", cfg.train.lr_schedule, choices.LR_SCHEDULES)
     _check_choice("train.optimizer", cfg.train.optimizer, choices.OPTIMIZERS)
+    _check_batch_warmup(cfg.train)
+
+
+def _check_batch_warmup(t: "TrainConfig") -> None:
+    if not t.batch_warmup_steps:
+        return
+    if t.batch_warmup_start >= t.grad_accum:
+        raise UserError(f"train.batch_warmup_steps grows the step from train.batch_warmup_start={t.batch_warmup_start} "
+                        f"micro-batches to train.grad_accum={t.grad_accum}, so it needs more micro-batches than it starts "
+                        f"with; e.g. train.batch_size={max(t.batch_size // 4, 1)} train.grad_accum={4 * t.grad_accum} keeps "
+                        f"the batch, or train.batch_warmup_steps=0")
+    if t.max_minutes == 0 and t.batch_warmup_steps >= t.max_steps:
+        raise UserError(f"train.batch_warmup_steps={t.batch_warmup_steps} takes all of train.max_steps={t.max_steps}: "
+                        f"the batch would never reach its full size; set e.g. train.batch_warmup_steps="
+                        f"{t.max_steps // 10}, or raise train.max_steps")
 
 
 # model.* settings only ModernBERT reads: with BERT they would be ignored without a word.
@@ -298,6 +318,7 @@ _RANGES = (
     ("masking.score_every", at_least(1), 1), ("masking.score_fraction", FRACTION, 0.25), ("masking.score_chunk", at_least(1), 2048),
     ("masking.ema_decay", BELOW_ONE, 0.95), ("masking.context_buckets", at_least(1), 1048576),
     ("train.batch_size", at_least(1), 32), ("train.grad_accum", at_least(1), 1), ("train.lr", POSITIVE, 1e-3),
+    ("train.batch_warmup_steps", at_least(0), 1000), ("train.batch_warmup_start", at_least(1), 1),
     ("train.weight_decay", NON_NEGATIVE, 0.01), ("train.adam_beta1", BELOW_ONE, 0.9), ("train.adam_beta2", BELOW_ONE, 0.98),
     ("train.adam_eps", POSITIVE, 1e-6), ("train.warmup_steps", at_least(0), 100), ("train.decay_fraction", FRACTION, 0.2),
     ("train.max_steps", at_least(1), 1000), ("train.max_minutes", NON_NEGATIVE, 60), ("train.max_grad_norm", NON_NEGATIVE, 1.0),

@@ -93,6 +93,20 @@ def test_compute_matched_gives_the_entropy_arm_fewer_steps(tmp_path):
     assert {run.config.train.max_steps for run in token} == {1000}
 
 
+def test_a_token_matched_arm_with_a_batch_warmup_trains_on_the_reference_sequences():
+    """The warming steps are smaller, so the arm needs more of them: as many sequences, not as many steps."""
+    from mlmlab.config import load_config
+    from mlmlab.experiments.budget import batch_shares, matched_steps
+
+    reference = load_config("tiny", ["train.max_steps=1000"])
+    warm = load_config("tiny", ["train.max_steps=1000", "train.batch_size=8", "train.grad_accum=4",
+                                "train.batch_warmup_steps=200"])
+    steps = matched_steps(warm, reference, "token-matched")
+    sequences = 8 * 4 * batch_shares(warm, steps).sum()  # what the loop reads: micro_batches_at per step
+    assert steps > 1000 and abs(sequences - 1000 * 32) <= 32 / 2
+    assert matched_steps(reference, reference, "token-matched") == 1000
+
+
 @pytest.mark.parametrize("fields, words", [
     ({"arms": [DYNAMIC], "sedes": [0]}, ["unknown study key", "sedes"]),
     ({"arms": [DYNAMIC, {"name": "x", "masking.scorr": "entropy"}]}, ["arm 'x'", "masking.scorr"]),

@@ -156,6 +156,7 @@ def _command(out_dir, steps: int) -> list[str]:
             f"train.out_dir={out_dir}", f"train.max_steps={steps}", "train.save_every=2", "train.warmup_steps=3",
             "masking.strategy=adaptive", "masking.scorer=context",  # state that must be restored too
             "train.optimizer=stable-adamw", "train.max_grad_norm=0",  # ModernBERT's optimizer, its recipe's no clipping
+            "train.grad_accum=3", "train.batch_warmup_steps=6",  # and its batch warmup: a kill can land inside it
             "model.dropout=0.1"]  # dropout on, so a bitwise resume must restore its generator too
 
 
@@ -166,10 +167,10 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
 # ----- the exported folder -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
-    """A small ModernBERT trained 4 steps (checkpoints at 2 and 4): its run folder."""
+    """A small ModernBERT trained 4 steps (checkpoints at 2 and 4; its batch warms up over the first 2): its run folder."""
     run = tmp_path_factory.mktemp("modernbert") / "run"
     cfg = load_config(None, [*MODERNBERT, *SMALL, *COMMON, f"train.out_dir={run}", "train.max_steps=4",
-                             "train.save_every=2", "train.keep_last=0"])
+                             "train.save_every=2", "train.keep_last=0", "train.grad_accum=2", "train.batch_warmup_steps=2"])
     Trainer(cfg, evaluator=evaluate_mlm, show_progress=False).train()
     return run
 
@@ -191,6 +192,7 @@ def test_the_exported_folder_loads_with_the_auto_classes_and_fill_mask(source):
     assert classifier(**inputs).logits.shape == (2, 2)
     card = (folder / "README.md").read_text()
     assert "ModernBERT L1/H32" in card and "ModernBertForMaskedLM" in card and "objective: `mlm`" in card
+    assert "batch warmup: 1 micro-batch(es) a step growing to 2 over 2 steps" in card
 
 
 def test_export_evaluate_glue_and_probes_work_on_it(source, tmp_path, capsys):

@@ -247,3 +247,47 @@ def test_auto_precision_is_bf16_on_cpus_with_amx_and_fp32_on_others(tmp_path, mo
     monkeypatch.setattr(launch, "cpu_features", lambda: {**cpu_features(), "amx_bf16": True})
     on_amx = small_trainer(tmp_path, "amx", "train.precision=auto")
     assert on_amx.precision == "bf16" and matmul_dtypes(on_amx) == {torch.bfloat16}
+
+
+def test_batch_warmup_grows_a_micro_batch_at_a_time_with_equal_steps_at_each_size():
+    import numpy as np
+
+    from mlmlab.config import TrainConfig
+    from mlmlab.train.optim import micro_batches_at
+
+    cfg = TrainConfig(grad_accum=6, batch_warmup_steps=10, batch_warmup_start=1, max_steps=100)
+    counts = [int(micro_batches_at(cfg, step)) for step in range(1, 14)]
+    assert counts == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 6]
+    assert micro_batches_at(cfg, np.arange(1, 14)).tolist() == counts  # the budget's array form agrees
+    later = TrainConfig(grad_accum=6, batch_warmup_steps=8, batch_warmup_start=2, max_steps=100)
+    assert [int(micro_batches_at(later, step)) for step in range(1, 10)] == [2, 2, 3, 3, 4, 4, 5, 5, 6]
+    assert micro_batches_at(TrainConfig(grad_accum=3), 1) == 3  # off: every step takes grad_accum
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["train.batch_warmup_steps=10"], ["train.grad_accum=1", "train.batch_warmup_start=1"]),
+    (["train.grad_accum=4", "train.batch_warmup_steps=10", "train.batch_warmup_start=4"], ["micro-batches"]),
+    (["train.grad_accum=4", "train.batch_warmup_steps=1000", "train.max_steps=1000"], ["never reach"]),
+])
+def test_a_batch_warmup_that_cannot_grow_is_refused_in_one_line(overrides, words):
+    from mlmlab.config import load_config
+    from mlmlab.errors import UserError
+
+    with pytest.raises(UserError) as refused:
+        load_config("tiny", overrides)
+    assert all(word in str(refused.value) for word in words) and "\n" not in str(refused.value)
+
+
+def test_a_warming_step_reads_fewer_micro_batches_and_loses_no_data(tmp_path):
+    """Steps 1-6 of grad_accum 3 read 1, 1, 1, 2, 2, 2 micro-batches, then 3: the loader moves on by exactly those,
+    so no batch is skipped, and the losses stay normalised over the step's own targets."""
+    trainer = small_trainer(tmp_path, "warm", "train.grad_accum=3", "train.batch_warmup_steps=6", "train.max_steps=20",
+                            "train.warmup_steps=2")
+    batches, read = trainer.batches(), []
+    for _ in range(8):
+        before = trainer.state.position.batch
+        out = trainer.train_step(batches)
+        trainer.state.advance(out["clock"], trainer.cfg.train)
+        read.append(trainer.state.position.batch - before)
+        assert math.isfinite(out["loss"]) and 2.0 < out["mlm_loss"] < 12.0
+    assert read == [1, 1, 1, 2, 2, 2, 3, 3]

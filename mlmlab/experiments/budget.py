@@ -27,6 +27,7 @@ from mlmlab.masking.evaluation import EVAL_RATE
 from mlmlab.masking.schedules import rate_at
 from mlmlab.masking.scorers import GRAD_NORM_RATE
 from mlmlab.model import padded_vocab_size
+from mlmlab.train.optim import micro_batches_at
 
 # Dry-run cost assumption: an H100 SXM's dense bf16 peak is ~989 TFLOP/s; 40% model-FLOPs
 # utilisation is what well-tuned BERT pretraining reaches (MosaicBERT reports 30-45%).
@@ -54,6 +55,27 @@ def sequences_per_step(cfg: Config) -> int:
     return cfg.train.batch_size * cfg.train.grad_accum
 
 
+def batch_shares(cfg: Config, last_step: int) -> np.ndarray:
+    """(last_step,) steps 1 .. last_step, each as a share of the full global batch: 1 after any batch warmup."""
+    steps = np.arange(1, last_step + 1)
+    return micro_batches_at(cfg.train, steps) / cfg.train.grad_accum
+
+
+def full_batch_steps(cfg: Config) -> float:
+    """The run's optimizer steps counted in full global batches: fewer than max_steps if the batch warms up."""
+    t = cfg.train
+    return float(batch_shares(cfg, t.max_steps).sum()) if t.batch_warmup_steps else t.max_steps
+
+
+def steps_holding(cfg: Config, full_steps: float) -> int:
+    """The optimizer steps of ``cfg`` that hold ``full_steps`` full global batches, its batch warmup counted."""
+    warmup = batch_shares(cfg, cfg.train.batch_warmup_steps).cumsum()  # (batch_warmup_steps,)
+    within = warmup[-1] if len(warmup) else 0.0
+    if full_steps <= within:
+        return int(np.searchsorted(warmup, full_steps)) + 1
+    return cfg.train.batch_warmup_steps + round(full_steps - within)
+
+
 def step_flops(cfg: Config, rate: float | None = None) -> dict:
     """{"train", "scorer", "total"}: estimated FLOPs of one optimizer step (global batch, one process) at mask
     rate ``rate`` (default: the run's mean rate)."""
@@ -79,7 +101,10 @@ def flops_curve(cfg: Config, last_step: int) -> np.ndarray:
     rates = np.array([rate_at(cfg.masking, step / cfg.train.max_steps) for step in range(last_step)])  # (S,)
     fixed = step_flops(cfg, 0.0)["total"]
     per_rate = step_flops(cfg, 1.0)["total"] - fixed
-    return np.concatenate(([0.0], np.cumsum(fixed + per_rate * rates)))  # (S + 1,)
+    per_step = fixed + per_rate * rates  # (S,) full-batch steps
+    if cfg.train.batch_warmup_steps:
+        per_step = per_step * batch_shares(cfg, last_step)
+    return np.concatenate(([0.0], np.cumsum(per_step)))  # (S + 1,)
 
 
 def scorer_flops(cfg: Config, encoder: float, vocab: int) -> float:
@@ -98,10 +123,10 @@ def scorer_flops(cfg: Config, encoder: float, vocab: int) -> float:
 def matched_steps(cfg: Config, reference: Config, mode: str) -> int:
     """max_steps that gives ``cfg`` the reference's sequences (token-matched) or FLOPs (compute-matched)."""
     if mode == choices.TOKEN_MATCHED:
-        target, per_step = reference.train.max_steps * sequences_per_step(reference), sequences_per_step(cfg)
+        target, per_step = full_batch_steps(reference) * sequences_per_step(reference), sequences_per_step(cfg)
     else:
-        target, per_step = reference.train.max_steps * step_flops(reference)["total"], step_flops(cfg)["total"]
-    return max(1, round(target / per_step))
+        target, per_step = full_batch_steps(reference) * step_flops(reference)["total"], step_flops(cfg)["total"]
+    return max(1, steps_holding(cfg, target / per_step))
 
 
 def apply_budget(cfg: Config, reference: Config, mode: str) -> Config:
@@ -139,11 +164,12 @@ def run_cost(cfg: Config) -> dict:
     """Estimated cost of one run of ``cfg`` as configured (GLUE fine-tuning and probes: downstream.py)."""
     flops = step_flops(cfg)
     steps = cfg.train.max_steps
-    total = steps * flops["total"]
+    total = full_batch_steps(cfg) * flops["total"]
     return {
         "steps": steps,
         "sequences_per_step": sequences_per_step(cfg),
-        "tokens": steps * sequences_per_step(cfg) * cfg.data.max_seq_length,  # sequence slots, padding included
+        # sequence slots, padding included
+        "tokens": full_batch_steps(cfg) * sequences_per_step(cfg) * cfg.data.max_seq_length,
         "flops": total,
         "flops_per_step": flops["total"],
         "scorer_share": flops["scorer"] / flops["total"],

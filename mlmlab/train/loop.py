@@ -1,6 +1,6 @@
 """The pretraining loop: mask, step, log, evaluate, checkpoint.
 
-One step = ``grad_accum`` micro-batches per process. All micro-batches of a step are
+One step = ``grad_accum`` micro-batches per process (fewer during a batch warmup). All micro-batches of a step are
 masked first, so the MLM loss can be normalised by the number of masked tokens of the
 whole global batch (all micro-batches, all ranks): the gradient then equals that of
 one big batch, whatever the split.
@@ -47,7 +47,7 @@ from mlmlab.train.metrics import MetricsWriter
 from mlmlab.train.mfu import MeasuredPeak, matmul_dtype, rates, training_flops
 from mlmlab.train.model_card import export_model_folder
 from mlmlab.train.optim import (
-    build_optimizer, learning_rate, refuse_warmup_without_decay, resume_lr_note, set_lr, training_progress,
+    build_optimizer, learning_rate, micro_batches_at, refuse_warmup_without_decay, resume_lr_note, set_lr, training_progress,
 )
 from mlmlab.utils import jsonio
 from mlmlab.utils.progress import progress_bar, say, say_once
@@ -454,9 +454,10 @@ class Trainer:
             yield batch
 
     def _next_micro_batches(self, batches: Iterator[dict]) -> list[tuple[int, dict]]:
-        """The step's next grad_accum batches on the device, each with its epoch (a step may span two)."""
+        """The step's next grad_accum batches (fewer while the batch warms up) on the device, each with its epoch (a
+        step may span two)."""
         micro = []
-        for _ in range(self.cfg.train.grad_accum):
+        for _ in range(micro_batches_at(self.cfg.train, self.state.step + 1)):
             batch = next(batches)  # moves the state's position on
             micro.append((self.state.position.epoch, {k: v.to(self.accelerator.device) for k, v in batch.items()}))
         return micro

@@ -145,10 +145,16 @@ def _training(cfg: Config, state: dict) -> str:
     clipping = f"gradients clipped to global norm {t.max_grad_norm:g}" if t.max_grad_norm else "no gradient clipping"
     return ("## Training\n\n"
             f"- {state['step']:,} steps, {state.get('tokens', 0):,} tokens seen (non-padding), {minutes:.1f} min of training\n"
-            f"- batch {t.batch_size} x {t.grad_accum} accumulation per process; {optimizer}, peak LR {t.lr:g}, "
+            f"- batch {t.batch_size} x {t.grad_accum} accumulation per process{_batch_warmup(t)}; {optimizer}, peak LR {t.lr:g}, "
             f"{t.warmup_steps} warmup steps, `{t.lr_schedule}` decay over the last {t.decay_fraction:.0%} of the budget; "
             f"weight decay {t.weight_decay}, {clipping}, seed {t.seed}\n"
             f"- started from: {('`' + t.init + '` (weights only)') if t.init else 'random initialisation'}")
+
+
+def _batch_warmup(t) -> str:
+    if not t.batch_warmup_steps:
+        return ""
+    return f" (batch warmup: {t.batch_warmup_start} micro-batch(es) a step growing to {t.grad_accum} over {t.batch_warmup_steps:,} steps)"
 
 
 def _evaluation(cfg: Config, evaluation: dict) -> str:

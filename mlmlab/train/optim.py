@@ -3,6 +3,7 @@
 import dataclasses
 import math
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -89,6 +90,15 @@ def learning_rate(cfg: TrainConfig, step: int, progress: float, warmup_end_progr
     """
     warmup_end = warmup_end_progress if cfg.max_minutes > 0 else cfg.warmup_steps / cfg.max_steps
     return cfg.lr * lr_factor(step, cfg.warmup_steps, progress, warmup_end, cfg.decay_fraction, cfg.lr_schedule)
+
+
+def micro_batches_at(cfg: TrainConfig, step):
+    """Micro-batches of optimizer step ``step`` (1-based; an int or an array of steps): grad_accum, or fewer
+    during train.batch_warmup_steps, from batch_warmup_start up to grad_accum - 1 in equal shares of them."""
+    if not cfg.batch_warmup_steps:
+        return cfg.grad_accum + 0 * step  # an array of steps gets an array back
+    growth = cfg.grad_accum - cfg.batch_warmup_start
+    return np.minimum(cfg.grad_accum, cfg.batch_warmup_start + (step - 1) * growth // cfg.batch_warmup_steps)
 
 
 def refuse_warmup_without_decay(cfg: TrainConfig) -> None:
