@@ -1,8 +1,9 @@
 """One run on a CPU host: one process on every core, or one DDP process per core (torchrun, gloo)?
 
 Two independent 1-thread runs side by side trained 1.32-1.43x the tokens/s of one 2-thread run
-(``benchmarks/parallel_runs.sh``): a small model's step does not keep two threads busy. DDP
-splits one run the same way at the cost of a gradient all-reduce per step. Arms, each the same
+(``benchmarks/parallel_runs.sh``, tiny, 2026-12-02), 1.03x for an ADM run of the 8k vocabulary
+(2026-12-04, after glibc's page faults were fixed): whether a step keeps two threads busy depends on
+the model and the host. DDP splits one run the same way at the cost of a gradient all-reduce per step. Arms, each the same
 config, data and global batch (``train.batch_size`` is split over the DDP processes):
 
 - ``threads``: ``mlmlab pretrain``, one process, torch's default threads (one per core);
