@@ -148,11 +148,14 @@ class TrainConfig:
     # The MLM decoder and its cross-entropy chunk by chunk, gradients in the forward (mlmlab/head_loss.py): the
     # same loss to float tolerance without the (M, V) logits in memory three times. null (auto): off. Its CPU wins
     # were glibc's page faults on the eager head's (M, V) blocks; with those gone the eager head is 1.03-1.11x faster
-    # there (docs/benchmarks.md). On a GPU it is unmeasured
+    # there (docs/benchmarks.md). On an H200: 0.94x the eager head (one run)
     fused_head: bool | None = None
     # BERT's attention projects Q, K and V with one matmul over its three weights, concatenated (mlmlab/fused_qkv.py):
     # the same weights and checkpoints; ModernBERT's is fused already
     fused_qkv: bool = False
+    # torch's deterministic kernels (torch.use_deterministic_algorithms): on a GPU float atomics otherwise vary the last
+    # bits from run to run, so a resume ends close to, not equal to, the uninterrupted run. CPU kernels are already
+    deterministic: bool = False
     max_bad_steps: int = 5  # consecutive non-finite losses (each skipped) before training aborts
     out_dir: str = ""  # empty: runs/<hash of the resolved config>, so a rerun resumes the same run
     # A model folder to start from, weights only (a HuggingFace BertForPreTraining or BertForMaskedLM folder, or an

@@ -5,7 +5,8 @@ command (`python -m mlmlab.cli ...`) on the bundled sample, on whatever device t
 script also runs here on a CPU (slowly: `--steps 4` checks that it works). On a GPU it checks what a CPU
 cannot: bf16 autocast and TF32 as the log says, the fused levers against eager, ModernBERT, the ADM
 scorer, export and fill-mask on the device, and it reports (does not require) whether a resumed run is
-bitwise the uninterrupted one there (float atomics may differ: docs/scale-out.md).
+bitwise the uninterrupted one there, with and without train.deterministic (float atomics may differ:
+docs/scale-out.md), the base preset's throughput and the fused levers against eager.
 """
 
 import argparse
@@ -101,18 +102,30 @@ def check_export_and_fill_mask(out: Path, steps: int, cuda: bool) -> str:
 
 def report_resume_equality(out: Path, steps: int, cuda: bool) -> str:
     """Information, not a failure: a resume from the middle checkpoint against the run that went straight on."""
-    run_dir, half = out / "resume", max(steps // 2, 1)
-    first = pretrain(run_dir, steps, f"train.save_every={half}", "train.keep_last=2", "train.precision=fp32")
+    return _report_resume(out / "resume", steps)
+
+
+def report_deterministic_resume_equality(out: Path, steps: int, cuda: bool) -> str:
+    """Information: the same with train.deterministic=true, which should make the two equal to the bit."""
+    return _report_resume(out / "resume-deterministic", steps, "train.deterministic=true")
+
+
+def _report_resume(run_dir: Path, steps: int, *overrides: str) -> str:
+    half = max(steps // 2, 1)
+    settings = (f"train.save_every={half}", "train.keep_last=2", "train.precision=fp32", *overrides)
+    first = pretrain(run_dir, steps, *settings)
     if first.returncode != 0:
         return failure(first)
     straight = weights(run_dir)
     forget_last_checkpoint(run_dir)
-    second = pretrain(run_dir, steps, f"train.save_every={half}", "train.keep_last=2", "train.precision=fp32")
+    second = pretrain(run_dir, steps, *settings)
     if second.returncode != 0:
         return "resume: " + failure(second)
     resumed = weights(run_dir)
     worst = max((resumed[name] - tensor).abs().max().item() for name, tensor in straight.items())
-    print(f"  resumed run's weights differ from the straight run's by at most {worst:.3g}")
+    warned = sorted({line for line in first.stderr.splitlines() if "does not have a deterministic" in line})
+    print(f"  {' '.join(overrides) or 'default'}: resumed run's weights differ from the straight run's by at most "
+          f"{worst:.3g}" + (f"; torch warned: {warned}" if warned else ""))
     return ""
 
 
@@ -166,7 +179,7 @@ def report_lever_ab(out: Path, steps: int, cuda: bool) -> str:
 
 CHECKS = [check_auto_precision, check_fp32_means_no_tf32, check_fused_levers_follow_eager, check_modernbert,
           check_adm_entropy_scorer, check_export_and_fill_mask, report_resume_equality,
-          report_base_throughput, report_lever_ab]
+          report_deterministic_resume_equality, report_base_throughput, report_lever_ab]
 
 
 def main() -> int:

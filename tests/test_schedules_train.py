@@ -1,6 +1,7 @@
 """The learning-rate schedule is a pure function of step and budget progress."""
 
 import math
+import os
 
 import pytest
 
@@ -291,3 +292,19 @@ def test_a_warming_step_reads_fewer_micro_batches_and_loses_no_data(tmp_path):
         read.append(trainer.state.position.batch - before)
         assert math.isfinite(out["loss"]) and 2.0 < out["mlm_loss"] < 12.0
     assert read == [1, 1, 1, 2, 2, 2, 3, 3]
+
+
+def test_train_deterministic_turns_torchs_deterministic_kernels_on_for_its_run_only(tmp_path, monkeypatch):
+    """Set per run, either way: a study's arms share one process. Its bitwise resume is what a GPU needs it for
+    (tests/gpu_check.py reports it there); CPU kernels are deterministic already."""
+    import torch
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        small_trainer(tmp_path, "deterministic", "train.deterministic=true")
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        small_trainer(tmp_path, "default")
+        assert not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)

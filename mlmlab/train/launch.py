@@ -59,13 +59,27 @@ def make_accelerator(cfg: Config) -> Accelerator:
     accelerator = Accelerator(mixed_precision=precision, kwargs_handlers=handlers, cpu=not torch.cuda.is_available())
     if accelerator.device.type == "cuda":
         use_tf32(cfg.train.precision != choices.FP32)
+    use_deterministic(cfg.train.deterministic)
     check_fsdp(accelerator, cfg)
     return accelerator
 
 
+def use_deterministic(on: bool) -> None:
+    """train.deterministic: torch's deterministic kernels, an op that has none warning rather than stopping the run.
+    Set either way: a study's arms run one after another in one process.
+
+    Not transformers' enable_full_determinism: it also sets CUDA_LAUNCH_BLOCKING=1, which serialises every kernel
+    launch (a large slowdown that determinism does not need). cuBLAS reads CUBLAS_WORKSPACE_CONFIG when its handle
+    is made, so a process whose first CUDA run was not deterministic keeps that workspace: say so in the docs."""
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (CUDA >= 10.2)
+    torch.use_deterministic_algorithms(on, warn_only=True)
+
+
 def fused_head_on(setting: bool | None) -> bool:
     """train.fused_head, null (auto) resolved: off on every device. On a CPU the eager head is 1.03-1.11x faster
-    since the allocator keeps large blocks (docs/benchmarks.md); on a GPU the 128-row chunks were never timed."""
+    since the allocator keeps large blocks; on an H200 the fused one trained 0.94x its tokens/s (one run,
+    docs/benchmarks.md)."""
     return bool(setting)
 
 
