@@ -27,7 +27,7 @@ from mlmlab.masking.evaluation import EVAL_RATE
 from mlmlab.masking.schedules import rate_at
 from mlmlab.masking.scorers import GRAD_NORM_RATE
 from mlmlab.model import padded_vocab_size
-from mlmlab.train.optim import micro_batches_at
+from mlmlab.train.optim import full_batches_until, micro_batches_at
 
 # Dry-run cost assumption: an H100 SXM's dense bf16 peak is ~989 TFLOP/s; 40% model-FLOPs
 # utilisation is what well-tuned BERT pretraining reaches (MosaicBERT reports 30-45%).
@@ -63,8 +63,7 @@ def batch_shares(cfg: Config, last_step: int) -> np.ndarray:
 
 def full_batch_steps(cfg: Config) -> float:
     """The run's optimizer steps counted in full global batches: fewer than max_steps if the batch warms up."""
-    t = cfg.train
-    return float(batch_shares(cfg, t.max_steps).sum()) if t.batch_warmup_steps else t.max_steps
+    return full_batches_until(cfg.train, cfg.train.max_steps)
 
 
 def steps_holding(cfg: Config, full_steps: float) -> int:

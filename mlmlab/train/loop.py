@@ -47,7 +47,8 @@ from mlmlab.train.metrics import MetricsWriter
 from mlmlab.train.mfu import MeasuredPeak, matmul_dtype, rates, training_flops
 from mlmlab.train.model_card import export_model_folder
 from mlmlab.train.optim import (
-    build_optimizer, learning_rate, micro_batches_at, refuse_warmup_without_decay, resume_lr_note, set_lr, training_progress,
+    build_optimizer, full_batches_until, learning_rate, micro_batches_at, refuse_warmup_without_decay, resume_lr_note, set_lr,
+    training_progress,
 )
 from mlmlab.utils import jsonio
 from mlmlab.utils.progress import progress_bar, say, say_once
@@ -134,16 +135,25 @@ def _progress_bar(cfg: TrainConfig, initial: int, shown: bool) -> tqdm:
 class _ProgressLines:
     """The bar's news as one line per evaluation, for a log file; time left from this process's pace."""
 
-    def __init__(self, progress: float):
-        self.started, self.progress_at_start = time.perf_counter(), progress
+    def __init__(self, cfg: TrainConfig, step: int, progress: float):
+        self.started, self.done_at_start = time.perf_counter(), _share_done(cfg, step, progress)
 
     def line(self, step: int, cfg: TrainConfig, progress: float, loss: float, evaluation: dict) -> str:
         budget = f" of a {cfg.max_minutes:g}-minute budget" if cfg.max_minutes > 0 else f"/{cfg.max_steps}"
         held_out = (f"; held-out MLM loss {evaluation['mlm_loss']:.3f}, accuracy {evaluation['mlm_accuracy']:.3f}"
                     if {"mlm_loss", "mlm_accuracy"} <= evaluation.keys() else "")
-        pace = (progress - self.progress_at_start) / (time.perf_counter() - self.started)  # progress per second
-        left = f"; about {(1 - progress) / pace / 60:.0f} min left" if pace > 0 else ""
+        done = _share_done(cfg, step, progress)
+        pace = (done - self.done_at_start) / (time.perf_counter() - self.started)  # share of the run per second
+        left = f"; about {(1 - done) / pace / 60:.0f} min left" if pace > 0 else ""
         return f"step {step}{budget} ({progress:.0%}): loss {loss:.3f}{held_out}{left}"
+
+
+def _share_done(cfg: TrainConfig, step: int, progress: float) -> float:
+    """The share of the run's work done: of its batches under a step budget (a step is smaller during
+    train.batch_warmup_steps, so the share of steps would promise the end too soon), else of its time."""
+    if cfg.max_minutes > 0:
+        return progress
+    return full_batches_until(cfg, step) / full_batches_until(cfg, cfg.max_steps)
 
 
 class _StopRequest:
@@ -514,7 +524,7 @@ class Trainer:
         shown = self.show_progress and self.accelerator.is_main_process
         with _progress_bar(self.cfg.train, self.state.step, shown) as bar:
             # No bar where stderr is a log file (nohup, a scheduler): a line at each evaluation instead.
-            self._lines = _ProgressLines(self.progress()) if shown and bar.disable else None
+            self._lines = _ProgressLines(self.cfg.train, self.state.step, self.progress()) if shown and bar.disable else None
             while self.progress() < 1.0 and not stopping:
                 started = time.perf_counter()
                 out = self.train_step(batches, stop.requested)

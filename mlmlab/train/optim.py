@@ -101,6 +101,14 @@ def micro_batches_at(cfg: TrainConfig, step):
     return np.minimum(cfg.grad_accum, cfg.batch_warmup_start + (step - 1) * growth // cfg.batch_warmup_steps)
 
 
+
+def full_batches_until(cfg: TrainConfig, step: int) -> float:
+    """Optimizer steps 1 .. ``step`` counted in full global batches: fewer than ``step`` while the batch warms up."""
+    if not cfg.batch_warmup_steps:
+        return float(step)
+    return float(micro_batches_at(cfg, np.arange(1, step + 1)).sum() / cfg.grad_accum)
+
+
 def refuse_warmup_without_decay(cfg: TrainConfig) -> None:
     """A step budget no longer than its warmup ends with the LR still rising, never decayed: refused in one line.
 
