@@ -37,3 +37,5 @@ def test_profile_step_profiles_the_same_recipe_pair():
     assert re.findall(r"^(\S+): [\d.]+ ms of operator self time per step$", out, re.M) == [
         "hf-sparse-recipe", "mlmlab-as-shipped"]
     assert re.search(r"phase: masking +[\d.]+ ms per step", out)
+    # Every step reads values on the host (mlmlab's denominators and gradient norm; on a CPU fused AdamW's step counts)
+    assert [int(reads) for reads in re.findall(r"^  (\d+) host reads of a tensor's value per step$", out, re.M)][1] > 0
