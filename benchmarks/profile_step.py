@@ -15,12 +15,15 @@ throughput.py's `--lever data.loader_workers=0` measures what the worker costs.
 
 import argparse
 import functools
+import os
+import sys
 import tempfile
 
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from mlmlab.cli import reexec_with_malloc_tuning
 from mlmlab.utils.devices import clock, describe_cpu
 from throughput import build_arms, time_arm
 
@@ -79,9 +82,14 @@ def main(argv=None) -> None:
     parser.add_argument("--rows", type=int, default=20)
     parser.add_argument("--arms", nargs="+", default=SAME_RECIPE,
                         choices=("hf-naive", "hf-sparse", "mlmlab-unbucketed", "mlmlab", *SAME_RECIPE))
+    parser.add_argument("--no-malloc-tuning", action="store_true",
+                        help="profile without the glibc settings the mlmlab command and throughput.py apply")
     args = parser.parse_args(argv)
+    if not args.no_malloc_tuning:  # else its page faults would be profiled that neither measures
+        reexec_with_malloc_tuning([sys.executable, os.path.abspath(__file__), *sys.argv[1:]])
     args.set, args.lever = [], []
-    print(f"{describe_cpu()}; torch {torch.__version__}, threads {torch.get_num_threads()}")
+    print(f"{describe_cpu()}; torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"MALLOC_MMAP_MAX_={os.environ.get('MALLOC_MMAP_MAX_', 'unset')}")
     with tempfile.TemporaryDirectory() as folder:
         arms, trainers = build_arms(args.preset, args, folder)
         for name in args.arms:
