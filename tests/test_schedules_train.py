@@ -265,7 +265,6 @@ def test_batch_warmup_grows_a_micro_batch_at_a_time_with_equal_steps_at_each_siz
     assert micro_batches_at(TrainConfig(grad_accum=3), 1) == 3  # off: every step takes grad_accum
 
 
-
 def test_time_left_during_a_batch_warmup_counts_batches_not_steps(monkeypatch):
     """Steps 1-10 of 20 hold 30 of the run's 90 micro-batches: a third of its work in 10 minutes leaves 20,
     where the share of steps (a half) would say 10."""
@@ -277,6 +276,7 @@ def test_time_left_during_a_batch_warmup_counts_batches_not_steps(monkeypatch):
     monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock))
     lines = loop._ProgressLines(cfg, 0, 0.0)
     assert lines.line(10, cfg, 0.5, 5.0, {}) == "step 10/20 (50%): loss 5.000; about 20 min left"
+
 
 @pytest.mark.parametrize("overrides, words", [
     (["train.batch_warmup_steps=10"], ["train.grad_accum=1", "train.batch_warmup_start=1"]),

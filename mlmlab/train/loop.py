@@ -136,24 +136,24 @@ class _ProgressLines:
     """The bar's news as one line per evaluation, for a log file; time left from this process's pace."""
 
     def __init__(self, cfg: TrainConfig, step: int, progress: float):
-        self.started, self.done_at_start = time.perf_counter(), _share_done(cfg, step, progress)
+        self.full_batches = full_batches_until(cfg, cfg.max_steps)  # the run's, under a step budget
+        self.started, self.done_at_start = time.perf_counter(), self._share_done(cfg, step, progress)
 
     def line(self, step: int, cfg: TrainConfig, progress: float, loss: float, evaluation: dict) -> str:
         budget = f" of a {cfg.max_minutes:g}-minute budget" if cfg.max_minutes > 0 else f"/{cfg.max_steps}"
         held_out = (f"; held-out MLM loss {evaluation['mlm_loss']:.3f}, accuracy {evaluation['mlm_accuracy']:.3f}"
                     if {"mlm_loss", "mlm_accuracy"} <= evaluation.keys() else "")
-        done = _share_done(cfg, step, progress)
+        done = self._share_done(cfg, step, progress)
         pace = (done - self.done_at_start) / (time.perf_counter() - self.started)  # share of the run per second
         left = f"; about {(1 - done) / pace / 60:.0f} min left" if pace > 0 else ""
         return f"step {step}{budget} ({progress:.0%}): loss {loss:.3f}{held_out}{left}"
 
-
-def _share_done(cfg: TrainConfig, step: int, progress: float) -> float:
-    """The share of the run's work done: of its batches under a step budget (a step is smaller during
-    train.batch_warmup_steps, so the share of steps would promise the end too soon), else of its time."""
-    if cfg.max_minutes > 0:
-        return progress
-    return full_batches_until(cfg, step) / full_batches_until(cfg, cfg.max_steps)
+    def _share_done(self, cfg: TrainConfig, step: int, progress: float) -> float:
+        """The share of the run's work done: of its batches under a step budget (a step is smaller during
+        train.batch_warmup_steps, so the share of steps would promise the end too soon), else of its time."""
+        if cfg.max_minutes > 0:
+            return progress
+        return full_batches_until(cfg, step) / self.full_batches
 
 
 class _StopRequest:

@@ -101,7 +101,6 @@ def micro_batches_at(cfg: TrainConfig, step):
     return np.minimum(cfg.grad_accum, cfg.batch_warmup_start + (step - 1) * growth // cfg.batch_warmup_steps)
 
 
-
 def full_batches_until(cfg: TrainConfig, step: int) -> float:
     """Optimizer steps 1 .. ``step`` counted in full global batches: fewer than ``step`` while the batch warms up."""
     if not cfg.batch_warmup_steps:
