@@ -24,8 +24,8 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from mlmlab.cli import reexec_with_malloc_tuning
-from mlmlab.utils.devices import clock, describe_cpu
-from throughput import build_arms, time_arm
+from mlmlab.utils.devices import clock
+from throughput import build_arms, describe_environment, time_arm
 
 
 SAME_RECIPE = ("hf-sparse-recipe", "mlmlab-as-shipped")
@@ -88,8 +88,7 @@ def main(argv=None) -> None:
     if not args.no_malloc_tuning:  # else its page faults would be profiled that neither measures
         reexec_with_malloc_tuning([sys.executable, os.path.abspath(__file__), *sys.argv[1:]])
     args.set, args.lever = [], []
-    print(f"{describe_cpu()}; torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"MALLOC_MMAP_MAX_={os.environ.get('MALLOC_MMAP_MAX_', 'unset')}")
+    print(describe_environment())
     with tempfile.TemporaryDirectory() as folder:
         arms, trainers = build_arms(args.preset, args, folder)
         for name in args.arms:

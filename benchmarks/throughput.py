@@ -57,7 +57,7 @@ from transformers import (
 )
 
 from mlmlab import choices
-from mlmlab.cli import reexec_with_malloc_tuning
+from mlmlab.cli import MALLOC_TUNING, reexec_with_malloc_tuning
 from mlmlab.config import load_config
 from mlmlab.data.loader import epoch_plans
 from mlmlab.model import IGNORE_INDEX
@@ -279,6 +279,12 @@ def lever_arm(lever: list[str]) -> str:
     return "mlmlab+" + "+".join(override.rsplit(".", 1)[-1] for override in lever)
 
 
+def describe_environment() -> str:
+    """The header line of a measurement: the host, torch, its threads and the allocator settings it ran under."""
+    allocator = ", ".join(f"{key}={os.environ.get(key, 'unset')}" for key in MALLOC_TUNING)
+    return f"{describe_cpu()}; torch {torch.__version__}, threads {torch.get_num_threads()}, {allocator}"
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", nargs="+", default=["tiny", "mini"])
@@ -300,8 +306,7 @@ def main(argv=None) -> None:
     presets = list(args.presets)
     if torch.cuda.is_available() and "base" not in presets:
         presets.append("base")
-    print(f"{describe_cpu()}; torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"MALLOC_TRIM_THRESHOLD_={os.environ.get('MALLOC_TRIM_THRESHOLD_', 'unset')}")
+    print(describe_environment())
     unapplied = not_applied_by_hf(args.set)
     if unapplied:
         print(f"hf-naive, hf-sparse, hf-sparse-recipe do not apply: {' '.join(unapplied)}")

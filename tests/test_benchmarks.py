@@ -25,6 +25,8 @@ def run_benchmark(script: str, *args: str) -> str:
 def test_throughput_prints_both_ratio_lines_and_each_lever():
     out = run_benchmark("throughput.py", "--presets", "tiny", "--steps", "1", "--rounds", "1", *TINY_RUN,
                         "--lever", "train.fused_head=true")
+    if "MALLOC_MMAP_MAX_" not in os.environ:  # measured under the allocator settings the mlmlab command applies
+        assert out.splitlines()[0].endswith("MALLOC_TOP_PAD_=1073741824, MALLOC_MMAP_MAX_=0"), out.splitlines()[0]
     for line in ("same recipe", "transformers' defaults"):
         assert re.search(rf"^tiny vs hf-sparse, {line}: \d+\.\d\dx \(dropout [\d.]+, float32; 1 thread, CPU ", out, re.M)
     arms = re.findall(r"^  (\S+) +\d+ +[\d.]+% +float32 +[\d.]+%$", out, re.M)
