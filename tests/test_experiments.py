@@ -417,7 +417,7 @@ def test_gates_run_the_gate_arm_first_and_stop_the_others_when_they_fail(tmp_pat
     assert rows[0]["eval_data"]["valid-again"]["masked_tokens"] > 0  # the further held-out set was evaluated
     assert rows[0]["gates"] == {"arm": "dynamic", "min": {"eval.mlm_accuracy": 2.0}}
     assert rows[0]["decision"] == {"metric": "eval.mlm_loss", "lower_is_better": True, "min_effect": 0.01, "guard": {},
-                                   "target": None}
+                                   "target": None, "lower_target": None, "contrasts": []}
     text = report.write_report(tmp_path / "out" / "results.jsonl", tmp_path / "report").read_text()
     assert "Validity gates" in text and "**failed**" in text and "no conclusion is drawn" in text
     assert "valid-again MLM loss (nats)" in text
