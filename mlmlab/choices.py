@@ -8,7 +8,8 @@ strategy, schedule or objective is added here first.
 # model.architecture: each is transformers' model_type of the class it builds (a saved config.json says which)
 BERT = "bert"  # the seed's: BertForPreTraining, post-LayerNorm, learned positions, MLM + NSP heads
 MODERNBERT = "modernbert"  # ModernBertForMaskedLM: pre-norm, RoPE, GeGLU, no biases, local/global attention; MLM only
-ARCHITECTURES = (BERT, MODERNBERT)
+ROBERTA = "roberta"  # RobertaForMaskedLM: BERT's encoder, positions past the padding id, one token type; MLM only
+ARCHITECTURES = (BERT, ROBERTA, MODERNBERT)
 
 # masking.strategy
 STATIC = "static"  # BERT: dupe_factor fixed masks per example, cycled over epochs

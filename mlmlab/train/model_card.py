@@ -48,6 +48,7 @@ def card_text(folder: Path, cfg: Config, state: dict, evaluation: dict, data: di
 
 # Per architecture (model_type): its name, the classes besides the Auto ones that load the folder.
 _NAMES = {choices.BERT: ("BERT", "`BertForPreTraining` (with the NSP head)"),
+          choices.ROBERTA: ("RoBERTa", "`RobertaForMaskedLM`"),
           choices.MODERNBERT: ("ModernBERT", "`ModernBertForMaskedLM`")}
 
 
@@ -83,6 +84,9 @@ def _architecture(model: dict, parameters: int) -> str:
 def _classes(model: dict) -> str:
     if saved_architecture(model).name == choices.BERT:
         return "`BertForPreTraining`: encoder, MLM head (tied to the input embeddings) and NSP head."
+    if saved_architecture(model).name == choices.ROBERTA:
+        return ("`RobertaForMaskedLM`: BERT's post-LayerNorm encoder with one token type and learned positions "
+                "counted from past the padding id; MLM head tied to the input embeddings; no NSP head.")
     rope = model["rope_parameters"]
     return ("`ModernBertForMaskedLM`: a pre-norm encoder with rotary positions, GeGLU feed-forward and no biases but "
             f"the decoder's; layers 0, {model['global_attn_every_n_layers']}, ... attend to the whole sequence (RoPE "
