@@ -84,7 +84,7 @@ def fixed_mask_batches(store, info, batch_size: int, max_batches: int | None, de
                        desc: str = "evaluate") -> Iterator[dict]:
     """The evaluated batches of ``store`` on ``device``, masked with the fixed uniform masks: the same every time."""
     batches = iterate_batches(store, batch_size=min(batch_size, len(store)), seed=0, start=LoaderPosition(),
-                              pad_id=store.meta["special_token_ids"]["[PAD]"])
+                              pad_id=store.meta.get("pad_token_id", store.meta["special_token_ids"].get("[PAD]")))
     count = evaluated_batches(len(store), batch_size, max_batches)
     with progress_bar(desc, count, show_progress, unit="batch") as bar:
         for _ in range(count):
