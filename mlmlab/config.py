@@ -63,7 +63,9 @@ class DataConfig:
     # as text_column, for valid_corpus (a JSONL training file's "body" beside a held-out one's "text"); empty: text_column
     valid_text_column: str = ""
     id_column: str = ""  # JSONL and tables: consecutive records with the same value here form one document; empty: one record, one document
-    tokenizer: str = ""  # a tokenizer folder or a vocab.txt; empty: bundled bert-base-uncased vocab
+    # a tokenizer folder (tokenizer.json, or vocab.json + merges.txt), a vocab.txt, or a bundled one by name
+    # (sample-bpe-8k: byte-level BPE on the sample); empty: bundled bert-base-uncased vocab
+    tokenizer: str = ""
     max_seq_length: int = 128  # tokens per instance, [CLS] and [SEP] included (BERT: 128, then 512 for the last 10%)
     objective: str = choices.NSP  # "nsp": sentence pairs + NSP loss; "mlm": packed full sentences, no NSP
     short_seq_prob: float = 0.1  # google-research/bert: share of instances with a shorter target length

@@ -182,3 +182,35 @@ def test_a_resume_into_the_other_architecture_is_refused(source, tmp_path, capsy
     err = one_line_error(["pretrain", "--no-progress", *SMALL, *COMMON, "data.objective=mlm",
                           f"train.out_dir={tmp_path / 'bert'}", "--resume", str(source / "ckpt-00000002")], capsys)
     assert "model_type=roberta" in err and "model.architecture" in err
+
+
+# ----- presets -------------------------------------------------------------------------------
+def test_roberta_base_with_robertas_vocabulary_has_the_released_models_parameters():
+    from transformers import RobertaConfig
+
+    cfg = load_config("roberta-base", ["model.pad_vocab_multiple=1"])
+    assert (cfg.model.architecture, cfg.data.objective, cfg.data.max_seq_length) == (choices.ROBERTA, choices.MLM, 512)
+    with torch.device("meta"):
+        ours = build_model(cfg.model, vocab_size=50265, pad_token_id=1)  # GPT-2's BPE as RoBERTa numbers it
+        released = RobertaForMaskedLM(RobertaConfig(max_position_embeddings=514, type_vocab_size=1,
+                                                     layer_norm_eps=1e-5))
+    assert ours.config.max_position_embeddings == 514
+    count = sum(p.numel() for p in ours.parameters())
+    assert count == sum(p.numel() for p in released.parameters()) and round(count / 1e6, 1) == 124.7
+
+
+def test_pretrain_roberta_tiny_gives_a_roberta_folder_with_its_bpe_tokenizer(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["pretrain", "--no-progress", "--config", "roberta-tiny", "train.max_steps=3", "train.warmup_steps=1",
+                 "train.eval_every=0", f"train.out_dir={run}"]) == 0  # the bundled sample, the bundled BPE
+    said = capsys.readouterr().out
+    assert "is <mask>." in said  # the fill-mask line it prints names the tokenizer's own mask token
+    folder = run / "model"
+    assert isinstance(AutoModelForMaskedLM.from_pretrained(folder), RobertaForMaskedLM)
+    fill = pipeline("fill-mask", model=str(folder))
+    assert json.loads(fill.tokenizer.backend_tokenizer.to_str())["model"]["type"] == "BPE"
+    assert fill.tokenizer.mask_token == "<mask>" and len(fill.tokenizer) == 8192
+    predictions = fill("The capital of France is <mask>.")
+    assert len(predictions) == 5 and all("<mask>" not in p["sequence"] for p in predictions)
+    card = (folder / "README.md").read_text()
+    assert "Byte-level BPE, 8,192 tokens" in card and "The capital of France is <mask>." in card

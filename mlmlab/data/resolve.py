@@ -23,12 +23,16 @@ SAMPLE_DIR = Path(__file__).resolve().parent.parent / "resources" / "sample"
 SAMPLE_TRAIN = SAMPLE_DIR / "train.txt.gz"
 SAMPLE_VALID = SAMPLE_DIR / "valid.txt.gz"
 SAMPLE_VOCAB = SAMPLE_DIR / "vocab.txt"
+# Tokenizers bundled with the package, by the name data.tokenizer gives them (a folder of that name is used instead)
+BUNDLED_TOKENIZERS = {"sample-bpe-8k": SAMPLE_DIR / "bpe-8k"}  # byte-level BPE, RoBERTa's tokens, on the sample
 
 
 def tokenizer_dir_for(setting: str) -> Path:
     """A tokenizer folder as is; a vocab.txt (or the bundled one), or a folder of RoBERTa's slow files (vocab.json +
     merges.txt), adopted into the cache."""
     source = Path(setting) if setting else SAMPLE_VOCAB
+    if setting in BUNDLED_TOKENIZERS and not source.exists():
+        return BUNDLED_TOKENIZERS[setting]
     if source.is_dir():
         if (source / "tokenizer.json").is_file() or not (source / "vocab.json").is_file():
             return source
