@@ -214,3 +214,78 @@ def test_pretrain_roberta_tiny_gives_a_roberta_folder_with_its_bpe_tokenizer(tmp
     assert len(predictions) == 5 and all("<mask>" not in p["sequence"] for p in predictions)
     card = (folder / "README.md").read_text()
     assert "Byte-level BPE, 8,192 tokens" in card and "The capital of France is <mask>." in card
+
+
+# ----- continuing a released encoder (--init) -------------------------------------------------
+@pytest.fixture(scope="module")
+def bpe_tokenizer(tmp_path_factory):
+    from mlmlab.data.tokenizer import load_tokenizer, train_tokenizer
+
+    folder = train_tokenizer(CORPUS, vocab_size=1000, out_dir=tmp_path_factory.mktemp("bpe") / "tok", kind=choices.BPE)
+    return load_tokenizer(folder)
+
+
+def released_folder(folder, model, tokenizer, extra: dict | None = None):
+    """What a downloaded folder is: transformers' save_pretrained of the model and its tokenizer."""
+    from safetensors.torch import save_file
+
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    if extra:  # weights a released file holds beyond the class's (roberta-base's pooler)
+        weights = {name: tensor.contiguous() for name, tensor in load_file(folder / "model.safetensors").items()}
+        save_file({**weights, **extra}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def _released(kind: str, tokenizer):
+    from transformers import ModernBertConfig, ModernBertForMaskedLM, RobertaConfig
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 intermediate_size=64, pad_token_id=tokenizer.pad_token_id)
+    if kind == choices.ROBERTA:  # as roberta-base's config.json: 2 + 128 position rows, one token type
+        config = RobertaConfig(**shape, max_position_embeddings=130, type_vocab_size=1, layer_norm_eps=1e-5)
+        return RobertaForMaskedLM(config), {"roberta.pooler.dense.weight": torch.ones(32, 32)}
+    return ModernBertForMaskedLM(ModernBertConfig(**shape, max_position_embeddings=128)), None
+
+
+@pytest.mark.parametrize("kind", [choices.ROBERTA, choices.MODERNBERT])
+def test_init_continues_a_released_folder_with_the_tokenizer_it_brings(kind, bpe_tokenizer, tmp_path, capsys):
+    model, extra = _released(kind, bpe_tokenizer)
+    source = released_folder(tmp_path / "released", model, bpe_tokenizer, extra)
+    run = tmp_path / "run"
+    assert main(["pretrain", "--no-progress", *COMMON, "data.objective=mlm", "--init", str(source),
+                 f"train.out_dir={run}", "train.max_steps=2", "train.warmup_steps=0"]) == 0
+    said = capsys.readouterr()
+    assert "starting from the weights of" in said.out + said.err
+    exported = AutoModelForMaskedLM.from_pretrained(run / "model")
+    assert exported.config.model_type == kind and exported.config.hidden_size == 32
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(run / "model").get_vocab() == bpe_tokenizer.get_vocab()
+    trained, started = exported.state_dict(), model.state_dict()
+    moved = [name for name in started if name in trained and not torch.equal(trained[name], started[name])]
+    assert moved  # trained on from the released weights ...
+    embeddings = {choices.ROBERTA: "roberta.embeddings.position_embeddings.weight",
+                  choices.MODERNBERT: "model.embeddings.tok_embeddings.weight"}[kind]
+    assert trained[embeddings].shape == started[embeddings].shape  # ... into the same shapes
+
+
+def test_init_of_an_unsupported_architecture_is_refused_listing_the_supported(bpe_tokenizer, tmp_path, capsys):
+    from transformers import ElectraConfig, ElectraForMaskedLM
+
+    model = ElectraForMaskedLM(ElectraConfig(vocab_size=len(bpe_tokenizer), hidden_size=32, embedding_size=32,
+                                             num_hidden_layers=1, num_attention_heads=2, intermediate_size=64))
+    source = released_folder(tmp_path / "electra", model, bpe_tokenizer)
+    err = one_line_error(["pretrain", "--no-progress", *COMMON, "data.objective=mlm", "--init", str(source),
+                          f"train.out_dir={tmp_path / 'run'}"], capsys)
+    assert "model_type='electra'" in err and "'bert', 'roberta' or 'modernbert'" in err
+
+
+def test_init_whose_tokenizer_pads_with_another_id_than_its_weights_is_refused(bpe_tokenizer, tmp_path, capsys):
+    model, _ = _released(choices.ROBERTA, bpe_tokenizer)
+    model.config.pad_token_id = 0  # <s>: the position rows count from another id than the tokenizer pads with
+    source = released_folder(tmp_path / "released", model, bpe_tokenizer)
+    err = one_line_error(["pretrain", "--no-progress", *COMMON, "data.objective=mlm", "--init", str(source),
+                          f"train.out_dir={tmp_path / 'run'}"], capsys)
+    assert "pad_token_id=0" in err and "disagree" in err

@@ -57,14 +57,16 @@ def _cached_folder(target: Path, fill) -> Path:
 
 
 def standalone_tokenizer(model_dir: Path) -> Path:
-    """The tokenizer files of a model folder, copied to the cache so data hashes ignore the weights."""
+    """The tokenizer files of a model folder, copied to the cache so data hashes ignore the weights (RoBERTa's slow
+    files, vocab.json + merges.txt without a tokenizer.json, are adopted from there)."""
     files = sorted(p for p in Path(model_dir).iterdir()
                    if p.name.startswith(("tokenizer", "vocab", "merges", "special_tokens", "added_tokens")))
     if not files:
         raise UserError(f"{model_dir} holds no tokenizer files (vocab.txt, tokenizer.json); copy the model's "
                         "tokenizer into it, or name it with data.tokenizer")
     digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in files)).hexdigest()[:16]
-    return _cached_folder(cache_root().parent / "tokenizers" / digest, lambda staging: _copy_files(files, staging))
+    copied = _cached_folder(cache_root().parent / "tokenizers" / digest, lambda staging: _copy_files(files, staging))
+    return tokenizer_dir_for(str(copied))
 
 
 def _copy_files(files: list[Path], folder: Path) -> None:

@@ -78,11 +78,24 @@ def _check_vocabulary(folder: Path, tokenizer_setting: str) -> None:
     """The run's tokenizer must be the vocabulary the checkpoint was trained with, id for id: data.tokenizer's, or
     the folder's own, checked as evaluate and glue check it (a swapped vocab.txt trained with the wrong ids)."""
     if not tokenizer_setting:
-        check_own_tokenizer(folder, load_tokenizer(standalone_tokenizer(folder)))
-        return
-    refuse_other_vocabulary(folder, load_tokenizer(tokenizer_dir_for(tokenizer_setting)),
-                            f"data.tokenizer={tokenizer_setting} is another vocabulary than train.init={folder}'s",
-                            "leave data.tokenizer empty to use the model's own tokenizer")
+        tokenizer = load_tokenizer(standalone_tokenizer(folder))
+        check_own_tokenizer(folder, tokenizer)
+    else:
+        tokenizer = load_tokenizer(tokenizer_dir_for(tokenizer_setting))
+        refuse_other_vocabulary(folder, tokenizer,
+                                f"data.tokenizer={tokenizer_setting} is another vocabulary than train.init={folder}'s",
+                                "leave data.tokenizer empty to use the model's own tokenizer")
+    _check_padding(folder, tokenizer)
+
+
+def _check_padding(folder: Path, tokenizer) -> None:
+    """The weights' padding id must be the tokenizer's: the embedding keeps that row for padding, and RoBERTa
+    counts its positions from past it."""
+    saved = read_config(folder).get("pad_token_id")
+    if saved is not None and saved != tokenizer.pad_token_id:
+        raise UserError(f"train.init={folder} has pad_token_id={saved} in its config.json, but its tokenizer pads "
+                        f"with {tokenizer.pad_token!r} (id {tokenizer.pad_token_id}): the weights and the tokenizer "
+                        "disagree; start from a folder whose tokenizer is the one its model was trained with")
 
 
 def _with_architecture(cfg: Config, folder: Path, saved: dict) -> Config:
