@@ -84,7 +84,7 @@ class MaskingConfig:
     dupe_factor: int = 10  # static only: number of distinct masks cycled over epochs
     seed: int = 0  # masks are a function of (seed, example, epoch, position)
     mask_unk: bool = False  # whether [UNK] may be selected (it carries no learnable identity)
-    whole_word: bool = False  # select whole words ("##" pieces follow their word), for every strategy
+    whole_word: bool = False  # select whole words (the tokenizer's ##, Ġ or ▁ tells where one begins), any strategy
     rate_schedule: str = choices.CONSTANT  # "constant" (rate) or "linear_decay" from rate_start to rate (Ankner et al. 2024)
     rate_start: float = 0.30  # linear_decay only: the mask rate at step 0
     scorer: str = choices.ENTROPY  # adaptive: entropy (seed's), max_prob, grad_norm, loss_ema (~free), context, frequency (control)

@@ -14,7 +14,7 @@ from mlmlab.data.build import cache_root, prepare, prepared_hash
 from mlmlab.data.corpus import is_prepared_dataset, refuse_missing_fields
 from mlmlab.data.records import Columns
 from mlmlab.data.store import TokenStore
-from mlmlab.data.tokenizer import adopt_bpe_files, adopt_vocab, load_tokenizer, vocab_hash
+from mlmlab.data.tokenizer import adopt_bpe_files, adopt_vocab, load_tokenizer, refuse_incomplete_bpe, vocab_hash
 from mlmlab.data.wikitext import UNK_MARKER, is_wikitext, write_plain
 from mlmlab.errors import UserError
 from mlmlab.utils.files import building, file_sha256
@@ -36,10 +36,9 @@ def tokenizer_dir_for(setting: str) -> Path:
     if source.is_dir():
         if (source / "tokenizer.json").is_file() or not (source / "vocab.json").is_file():
             return source
-        files = [source / name for name in ("vocab.json", "merges.txt") if (source / name).is_file()]
+        refuse_incomplete_bpe(source)
+        files = [source / "vocab.json", source / "merges.txt"]
         digest = hashlib.sha256(b"".join(path.name.encode() + path.read_bytes() for path in files)).hexdigest()[:16]
-        if len(files) < 2:
-            adopt_bpe_files(source, source)  # refused in one line: no merges.txt
         return _cached_folder(cache_root().parent / "tokenizers" / f"bpe-{digest}",
                               lambda staging: adopt_bpe_files(source, staging))
     if not source.is_file():

@@ -129,9 +129,7 @@ def adopt_bpe_files(folder: str | Path, out_dir: str | Path) -> Path:
     from transformers import RobertaTokenizerFast
 
     folder = Path(folder)
-    if not (folder / "merges.txt").is_file():
-        raise UserError(f"{folder} has a vocab.json but no merges.txt: a byte-level BPE needs both (or a "
-                        "tokenizer.json); copy the tokenizer's merges.txt into it")
+    refuse_incomplete_bpe(folder)
     try:
         RobertaTokenizerFast(vocab=str(folder / "vocab.json"), merges=str(folder / "merges.txt")).save_pretrained(
             str(out_dir))
@@ -140,6 +138,13 @@ def adopt_bpe_files(folder: str | Path, out_dir: str | Path) -> Path:
                         "vocab.json and merges.txt again") from None
     load_tokenizer(out_dir)
     return Path(out_dir)
+
+
+def refuse_incomplete_bpe(folder: Path) -> None:
+    """A one-line UserError for RoBERTa's slow files without their merges.txt."""
+    if not (Path(folder) / "merges.txt").is_file():
+        raise UserError(f"{folder} has a vocab.json but no merges.txt: a byte-level BPE needs both (or a "
+                        "tokenizer.json); copy the tokenizer's merges.txt into it")
 
 
 def adopt_vocab(vocab_file: str | Path, out_dir: str | Path, lowercase: bool = True) -> Path:
