@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["pytester"]  # tests/test_suite_guard.py runs a small suite of its own
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The suite checks the CPU path, to the bit where it promises bits, on any machine: on a GPU host
@@ -19,6 +21,53 @@ SAMPLE = ROOT / "mlmlab" / "resources" / "sample"
 def isolated_cache(tmp_path_factory):
     """Prepared data and tokenizers go to a fresh cache, never the user's."""
     os.environ["MLMLAB_CACHE"] = str(tmp_path_factory.mktemp("mlmlab-cache") / "prepared")
+
+
+def global_state() -> dict:
+    """Process-wide settings a test could change and forget: each a (read, write back) pair."""
+    import torch
+
+    from mlmlab.train import launch
+
+    def attribute(owner, name):
+        return lambda: getattr(owner, name), lambda value: setattr(owner, name, value)
+
+    return {
+        "mlmlab.train.launch.Accelerator": attribute(launch, "Accelerator"),
+        "mlmlab.train.launch.cpu_features": attribute(launch, "cpu_features"),
+        "torch.cuda.is_available": attribute(torch.cuda, "is_available"),
+        "torch.backends.cuda.matmul.allow_tf32": attribute(torch.backends.cuda.matmul, "allow_tf32"),
+        "torch.backends.cudnn.allow_tf32": attribute(torch.backends.cudnn, "allow_tf32"),
+        "torch default dtype": (torch.get_default_dtype, torch.set_default_dtype),
+        "torch threads": (torch.get_num_threads, torch.set_num_threads),
+        "torch deterministic algorithms": (torch.are_deterministic_algorithms_enabled,
+                                           torch.use_deterministic_algorithms),
+    }
+
+
+STATE_BEFORE = pytest.StashKey[dict]()
+
+
+# As hooks, not a fixture: the state is read before the test's first fixture is set up and compared after its
+# last one is torn down, whatever order pytest gives fixtures (autouse ones go by name).
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    item.stash[STATE_BEFORE] = {name: read() for name, (read, _) in global_state().items()}
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """One leak is one failure, in the test that leaked: the state is put back, then the test fails naming
+    what it left changed, instead of every later test failing for a reason far from its own code."""
+    result = yield
+    before, state = item.stash.get(STATE_BEFORE, {}), global_state()
+    changed = [name for name, value in before.items() if state[name][0]() != value]
+    for name in changed:
+        state[name][1](before[name])
+    if changed:
+        pytest.fail(f"the test left global state changed (now put back): {', '.join(changed)}", pytrace=False)
+    return result
 
 
 @pytest.fixture(autouse=True)

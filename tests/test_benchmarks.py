@@ -27,9 +27,11 @@ def test_throughput_prints_both_ratio_lines_and_each_lever():
                         "--lever", "train.fused_head=true")
     if "MALLOC_MMAP_MAX_" not in os.environ:  # measured under the allocator settings the mlmlab command applies
         assert out.splitlines()[0].endswith("MALLOC_TOP_PAD_=1073741824, MALLOC_MMAP_MAX_=0"), out.splitlines()[0]
+    # The recipe's precision is auto: bf16 on a CPU with AMX, float32 on others (the eager arms are float32 anywhere).
     for line in ("same recipe", "transformers' defaults"):
-        assert re.search(rf"^tiny vs hf-sparse, {line}: \d+\.\d\dx \(dropout [\d.]+, float32; 1 thread, CPU ", out, re.M)
-    arms = re.findall(r"^  (\S+) +\d+ +[\d.]+% +float32 +[\d.]+%$", out, re.M)
+        assert re.search(rf"^tiny vs hf-sparse, {line}: \d+\.\d\dx \(dropout [\d.]+, (float32|bfloat16); 1 thread, "
+                         "CPU ", out, re.M)
+    arms = re.findall(r"^  (\S+) +\d+ +[\d.]+% +(?:float32|bfloat16) +[\d.]+%$", out, re.M)
     assert arms == ["hf-naive", "hf-sparse", "mlmlab-unbucketed", "mlmlab", "hf-sparse-recipe", "mlmlab-as-shipped",
                     "mlmlab+fused_head=true"], out
 

@@ -2,12 +2,14 @@
 
 import dataclasses
 import gzip
+import hashlib
 import json
 import math
 import os
 import socket
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from scipy import stats
@@ -23,7 +25,7 @@ from mlmlab.experiments import study as study_file
 from mlmlab.experiments.curves import mean_curve, progress_of, steps_to_target
 from mlmlab.experiments.decision import INCONCLUSIVE, decide
 from mlmlab.experiments.measures import Metric, metrics_of
-from mlmlab.experiments.statistics import compare, holm
+from mlmlab.experiments.statistics import compare, detectable_effect, holm
 
 TINY_BASE = {
     "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
@@ -122,6 +124,9 @@ def test_a_token_matched_arm_with_a_batch_warmup_trains_on_the_reference_sequenc
     ({"gates": {"arm": "dynamic", "min": {"eval.mlm_acc": 0.1}}}, ["gates min", "'eval.mlm_acc'", "row paths"]),
     ({"decision": {"metric": "glue.tasks.STS-B.dev.pearson"}}, ["decision metric", "no result row of this study"]),
     ({"decision": {"metric": "eval.mlm_loss", "guard": {"eval_data.wt.mlm_loss": 0.1}}}, ["decision guard"]),
+    ({"decision": {"metric": "eval.mlm_loss", "contrasts": [["dynamic", "constant-30"]]}}, ["contrast", "constant-30", "not an arm"]),
+    ({"decision": {"metric": "eval.mlm_loss", "contrasts": [["dynamic", "dynamic"]]}}, ["two different arm names"]),
+    ({"decision": {"metric": "eval.mlm_loss", "target": 5.8, "lower_target": 6.0}}, ["lower_target", "past target"]),
 ])
 def test_bad_study_files_give_one_line_errors(tmp_path, capsys, fields, words):
     source = write_study(tmp_path, **fields)
@@ -899,3 +904,96 @@ def test_a_shipped_report_is_what_the_report_writes_from_its_rows(name, tmp_path
         f"regenerate it: mlmlab report {shipped / 'results.jsonl'} --out {shipped}")
     plots = sorted(path.name for path in tmp_path.glob("*.png"))
     assert plots and all(f"]({plot})" in written and (shipped / plot).is_file() for plot in plots)
+
+
+
+def test_every_row_records_the_preregistration_and_the_runner_refuses_a_row_after_it_changed(tmp_path, monkeypatch):
+    """A rule written before the runs stays that only while it cannot move under them: once the study's first
+    row recorded the file's sha256, a file changed while a run trained keeps that run's row out, and a changed
+    (or removed) file stops the runner before it trains, in one line."""
+    study = study_file.load_study(write_study(tmp_path, seeds=[0, 1], arms=[DYNAMIC]))
+    results, prereg = tmp_path / "out" / "results.jsonl", tmp_path / "out" / "preregistration.md"
+    prereg.parent.mkdir()
+    prereg.write_text("# Question\n\nDecision rule: ...\n")
+    first = runner.run_study(study, show_progress=False, log=lambda line: None, only=(("dynamic", 0),))
+    assert first[0]["preregistration_sha256"] == hashlib.sha256(prereg.read_bytes()).hexdigest()
+
+    train_run = runner.train_run
+
+    def editing_meanwhile(*args, **kwargs):
+        prereg.write_text("# Question\n\nDecision rule, moved: ...\n")
+        return train_run(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "train_run", editing_meanwhile)
+    with pytest.raises(UserError, match="preregistration.md hashes to .*not .* as the study's first row recorded") as err:
+        runner.run_study(study, show_progress=False, log=lambda line: None)
+    assert "\n" not in str(err.value) and len(results.read_text().splitlines()) == 1
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a run trained under a moved pre-registration")
+
+    monkeypatch.setattr(runner, "train_run", no_training)
+    with pytest.raises(UserError, match="hashes to .*not .* as the study's first row recorded"):
+        runner.run_study(study, show_progress=False, log=lambda line: None)
+    prereg.unlink()
+    with pytest.raises(UserError, match="preregistration.md is gone"):
+        runner.run_study(study, show_progress=False, log=lambda line: None)
+    assert len(results.read_text().splitlines()) == 1  # nothing appended
+
+
+def test_named_contrasts_are_the_rules_calls_holm_over_them_with_their_detectable_effect(tmp_path):
+    """A rule with contrasts calls each arm − reference pair (a reference other than the baseline included), Holm
+    over the pairs alone, and prints each pair's paired sd and the least effect its seeds could detect."""
+    rule = {"metric": "eval.mlm_loss", "lower_is_better": True, "min_effect": 0.01, "guard": {},
+            "contrasts": [["decay", "constant"], ["rate", "dynamic"]]}
+    base = [4.00, 4.05, 3.98, 4.02, 4.01, 3.99]
+    jitter = (0.004, -0.003, 0.002, -0.004, 0.001, 0.0)
+    rows = decided_rows("dynamic", base, rule=rule)
+    rows += decided_rows("constant", [b - 0.10 for b in base], rule=rule)
+    rows += decided_rows("decay", [b - 0.10 + d for b, d in zip(base, jitter)], rule=rule)  # = constant: no call
+    rows += decided_rows("rate", [b - 0.20 + d for b, d in zip(base, jitter)], rule=rule)  # far better than dynamic
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    text = report.write_report(results, tmp_path / "report").read_text()
+    lines = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[1:-1]]
+             for line in text.split("## Every arm against the baseline")[0].splitlines() if " − " in line[:30]}
+    decay, rate = lines["decay − constant"], lines["rate − dynamic"]
+    sd = float(np.std(jitter, ddof=1))
+    assert float(decay[3]) == pytest.approx(sd, rel=1e-2) and decay[-2] == "**inconclusive**"
+    assert rate[-2] == "**rate better**" and rate[-3] == "rate better"
+    assert float(rate[4]) == pytest.approx(detectable_effect(sd, 6), rel=1e-2)
+    assert float(rate[5]) == pytest.approx(detectable_effect(sd, 6, 0.025), rel=1e-2)  # Holm's first step: 0.05 / 2
+    assert "## Every arm against the baseline (descriptive" in text  # the rest stays in the report, as description
+
+
+def test_the_detectable_effect_is_found_with_the_stated_power():
+    """At the effect it names, a paired t-test over n seeds rejects at alpha in 80% of simulated studies."""
+    rng = np.random.default_rng(0)
+    for n, alpha in ((6, 0.05), (6, 0.0125), (4, 0.05)):
+        effect = detectable_effect(0.034, n, alpha)
+        diffs = rng.normal(effect, 0.034, size=(40_000, n))
+        rejected = stats.ttest_1samp(diffs, 0.0, axis=1).pvalue < alpha
+        assert rejected.mean() == pytest.approx(0.8, abs=0.01), (n, alpha)
+    assert math.isnan(detectable_effect(0.0, 6)) and math.isnan(detectable_effect(0.1, 1))
+
+
+@pytest.mark.parametrize("names, words", [
+    ({"eval_data": {"wikitext": "wiki.valid.tokns"}}, ["eval_data 'wikitext'", "wiki.valid.tokns", "does not exist"]),
+    ({"glue": {"tasks": ["RTE"]}}, ["RTE/dev.tsv is missing", "GLUE"]),
+    ({"probe": {"tasks": ["RTE"]}}, ["RTE/dev.tsv is missing", "probe"]),
+])
+def test_every_input_a_study_names_is_checked_before_its_first_run(tmp_path, monkeypatch, names, words):
+    """A missing held-out set or task file would leave rows without that measurement, counted as finished."""
+    glue_dir = tmp_path / "glue"
+    (glue_dir / "RTE").mkdir(parents=True)
+    (glue_dir / "RTE" / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n")
+    study = study_file.load_study(write_study(tmp_path, glue_dir=str(glue_dir), **names))
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a run trained before the study's inputs were checked")
+
+    monkeypatch.setattr(runner, "train_run", no_training)
+    with pytest.raises(UserError) as err:
+        runner.run_study(study, show_progress=False, log=lambda line: None)
+    assert "\n" not in str(err.value) and all(word in str(err.value) for word in words), str(err.value)
+    assert not (tmp_path / "out" / "results.jsonl").exists() or not (tmp_path / "out" / "results.jsonl").read_text()

@@ -226,11 +226,15 @@ def test_a_cuda_run_uses_tf32_unless_it_asks_for_fp32(monkeypatch):
             return getattr(self.real, name)
 
     monkeypatch.setattr(launch, "Accelerator", OnCuda)
-    for flag in (torch.backends.cuda.matmul, torch.backends.cudnn):
-        monkeypatch.setattr(flag, "allow_tf32", flag.allow_tf32)  # put back after the test
-    for precision, tf32 in (("fp32", False), ("auto", True), ("fp32", False)):
-        launch.make_accelerator(load_config("tiny", [f"train.precision={precision}"]))
-        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (tf32, tf32), precision
+    # Put back by hand, not by monkeypatch: cuBLASModule handles its own attributes, and under pytest 9.2
+    # monkeypatch's undo of one raised and left the fake Accelerator patched in for the rest of the suite.
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        for precision, tf32 in (("fp32", False), ("auto", True), ("fp32", False)):
+            launch.make_accelerator(load_config("tiny", [f"train.precision={precision}"]))
+            assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (tf32, tf32), precision
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 def test_auto_precision_is_bf16_on_cpus_with_amx_and_fp32_on_others(tmp_path, monkeypatch):

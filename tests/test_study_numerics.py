@@ -1,12 +1,14 @@
-"""A study under way must not change what its runs compute (issue 30, item 6).
+"""A study under way must not change what its runs compute.
 
-adm-study-v3 grows over many sessions while code lands beside it. Its runner refuses a changed
+rate-schedule-v4 grows over many sessions while code lands beside it. Its runner refuses a changed
 config or prepared-data hash, but not a change in what the same config computes (a masking,
 loss, optimizer or data-preparation change). This trains a few steps of the study's own arm
 configs, on its own prepared data, and compares with values recorded from the code its first
 runs were made with: the prepared shards' bytes (every host), every loss (every host, to 1e-5),
-and the final weights (bit for bit, on the host kinds recorded; fp32 kernels differ by CPU). The
-runs' keys are recorded too: a changed key would make the runner train a finished run again.
+the held-out evaluation of the trained weights on a few batches of the study's fixed masks (every
+host to 1e-5), and the final weights and that evaluation bit for bit on the host kinds recorded
+(fp32 kernels differ by CPU). The runs' keys are recorded too: a changed key would make the
+runner train a finished run again.
 
 When a change is meant to alter the numbers, the study cannot go on with it: finish or close
 the study first. Recording (only for a new study, or a host kind not yet recorded):
@@ -25,10 +27,11 @@ import torch
 
 from mlmlab.utils.restoring import restoring
 
-STUDY = "adm-study-v3"
-# One arm per code path its arms take: uniform masks, a rate schedule, ADM's entropy scorer with quotas.
-ARMS = ("dynamic", "ankner-decay", "adm-entropy-fn")
-STEPS = 6
+STUDY = "rate-schedule-v4"
+# One arm per code path its arms take: uniform masks, a rate schedule, ADM's entropy scorer.
+ARMS = ("dynamic", "ankner-decay", "adm-entropy")
+STEPS = 20  # at 6, ADM's near-uniform entropy at initialisation drew the same masks as dynamic: no guard of its path
+EVAL_BATCHES = 3  # of the study's held-out split, under its fixed uniform 15% masks
 WARMUP = 2  # the study's warmup (100 steps) would keep 6 steps near LR 0, where an optimizer change hardly shows
 RECORDED = Path(__file__).resolve().parent / "data" / f"{STUDY}-numerics.json"
 RECORDED_THREADS = 2  # the weights were recorded with torch's default on a 2-core machine
@@ -58,20 +61,25 @@ def guarded_config(arm: str, out_dir: Path):
 
 
 def numbers(arm: str, out_dir: Path) -> dict:
-    """What the arm computes: its prepared shards' sha256, every logged loss, the final weights' sha256."""
+    """What the arm computes: its prepared shards' sha256, every logged loss, the final weights' sha256 and their
+    held-out evaluation (the study's own evaluator, the figures every row's eval.* comes from)."""
+    from mlmlab.evaluate.perplexity import evaluate_mlm
     from mlmlab.train.loop import Trainer
 
     trainer = Trainer(guarded_config(arm, out_dir), evaluator=None, show_progress=False)
     # fp32 sums split by thread: under OMP_NUM_THREADS=1 the bits would differ
     with restoring(torch.get_num_threads, torch.set_num_threads, RECORDED_THREADS):
         trainer.train()
+        held_out = evaluate_mlm(trainer.model, trainer.valid_store, trainer.masker.info,
+                                batch_size=trainer.cfg.train.eval_batch_size, max_batches=EVAL_BATCHES)
     records = [json.loads(line) for line in trainer.metrics.path.read_text().splitlines()]
     weights = hashlib.sha256()
     for name, tensor in sorted(trainer.model.state_dict().items()):
         weights.update(name.encode() + tensor.detach().cpu().numpy().tobytes())
     return {"shards": shard_digest(trainer.train_store.path),
             "losses": [[r["loss"], r["mlm_loss"]] for r in records if "loss" in r],
-            "weights": weights.hexdigest()}
+            "weights": weights.hexdigest(),
+            "eval": [held_out["mlm_loss"], held_out["mlm_accuracy"], held_out["masked_tokens"]]}
 
 
 def shard_digest(folder: Path) -> str:
@@ -101,8 +109,10 @@ def test_the_study_config_computes_what_its_first_runs_computed(computed, arm):
     got, want = computed[arm], expected[arm]
     assert got["shards"] == want["shards"], "the study's prepared data changed (data preparation code)"
     assert flat(got["losses"]) == pytest.approx(flat(want["losses"]), rel=1e-5), "the study's losses changed"
+    assert got["eval"] == pytest.approx(want["eval"], rel=1e-5), "the study's held-out evaluation changed"
     if host_kind() in recorded["hosts"]:  # fp32 bits are only comparable on the host kind they were made on
         assert got["weights"] == want["weights"], "the study's weights changed bit for bit on a recorded host kind"
+        assert got["eval"] == want["eval"], "the study's held-out evaluation changed bit for bit on a recorded host kind"
 
 
 def test_the_study_keys_its_runs_as_its_first_runs_did(monkeypatch):

@@ -174,8 +174,8 @@ def check_task_files(names: list[str], data_dir: Path) -> None:
     """Every task's train and dev files, or a UserError naming the first missing one (nothing is skipped)."""
     missing = [path for name in names for path in missing_files(TASKS[name], data_dir)]
     if missing:
-        raise UserError(f"{data_dir / missing[0]} is missing; a probe needs each task's train and dev files, "
-                        "as in the glue_data folder holding CoLA/, SST-2/, ... (pass it as --data-dir)")
+        raise UserError(f"{data_dir / missing[0]} is missing; a probe or GLUE fine-tuning needs each task's train and "
+                        "dev files, as in the glue_data folder holding CoLA/, SST-2/, ... (pass it as --data-dir)")
 
 
 def read_task(task: GlueTask, data_dir: Path, tokenizer, max_rows: int | None = None) -> TaskData:

@@ -29,7 +29,9 @@ from mlmlab.experiments.measures import (
 )
 from mlmlab.experiments.plots import write_plots
 from mlmlab.experiments.results import read_rows
-from mlmlab.experiments.statistics import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, FEW_SEEDS, Comparison, compare, compare_by_seed, holm
+from mlmlab.experiments.statistics import (
+    BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, FEW_SEEDS, Comparison, compare, compare_by_seed, detectable_effect, holm,
+)
 from mlmlab.experiments.study import load_study
 from mlmlab.utils import markdown
 from mlmlab.utils.jsonio import json_lines
@@ -237,7 +239,64 @@ def gates_section(gates: dict | None, results: list[dict], groups) -> list[str]:
 
 
 def decision_section(rows: list[dict], groups, baseline: str, metrics: list[Metric], gates_held: bool) -> list[str]:
-    """The study's decision rule, as its rows recorded it, applied to every arm against the baseline."""
+    """The study's decision rule, as its rows recorded it: its named contrasts, Holm over them, where it has
+    them (every arm against the baseline is then descriptive); else every arm against the baseline, Holm over
+    the arms."""
+    rule = decision_rule(rows)
+    if rule is not None and rule.get("contrasts"):
+        caveat = [] if gates_held else ["A validity gate failed: these calls are not conclusions.", ""]
+        return (contrasts_section(rule, groups, planned(rows)[1] | {row["seed"] for row in rows}, caveat)
+                + arms_against_baseline(rows, groups, baseline, metrics, gates_held, DESCRIPTIVE_ARMS))
+    return arms_against_baseline(rows, groups, baseline, metrics, gates_held)
+
+
+DECIDING_ARMS = "## Pre-registered decision (the study's rule as its rows record it, applied as written)"
+DESCRIPTIVE_ARMS = ("## Every arm against the baseline (descriptive: the rule's calls are its contrasts above; the "
+                    "Holm column here adjusts over these arms)")
+
+
+def contrasts_section(rule: dict, groups, seeds: set[int], caveat: list[str]) -> list[str]:
+    """The rule's primary contrasts (arm − reference, paired by seed), Holm over them; with each, the paired sd
+    and the least effect the seeds could detect, so that an inconclusive call says what it does not rule out."""
+    primary = Metric(rule["metric"], tuple(rule["metric"].split(".")), rule["lower_is_better"])
+    pairs = [tuple(pair) for pair in rule["contrasts"]]
+    found = {pair: compare(groups.get(pair[0], []), groups.get(pair[1], []), primary) for pair in pairs}
+    adjusted = dict(zip(pairs, holm([c.p if c is not None else math.nan for c in found.values()])))
+    strictest = 0.05 / len(pairs)  # Holm's first step: what the smallest p-value must pass
+    body = []
+    for (arm, reference), comparison in found.items():
+        call, why = decide({**rule, "guard": {}}, comparison, {})
+        held = holm_call(call, adjusted[(arm, reference)])
+        n = comparison.n if comparison else 0
+        provisional = f" (provisional: {n} of {len(seeds)} seeds)" if n < len(seeds) else ""
+        sd = comparison.sd if comparison else math.nan
+        body.append([f"{arm} − {reference}", str(n), format_delta(comparison), format_number(sd),
+                     format_number(detectable_effect(sd, n)), format_number(detectable_effect(sd, n, strictest)),
+                     format_p(comparison.p if comparison else math.nan), format_p(adjusted[(arm, reference)]),
+                     f"{contrast_call(call, arm)}{provisional}", f"**{contrast_call(held, arm)}{provisional}**", why])
+    header = ["contrast", "paired seeds", f"Δ {primary.label} [95% t-interval]", "paired sd",
+              "detectable at 5% (80% power)", f"detectable at {100 * strictest:g}% (Holm's first step)", "p",
+              "p (Holm)", "call (unadjusted)", "call (Holm: the rule)", "why"]
+    return ([DECIDING_ARMS, "",
+             f"Each contrast is Δ = arm − reference in {primary.label}, paired by seed. The arm is **better** or "
+             f"**worse** when the p-value, Holm-adjusted over these {len(pairs)} contrasts, is below 0.05 and |mean Δ| "
+             f"≥ {rule['min_effect']:g}; otherwise **inconclusive**. The unadjusted call is printed beside it, not "
+             "the rule's. \"Detectable\": the least true mean difference a paired t-test over these seeds finds with "
+             "80% power at the observed paired sd (noncentral t).", ""]
+            + caveat + markdown.table(header, body) + [""])
+
+
+def contrast_call(call: str, arm: str) -> str:
+    return {WIN: f"{arm} better", LOSE: f"{arm} worse"}.get(call, call)
+
+
+def format_number(value: float) -> str:
+    return "–" if math.isnan(value) else f"{value:.3g}"
+
+
+def arms_against_baseline(rows: list[dict], groups, baseline: str, metrics: list[Metric], gates_held: bool,
+                          title: str = DECIDING_ARMS) -> list[str]:
+    """The rule applied to every arm against the baseline, Holm over the arms."""
     rule = decision_rule(rows)
     base_rows = groups.get(baseline, [])
     if rule is None or not base_rows or len(groups) < 2:
@@ -280,8 +339,7 @@ def decision_section(rows: list[dict], groups, baseline: str, metrics: list[Metr
                      *([f"{format_delta(recal)}: {recal_call}"] if recalibrated else []),
                      f"**{call}{shifted}{provisional}**", f"**{held}{shifted}{holm_provisional}**", why])
     caveat = [] if gates_held else ["A validity gate failed: these calls are not conclusions.", ""]
-    return (["## Pre-registered decision (the study's rule as its rows record it, applied as written)", "",
-             rule_text(rule, rarest, recalibrated), ""] + caveat + markdown.table(header, body) + [""])
+    return [title, "", rule_text(rule, rarest, recalibrated), ""] + caveat + markdown.table(header, body) + [""]
 
 
 def planned(rows: list[dict]) -> tuple[set[str], set[int]]:
@@ -372,10 +430,16 @@ def steps_to_target_section(rows: list[dict], curves, baseline: str) -> list[str
     """When each run left the plateau: the first evaluation below the study's target (decision.target), in steps
     and FLOPs, so "learns faster" is measured as well as "ends lower"; Δ steps paired by seed where both reached."""
     rule = decision_rule(rows) or {}
-    target, metric = rule.get("target"), rule.get("metric", "")
-    if target is None or not metric.startswith("eval.") or not curves:
+    metric = rule.get("metric", "")
+    if not metric.startswith("eval.") or not curves:
         return []
-    key = metric.removeprefix("eval.")
+    named = (("target", "the study's decision.target"), ("lower_target", "the study's decision.lower_target"))
+    return [line for field, source in named if rule.get(field) is not None
+            for line in steps_to_table(curves, baseline, metric.removeprefix("eval."), rule[field], source)]
+
+
+def steps_to_table(curves, baseline: str, key: str, target: float, source: str) -> list[str]:
+    """Each run's first evaluation below ``target`` in held-out ``key``, per arm, paired with the baseline's."""
     reached = {arm: {row["seed"]: (at := steps_to_target(row, records, key, target), at and flops_at(row, at))
                      for row, records in runs} for arm, runs in curves.items()}
     base_runs = {seed: steps for seed, (steps, _) in reached.get(baseline, {}).items()}  # steps None: never
@@ -391,7 +455,7 @@ def steps_to_target_section(rows: list[dict], curves, baseline: str) -> list[str
                      mean_std({s: float(v) for s, v in steps.items()}), f"{np.mean(flops):.3g}" if flops else "–",
                      f"{len(seeds) - len(steps)} of {len(seeds)}", delta,
                      "" if arm == baseline else earlier_seeds(steps, base_runs, seeds)])
-    return [f"## Steps to target (held-out {key} below {target:g}, the study's decision.target)", "",
+    return [f"## Steps to target (held-out {key} below {target:g}, {source})", "",
             "The first evaluation step at which each run's held-out figure fell below the target, read from its "
             "metrics.jsonl (resolution: the evaluation interval); FLOPs = the run's estimated FLOPs up to that step, "
             "each step at its own mask rate (budget.flops_until).", "",

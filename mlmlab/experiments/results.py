@@ -8,6 +8,9 @@ from pathlib import Path
 from mlmlab.utils.jsonio import json_lines
 
 RESULTS_FILE = "results.jsonl"
+# Beside results.jsonl: the question, arms, budgets and decision rule, written before the first row and never after
+# (every row records its sha256; the runner refuses a row once it changed).
+PREREGISTRATION = "preregistration.md"
 ROW_FIELDS = ("key", "arm", "seed", "eval")  # every row the runner writes has them
 
 

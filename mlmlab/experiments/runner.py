@@ -9,6 +9,7 @@ study finishes it. The study file itself is read by ``study.py``.
 
 import copy
 import dataclasses
+import hashlib
 import json
 import math
 import re
@@ -35,7 +36,7 @@ from mlmlab.experiments.budget import (
 from mlmlab.experiments.downstream import Downstream, downstream_work, glue_settings, timed_downstream
 from mlmlab.experiments.gates import describe, gate_results
 from mlmlab.experiments.identity import config_changes, identity_hash, settings_of
-from mlmlab.experiments.results import RESULTS_FILE, read_rows
+from mlmlab.experiments.results import PREREGISTRATION, RESULTS_FILE, read_rows
 from mlmlab.experiments.study import Arm, Study
 from mlmlab.experiments.timing import WARMUP_STEPS, timed_run, run_minutes
 from mlmlab.model_folder import load_pretrained
@@ -187,6 +188,26 @@ def refuse_incomparable(runs: list[Run], rows: list[dict]) -> None:
                 "(--out)")
 
 
+def preregistration_sha256(study: Study) -> str | None:
+    """The sha256 of the study folder's preregistration.md, or None where it has none."""
+    path = Path(study.out_dir) / PREREGISTRATION
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def check_preregistration(study: Study, rows: list[dict]) -> str | None:
+    """The pre-registration's hash for the next row, refused once it differs from the first row's: a rule written
+    before the runs is only that while it cannot move under them (corrections go in the study's README.md)."""
+    current = preregistration_sha256(study)
+    recorded = next((row["preregistration_sha256"] for row in rows if row.get("preregistration_sha256")), None)
+    if recorded is not None and current != recorded:
+        path = Path(study.out_dir) / PREREGISTRATION
+        now = "is gone" if current is None else f"hashes to {current[:12]}"
+        raise UserError(f"{path} {now}, not {recorded[:12]} as the study's first row recorded: a pre-registration "
+                        f"never changes once runs are in; restore it (git checkout -- {path}) and write corrections "
+                        "in the study's README.md")
+    return current
+
+
 def train_run(cfg: Config, show_progress: bool) -> tuple[dict, float]:
     """Train (or resume) one run: the trainer's summary, its final held-out evaluation with the prior-free
     loss added (eval.recalibrated), and the seconds spent scoring for ADM."""
@@ -228,11 +249,7 @@ def probe_for(run: Run, study: Study, show_progress: bool) -> dict:
 def held_out_reports(run: Run, study: Study, show_progress: bool) -> dict:
     """The study's further held-out sets (eval_data), each evaluated with the same fixed masks as training's."""
     cfg, reports = run.config, {}
-    for name, paths in study.eval_data.items():
-        missing = [path for path in paths if not Path(path).exists()]
-        if missing:
-            reports[name] = {"skipped": f"{missing[0]} not found"}
-            continue
+    for name, paths in study.eval_data.items():  # check_study_inputs found every path before the first run
         reports[name] = evaluate_model(Path(cfg.train.out_dir) / "model", paths, batch_size=cfg.train.eval_batch_size,
                                        max_seq_length=cfg.data.max_seq_length, freq_cuts=cfg.masking.freq_cuts,
                                        recalibrate=True, show_progress=show_progress)
@@ -240,7 +257,7 @@ def held_out_reports(run: Run, study: Study, show_progress: bool) -> dict:
 
 
 def make_row(run: Run, study: Study, summary: dict, scorer_seconds: float, evaluations: dict,
-             evaluation_seconds: float) -> dict:
+             evaluation_seconds: float, preregistration: str | None = None) -> dict:
     cfg = run.config
     return {
         "key": run.key,
@@ -267,6 +284,7 @@ def make_row(run: Run, study: Study, summary: dict, scorer_seconds: float, evalu
         "datasets": run.datasets,
         "gates": {"arm": study.gates.arm, "min": study.gates.minimum} if study.gates else None,
         "decision": dataclasses.asdict(study.decision) if study.decision else None,  # the report applies it
+        "preregistration_sha256": preregistration,  # of preregistration.md as the run ended (check_preregistration)
         "config": to_dict(cfg),
         "mlmlab_version": mlmlab.__version__,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -279,7 +297,8 @@ def execute(run: Run, study: Study, results: Path, show_progress: bool) -> dict:
     evaluations = {"eval_data": held_out_reports(run, study, show_progress),
                    "glue": glue_for(run, study, show_progress),
                    "probe": probe_for(run, study, show_progress)}  # in this order: the probes after GLUE
-    row = make_row(run, study, summary, scorer_seconds, evaluations, time.perf_counter() - trained)
+    preregistration = check_preregistration(study, finished_rows(results))  # it may have moved while this run trained
+    row = make_row(run, study, summary, scorer_seconds, evaluations, time.perf_counter() - trained, preregistration)
     append_row(results, row)
     return row
 
@@ -322,12 +341,7 @@ def results_lock(study: Study, shard: tuple[int, int], only: tuple[tuple[str, in
 def _run_shard(study: Study, shard: tuple[int, int], only: tuple, deadline: float, show_progress: bool,
                log) -> list[dict]:
     planned = plan_runs(study)
-    if study.glue.tasks and not (study.glue_dir and Path(study.glue_dir).is_dir()):
-        # A row without the GLUE it should have would count as finished and never get it.
-        raise UserError(f"the study fine-tunes on {', '.join(study.glue.tasks)} but glue_dir {study.glue_dir!r} is not "
-                        "a folder; set glue_dir to the folder holding the tasks' folders (STS-B/, ...), or glue: "
-                        "{tasks: []} to run without GLUE")
-    check_probe_data(study)
+    check_study_inputs(study)
     results = Path(study.out_dir) / RESULTS_FILE
     results.parent.mkdir(parents=True, exist_ok=True)
     refuse_incomparable(planned, finished_rows(results))
@@ -340,6 +354,7 @@ def _run_shard(study: Study, shard: tuple[int, int], only: tuple, deadline: floa
         if run.key in {row["key"] for row in finished}:
             log(f"{label}: already in {results}, skipped")
             continue
+        check_preregistration(study, finished)
         if gate_arm is not None and run.arm.name != gate_arm:
             check_gates(study, planned, finished, log)
         too_long = not_in_time(run, finished, deadline)
@@ -392,14 +407,22 @@ def expected_seconds(run: Run, rows: list[dict]) -> tuple[float, str] | None:
     return None
 
 
-def check_probe_data(study: Study) -> None:
-    """Each probe task's files, before any training: a row without its probes would count as finished."""
-    if study.probe is None:
-        return
-    if not (study.glue_dir and Path(study.glue_dir).is_dir()):
-        raise UserError(f"the study probes {', '.join(study.probe.tasks)} but glue_dir {study.glue_dir!r} is not a "
-                        "folder; set glue_dir to the folder holding the tasks' folders (SST-2/, ...), or drop probe:")
-    check_task_files(study.probe.tasks, Path(study.glue_dir))
+def check_study_inputs(study: Study) -> None:
+    """Every file the study names (GLUE and probe tasks' train and dev files, further held-out sets), before any
+    training: a row lacking one of its measurements would count as finished, and a rerun would never add it."""
+    for what, tasks, drop in (("fine-tunes on", study.glue.tasks, "glue: {tasks: []}"),
+                              ("probes", study.probe.tasks if study.probe else [], "drop probe:")):
+        if not tasks:
+            continue
+        if not (study.glue_dir and Path(study.glue_dir).is_dir()):
+            raise UserError(f"the study {what} {', '.join(tasks)} but glue_dir {study.glue_dir!r} is not a folder; set "
+                            f"glue_dir to the folder holding the tasks' folders (SST-2/, ...), or {drop}")
+        check_task_files(tasks, Path(study.glue_dir))
+    for name, paths in study.eval_data.items():
+        missing = next((path for path in paths if not Path(path).exists()), None)
+        if missing is not None:
+            raise UserError(f"the study's eval_data {name!r} names {missing}, which does not exist (paths are relative "
+                            "to where the command runs); fix the path, or remove the set before the first run")
 
 
 def check_gates(study: Study, planned: list[Run], rows: list[dict], log=print) -> None:

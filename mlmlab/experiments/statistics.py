@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 from mlmlab.experiments.measures import Metric, by_seed, metrics_of
 
@@ -33,6 +33,7 @@ class Comparison:
     p: float = math.nan  # two-sided paired t-test p-value (below 0.05 exactly when the t-interval excludes 0)
     all_zero: bool = False  # every paired difference is exactly 0 in this metric
     identical: bool = False  # every metric equals the baseline's in every seed: the same run, not a null
+    sd: float = math.nan  # sample standard deviation of the paired differences (ddof 1): what sets the power
 
     @property
     def spread(self) -> bool:
@@ -100,4 +101,27 @@ def compare_by_seed(arm: dict[int, float], baseline: dict[int, float], identical
         return Comparison(float(diffs.mean()), math.nan, math.nan, 1, identical=identical)
     low, high, p = t_interval(diffs)
     return Comparison(float(diffs.mean()), low, high, len(seeds), *paired_bootstrap(diffs), p=p,
-                      all_zero=not diffs.any(), identical=identical)
+                      all_zero=not diffs.any(), identical=identical, sd=float(diffs.std(ddof=1)))
+
+
+DETECTION_POWER = 0.8  # the conventional power a design is sized for
+
+
+def detectable_effect(sd: float, n: int, alpha: float = 0.05, power: float = DETECTION_POWER) -> float:
+    """The smallest true mean difference a two-sided paired t-test at ``alpha`` over ``n`` seeds finds with
+    ``power``, at paired sd ``sd``: the noncentral t's exact power, solved for the effect (NaN below 2 seeds or
+    without spread). What a null of this design can and cannot rule out."""
+    if n < 2 or not sd > 0:
+        return math.nan
+    df, scale = n - 1, sd / math.sqrt(n)
+    critical = stats.t.ppf(1 - alpha / 2, df)
+
+    def shortfall(effect: float) -> float:
+        shift = effect / scale
+        wrong_side = stats.nct.cdf(-critical, df, shift)  # NaN in scipy where it is below ~1e-20
+        return stats.nct.sf(critical, df, shift) + np.nan_to_num(wrong_side) - power
+
+    enough = (critical + 8) * scale  # power there exceeds 0.8 from 3 seeds up; with 2 the t's tails need more
+    while shortfall(enough) < 0:
+        enough *= 2
+    return float(optimize.brentq(shortfall, 0.0, enough))

@@ -27,7 +27,8 @@ A study file (YAML; presets in configs/studies/) holds a base run config, named 
       lower_is_better: true
       min_effect: 0.01                # a win or a loss needs |mean Δ| at least this, and the interval off 0
       guard: {glue.tasks.STS-B.dev.pearson: 0.01}   # a win may not lower these by more (mean Δ, row units)
-    out_dir: studies/my-study         # default: studies/<name>
+      contrasts: [[decay, constant-22.5], [constant-30, dynamic]]   # optional: the primary contrasts, Holm over them
+    out_dir: studies/my-study         # default: studies/<name>; its preregistration.md is hashed into every row
 
 An arm may also set ``budget:`` (token-matched or compute-matched) for itself, e.g. to run a
 costly scorer once more at the baseline's FLOPs.
@@ -104,6 +105,10 @@ class Decision:
     min_effect: float = 0.0  # the least |mean paired difference| that counts as a win or a loss
     guard: dict = field(default_factory=dict)  # row path -> the most a win may lower it (mean paired difference)
     target: float | None = None  # held-out value of an eval.* metric that counts as "left the plateau": steps to it
+    lower_target: float | None = None  # a second, lower value of the same metric: steps to it too (descriptive)
+    # The primary contrasts, [arm, reference] pairs, a reference other than the baseline allowed; when set, Holm's
+    # adjustment runs over these (not over every arm against the baseline) and the rest is descriptive.
+    contrasts: list = field(default_factory=list)
 
 
 @dataclass
@@ -264,8 +269,24 @@ def _decision(value) -> Decision | None:
     if target is not None and not (_non_negative_number(target) and value["metric"].startswith("eval.")):
         raise UserError(f"decision: target must be a finite number >= 0 and the metric an eval.* figure (steps to "
                         f"target are read from the runs' held-out evaluations); {example}")
+    lower_target = value.get("lower_target")
+    if lower_target is not None and not (target is not None and _non_negative_number(lower_target)
+                                         and (lower_target < target) == lower):
+        raise UserError(f"decision: lower_target must be a finite number >= 0 past target (below it where lower is "
+                        f"better), beside a target; {example}")
     return Decision(value["metric"], lower, float(min_effect), {str(path): float(tol) for path, tol in guard.items()},
-                    None if target is None else float(target))
+                    None if target is None else float(target), None if lower_target is None else float(lower_target),
+                    _contrasts(value.get("contrasts") or []))
+
+
+def _contrasts(value) -> list[list[str]]:
+    """decision.contrasts: [[arm, reference], ...], checked against the study's arms in _check_study."""
+    if not isinstance(value, list) or not all(
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(name, str) for name in pair) and pair[0] != pair[1]
+            for pair in value):
+        raise UserError("decision: contrasts must be a list of [arm, reference] pairs of two different arm names, "
+                        "e.g. [[ankner-decay, constant-22.5], [constant-30, dynamic]]")
+    return [list(pair) for pair in value]
 
 
 def _non_negative_number(value) -> bool:
@@ -337,6 +358,9 @@ def _check_study(study: Study) -> None:
         raise UserError(f"baseline {study.baseline!r} is not an arm; arms: {', '.join(names)}")
     if study.gates is not None and study.gates.arm not in names:
         raise UserError(f"gates arm {study.gates.arm!r} is not an arm; arms: {', '.join(names)}")
+    for name in [name for pair in (study.decision.contrasts if study.decision else []) for name in pair]:
+        if name not in names:
+            raise UserError(f"decision contrast names {name!r}, which is not an arm; arms: {', '.join(names)}")
     _check_row_paths(study)
 
 
