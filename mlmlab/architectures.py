@@ -11,14 +11,18 @@ so masking, resume and studies are the same code for every architecture. An adap
 - which config.json entries fix the weights' shapes and meaning, as the model.* settings that set
   them (a resume and train.init compare them; train.init takes them), and which entries mlmlab
   leaves at the library's defaults (a folder with other values would compute something else);
-- which parts a folder may lack when a run starts from it (a BertForMaskedLM's pooler and NSP head).
+- which parts a folder may lack when a run starts from it (a BertForMaskedLM's pooler and NSP head), and
+  which it may hold that the model has not (a released RoBERTa's unused pooler);
+- how many position rows precede the first token's (``position_offset``: RoBERTa's positions start past
+  the padding id, so config.json's max_position_embeddings is the model.* setting plus that offset).
 
 An architecture's name is transformers' model_type, so a saved config.json says which one it is.
 """
 
 import torch
 from torch import nn
-from transformers import BertConfig, BertForPreTraining, ModernBertConfig, ModernBertForMaskedLM
+from transformers import (BertConfig, BertForPreTraining, ModernBertConfig, ModernBertForMaskedLM, RobertaConfig,
+                          RobertaForMaskedLM)
 
 from mlmlab import choices
 from mlmlab.config import ModelConfig
@@ -45,6 +49,11 @@ class Bert:
     as_built = {"hidden_act": "gelu", "type_vocab_size": 2, "layer_norm_eps": 1e-12, "tie_word_embeddings": True,
                 "position_embedding_type": "absolute"}
     optional_parts = {"bert.pooler.": "pooler", "cls.seq_relationship.": "NSP head"}  # a BertForMaskedLM has neither
+    unused_parts = ()
+
+    @staticmethod
+    def position_offset(saved: dict) -> int:
+        return 0
 
     @staticmethod
     def config(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> BertConfig:
@@ -105,6 +114,11 @@ class ModernBert:
     as_built = {"hidden_activation": "gelu", "norm_eps": 1e-5, "norm_bias": False, "attention_bias": False,
                 "mlp_bias": False, "decoder_bias": True, "classifier_activation": "gelu", "tie_word_embeddings": True}
     optional_parts = {}
+    unused_parts = ()
+
+    @staticmethod
+    def position_offset(saved: dict) -> int:
+        return 0
 
     @staticmethod
     def config(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> ModernBertConfig:
@@ -150,7 +164,75 @@ class ModernBert:
         return []  # each layer's Wqkv projects Q, K and V in one matmul already
 
 
-ADAPTERS = {adapter.name: adapter for adapter in (Bert, ModernBert)}  # by model.architecture (model_type)
+class _RobertaTransform(nn.Module):
+    """RobertaLMHead's transform (dense, GELU, LayerNorm) as one module: the head is decoder(transform(hidden))."""
+
+    def __init__(self, head: nn.Module):
+        super().__init__()
+        self.head = head
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head.layer_norm(nn.functional.gelu(self.head.dense(hidden)))
+
+
+class Roberta:
+    """RobertaForMaskedLM: encoder ``roberta``, MLM head ``lm_head`` (decoder tied to the input embeddings).
+
+    BERT's post-LayerNorm encoder as RoBERTa trains it: MLM only (no NSP head), one token type (token_type_ids
+    are not passed), and positions counted from past the padding id (fairseq's make_positions), so a model of
+    T tokens has T + pad_token_id + 1 position rows, as the released roberta-base's 514 for 512 tokens.
+    """
+
+    name = choices.ROBERTA
+    model_class = RobertaForMaskedLM
+    layer_class = "RobertaLayer"
+    has_nsp = False
+    settings = _SHAPE
+    as_built = {"hidden_act": "gelu", "type_vocab_size": 1, "layer_norm_eps": 1e-5, "tie_word_embeddings": True,
+                "position_embedding_type": "absolute"}
+    optional_parts = {}
+    unused_parts = ("roberta.pooler.",)  # released RoBERTa folders hold a pooler RobertaForMaskedLM does not read
+
+    @staticmethod
+    def position_offset(saved: dict) -> int:
+        """Position rows before the first token's: ids start at pad_token_id + 1."""
+        return (saved.get("pad_token_id") or 0) + 1
+
+    @staticmethod
+    def config(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> RobertaConfig:
+        return RobertaConfig(vocab_size=vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+                             num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
+                             max_position_embeddings=cfg.max_position_embeddings + pad_token_id + 1,
+                             type_vocab_size=1, layer_norm_eps=1e-5,
+                             **Bert.dropout_settings(cfg.dropout, attention_dropout(cfg)), pad_token_id=pad_token_id,
+                             # RoBERTa's defaults (0, 2) are ids of its own vocabulary; the model reads neither.
+                             bos_token_id=None, eos_token_id=None)
+
+    dropout_settings = Bert.dropout_settings
+
+    @staticmethod
+    def encode(model, input_ids, attention_mask, token_type_ids=None, inputs_embeds=None) -> tuple:
+        out = model.roberta(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds)
+        return out[0], None  # (B, T, H); no pooler
+
+    @staticmethod
+    def predict(model, hidden: torch.Tensor) -> torch.Tensor:
+        return model.lm_head(hidden)  # (..., V)
+
+    @staticmethod
+    def head_parts(model) -> tuple[nn.Module, nn.Linear]:
+        return _RobertaTransform(model.lm_head), model.lm_head.decoder
+
+    @staticmethod
+    def compiled_parts(model) -> tuple[nn.Module, ...]:
+        return model.roberta, model.lm_head
+
+    @staticmethod
+    def separate_qkv(model) -> list[nn.Module]:
+        return [layer.attention.self for layer in model.roberta.encoder.layer]
+
+
+ADAPTERS = {adapter.name: adapter for adapter in (Bert, Roberta, ModernBert)}  # by model.architecture (model_type)
 
 
 def architecture_named(name: str):
@@ -173,8 +255,15 @@ def saved_architecture(saved: dict):
 def saved_settings(saved: dict) -> dict:
     """{model.* setting: value} of a model's config.json (or its config's to_dict()); None where absent."""
     architecture = saved_architecture(saved)
-    return {"architecture": architecture.name,
-            **{setting: config_entry(saved, key) for key, setting in architecture.settings.items()}}
+    settings = {setting: config_entry(saved, key) for key, setting in architecture.settings.items()}
+    if settings.get("max_position_embeddings") is not None:
+        settings["max_position_embeddings"] = token_positions(saved)
+    return {"architecture": architecture.name, **settings}
+
+
+def token_positions(saved: dict) -> int:
+    """The tokens a config.json's model takes at most: its position rows less the architecture's offset."""
+    return (saved.get("max_position_embeddings") or 0) - saved_architecture(saved).position_offset(saved)
 
 
 def config_entry(saved: dict, key):

@@ -8,7 +8,14 @@ strategy, schedule or objective is added here first.
 # model.architecture: each is transformers' model_type of the class it builds (a saved config.json says which)
 BERT = "bert"  # the seed's: BertForPreTraining, post-LayerNorm, learned positions, MLM + NSP heads
 MODERNBERT = "modernbert"  # ModernBertForMaskedLM: pre-norm, RoPE, GeGLU, no biases, local/global attention; MLM only
-ARCHITECTURES = (BERT, MODERNBERT)
+ROBERTA = "roberta"  # RobertaForMaskedLM: BERT's encoder, positions past the padding id, one token type; MLM only
+ARCHITECTURES = (BERT, ROBERTA, MODERNBERT)
+
+# mlmlab tokenizer --kind: the tokenizers library's models, each saved so that AutoTokenizer loads it
+WORDPIECE = "wordpiece"  # BERT's: "##" marks a word's continuation pieces; [CLS] [SEP] [PAD] [UNK] [MASK]
+BPE = "bpe"  # RoBERTa's (GPT-2's) byte-level BPE: "Ġ" marks a word's first piece; <s> </s> <pad> <unk> <mask>
+UNIGRAM = "unigram"  # SentencePiece's Unigram: "▁" marks a word's first piece; XLM-R's <s> </s> <pad> <unk> <mask>
+TOKENIZER_KINDS = (WORDPIECE, BPE, UNIGRAM)
 
 # masking.strategy
 STATIC = "static"  # BERT: dupe_factor fixed masks per example, cycled over epochs

@@ -37,17 +37,19 @@ def cmd_tokenizer(args) -> None:
         if not args.corpus:
             raise UserError("give --corpus PATH... to train a tokenizer, or --vocab FILE to adopt a vocab.txt")
         files = resolve_paths(args.corpus)
-        out = train_tokenizer(files, args.vocab_size, args.out, lowercase=not args.cased, columns=columns_of(args),
-                              show_progress=not args.no_progress)
+        lowercase = not args.cased if args.kind == choices.WORDPIECE else args.lowercase
+        out = train_tokenizer(files, args.vocab_size, args.out, lowercase=lowercase, columns=columns_of(args),
+                              show_progress=not args.no_progress, kind=args.kind)
         source = f"trained on {named_files(files)}"
     print(f"tokenizer with {len(load_tokenizer(out))} tokens saved to {out}, {source}")
 
 
 def cmd_prepare(args) -> None:
     from mlmlab.data.build import prepare, token_use
+    from mlmlab.data.resolve import tokenizer_dir_for
     from mlmlab.data.store import TokenStore
 
-    out = prepare(args.corpus, tokenizer_dir=args.tokenizer, max_seq_length=args.max_seq_length,
+    out = prepare(args.corpus, tokenizer_dir=tokenizer_dir_for(args.tokenizer), max_seq_length=args.max_seq_length,
                   objective=args.objective, short_seq_prob=args.short_seq_prob, seed=args.seed,
                   out_dir=args.out, num_workers=args.workers, columns=columns_of(args),
                   show_progress=not args.no_progress)
@@ -228,12 +230,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlmlab", description="Pretrain BERT-style encoders and compare masking strategies.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("tokenizer", help="train a WordPiece tokenizer or adopt a BERT vocab.txt")
+    p = sub.add_parser("tokenizer", help="train a WordPiece, byte-level BPE or Unigram tokenizer, or adopt a vocab.txt")
     p.add_argument("--corpus", nargs="+", help=CORPUS_HELP)
     add_column_options(p)
+    p.add_argument("--kind", choices=choices.TOKENIZER_KINDS, default=choices.WORDPIECE,
+                   help="wordpiece (BERT's), bpe (RoBERTa's byte-level BPE) or unigram (SentencePiece's)")
     p.add_argument("--vocab", help="adopt this vocab.txt instead of training")
     p.add_argument("--vocab-size", type=int, default=30522)
-    p.add_argument("--cased", action="store_true", help="keep case (default: lowercase, like bert-base-uncased)")
+    p.add_argument("--cased", action="store_true", help="wordpiece: keep case (default: lowercase, as BERT uncased)")
+    p.add_argument("--lowercase", action="store_true", help="bpe, unigram: lowercase (default: cased, as RoBERTa)")
     p.add_argument("--out", required=True)
     add_progress_option(p)
     p.set_defaults(func=cmd_tokenizer)

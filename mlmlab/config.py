@@ -28,13 +28,14 @@ PRESET_DIR = Path(__file__).parent / "configs"
 
 @dataclass
 class ModelConfig:
-    # "bert": the seed's BertForPreTraining; "modernbert": transformers' ModernBertForMaskedLM (MLM only, no NSP head)
+    # "bert": the seed's BertForPreTraining; "roberta": transformers' RobertaForMaskedLM (MLM only, no NSP head);
+    # "modernbert": transformers' ModernBertForMaskedLM (MLM only, no NSP head)
     architecture: str = choices.BERT
     hidden_size: int = 128  # tiny by default: runs on a laptop CPU in minutes
     num_layers: int = 2  # encoder layers (BERT-base: 12)
     num_heads: int = 2  # attention heads; hidden_size must be divisible by it
     intermediate_size: int = 512  # 4x hidden, as in BERT
-    max_position_embeddings: int = 512  # sequences longer than this are refused at prepare/train time
+    max_position_embeddings: int = 512  # tokens; longer ones are refused (RoBERTa's config.json adds pad id + 1 rows)
     # Hidden states (BERT's hidden_dropout_prob, 0.1); also attention's unless set below. Off by
     # default, as cramming pretrains: in studies/dropout-wp8k (tiny, 9,000 steps, 3 seeds) no dropout
     # reached a lower held-out loss than BERT's 0.1, at +28% tokens/s at mini (README, Throughput).
@@ -62,7 +63,9 @@ class DataConfig:
     # as text_column, for valid_corpus (a JSONL training file's "body" beside a held-out one's "text"); empty: text_column
     valid_text_column: str = ""
     id_column: str = ""  # JSONL and tables: consecutive records with the same value here form one document; empty: one record, one document
-    tokenizer: str = ""  # a tokenizer folder or a vocab.txt; empty: bundled bert-base-uncased vocab
+    # a tokenizer folder (tokenizer.json, or vocab.json + merges.txt), a vocab.txt, or a bundled one by name
+    # (sample-bpe-8k: byte-level BPE on the sample); empty: bundled bert-base-uncased vocab
+    tokenizer: str = ""
     max_seq_length: int = 128  # tokens per instance, [CLS] and [SEP] included (BERT: 128, then 512 for the last 10%)
     objective: str = choices.NSP  # "nsp": sentence pairs + NSP loss; "mlm": packed full sentences, no NSP
     short_seq_prob: float = 0.1  # google-research/bert: share of instances with a shorter target length
@@ -81,7 +84,7 @@ class MaskingConfig:
     dupe_factor: int = 10  # static only: number of distinct masks cycled over epochs
     seed: int = 0  # masks are a function of (seed, example, epoch, position)
     mask_unk: bool = False  # whether [UNK] may be selected (it carries no learnable identity)
-    whole_word: bool = False  # select whole words ("##" pieces follow their word), for every strategy
+    whole_word: bool = False  # select whole words (the tokenizer's ##, Ġ or ▁ tells where one begins), any strategy
     rate_schedule: str = choices.CONSTANT  # "constant" (rate) or "linear_decay" from rate_start to rate (Ankner et al. 2024)
     rate_start: float = 0.30  # linear_decay only: the mask rate at step 0
     scorer: str = choices.ENTROPY  # adaptive: entropy (seed's), max_prob, grad_norm, loss_ema (~free), context, frequency (control)
@@ -220,7 +223,7 @@ def _check_batch_warmup(t: "TrainConfig") -> None:
                         f"{t.max_steps // 10}, or raise train.max_steps")
 
 
-# model.* settings only ModernBERT reads: with BERT they would be ignored without a word.
+# model.* settings only ModernBERT reads: with BERT or RoBERTa they would be ignored without a word.
 _MODERNBERT_ONLY = ("local_attention", "global_attention_every", "rope_theta_global", "rope_theta_local")
 
 
@@ -233,6 +236,17 @@ def _check_architecture(cfg: Config) -> None:
             raise UserError(f"model.{changed[0]} applies to model.architecture={choices.MODERNBERT} only (BERT has "
                             f"learned positions and global attention in every layer); drop it or set "
                             f"model.architecture={choices.MODERNBERT}")
+        return
+    if model.architecture == choices.ROBERTA:
+        changed = [name for name in _MODERNBERT_ONLY if getattr(model, name) != getattr(ModelConfig, name)]
+        if changed:
+            raise UserError(f"model.{changed[0]} applies to model.architecture={choices.MODERNBERT} only (RoBERTa has "
+                            f"learned positions and global attention in every layer); drop it or set "
+                            f"model.architecture={choices.MODERNBERT}")
+        if cfg.data.objective == choices.NSP:
+            raise UserError(f"data.objective={choices.NSP} needs an NSP head, which RoBERTa does not have (it "
+                            f"drops NSP and trains MLM on full sentences); set data.objective={choices.MLM}, or "
+                            f"model.architecture={choices.BERT}")
         return
     if cfg.data.objective == choices.NSP:
         raise UserError(f"data.objective={choices.NSP} needs an NSP head, which ModernBERT does not have (its published "

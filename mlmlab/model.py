@@ -1,6 +1,6 @@
-"""A transformers encoder (BERT or ModernBERT), trained with the MLM head on selected positions only.
+"""A transformers encoder (BERT, RoBERTa or ModernBERT), trained with the MLM head on selected positions only.
 
-The model is the library's own class (``BertForPreTraining``, ``ModernBertForMaskedLM``:
+The model is the library's own class (``BertForPreTraining``, ``RobertaForMaskedLM``, ``ModernBertForMaskedLM``:
 architectures.py) so that every checkpoint loads with the Auto classes. Training and held-out
 evaluation do not call its forward: that projects all B*T positions onto the vocabulary,
 while only ~15% carry a label. Gathering the selected hidden states first ("sparse
@@ -58,12 +58,13 @@ def load_weights(model: nn.Module, path: Path, allowed_missing: tuple[str, ...] 
     """``path``'s safetensors weights into ``model``; any key or shape difference is a UserError naming the key.
 
     The one weight loader: ``allowed_missing`` lists the key prefixes the file may lack
-    (an architecture's ``optional_parts`` when a run starts from it; none for a resume). Names of
-    older checkpoints are read as today's (``current_name``).
+    (an architecture's ``optional_parts`` when a run starts from it; none for a resume); the file's weights of
+    the architecture's ``unused_parts`` are skipped. Names of older checkpoints are read as today's (``current_name``).
     """
     expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
     shapes = weight_shapes(path)
-    names = {name: current_name(name) for name in shapes}
+    unused = architecture_of(model).unused_parts  # saved parts this architecture's class does not read
+    names = {name: None if name.startswith(unused) and name not in expected else current_name(name) for name in shapes}
     for name, shape in shapes.items():
         current = names[name]
         if current is None:  # a saved buffer, not a weight
@@ -170,7 +171,7 @@ class SparsePretraining(nn.Module):
     A module (not a function) so that DDP/FSDP wrappers see the forward call. The
     denominators let the caller normalise by the count over the *global* batch (all
     micro-batches and ranks), so the loss equals that of one big batch exactly. A model
-    without an NSP head (ModernBERT) is scored on MLM alone, whatever ``use_nsp`` says.
+    without an NSP head (RoBERTa, ModernBERT) is scored on MLM alone, whatever ``use_nsp`` says.
     """
 
     def __init__(self, model: PreTrainedModel, use_nsp: bool = True, length_multiple: int = 1, fused_head: bool = False):

@@ -106,13 +106,23 @@ def pretrain_summary(summary: dict, cfg: Config) -> str:
                      + f" ({held_out['masked_tokens']:,} masked tokens, fixed masks)")
     valid = " ".join(shlex.quote(p) for p in cfg.data.valid_corpus) or shlex.quote(str(SAMPLE_VALID))
     fill = (f"\"from transformers import pipeline; print(pipeline('fill-mask', model={model!r})"
-            "('The capital of France is [MASK].'))\"")  # double quotes outside: pastes into any shell
+            f"('The capital of France is {_mask_token(model)}.'))\"")  # double quotes outside: pastes into any shell
     lines += ["next:",
               f"  mlmlab evaluate --model {shlex.quote(model)} --data {valid}",
               f"  mlmlab glue --model {shlex.quote(model)} --task RTE MRPC --data-dir GLUE_DIR",
               f"  python -c {fill}",
               "(--json: this summary as JSON)"]
     return "\n".join(lines)
+
+
+def _mask_token(model: str) -> str:
+    """The model folder's own mask token ([MASK], <mask>), as its tokenizer_config.json names it."""
+    import json
+    from pathlib import Path
+
+    path = Path(model) / "tokenizer_config.json"
+    mask = json.loads(path.read_text(encoding="utf-8")).get("mask_token") if path.is_file() else None
+    return (mask.get("content") if isinstance(mask, dict) else mask) or "[MASK]"
 
 
 def _mfu(summary: dict) -> str:

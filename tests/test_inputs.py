@@ -198,13 +198,12 @@ def byte_level_bpe_folder(folder: Path, corpus: Path, *, fast: bool) -> Path:
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["tokenizer.json", "vocab.json+merges.txt"])
-def test_a_byte_level_bpe_tokenizer_is_refused_in_one_line(documents, tmp_path, capsys, fast):
+def test_a_byte_level_bpe_tokenizer_folder_is_adopted(documents, tmp_path, capsys, fast):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(plain_text(documents[:5]), encoding="utf-8")
     folder = byte_level_bpe_folder(tmp_path / "roberta", corpus, fast=fast)
-    for argv in (["prepare", "--corpus", str(corpus), "--tokenizer", str(folder), "--out", str(tmp_path / "p")],
-                 ["pretrain", f"data.tokenizer={folder}", f"train.out_dir={tmp_path / 'run'}"]):
-        assert main(argv) == 2
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "byte-level BPE" in err and "WordPiece" in err, err
-    assert not (tmp_path / "p").exists()
+    assert main(["prepare", "--corpus", str(corpus), "--tokenizer", str(folder), "--out", str(tmp_path / "p"),
+                 "--objective", "mlm"]) == 0
+    store = TokenStore(tmp_path / "p")
+    assert store[0]["input_ids"][0] == 0 and store.meta["special_token_ids"]["<mask>"] == 4  # RoBERTa's <s>, <mask>
+    capsys.readouterr()

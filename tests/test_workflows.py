@@ -137,8 +137,9 @@ REFUSALS = [
      ("another vocabulary", "leave data.tokenizer empty")),
     ("weights only as pytorch_model.bin", lambda run, t: ["--init", str(model_variant(run, t / "m", pickled_only))],
      ("pytorch_model.bin", "never unpickles")),
-    ("a RoBERTa checkpoint", lambda run, t: ["--init", str(model_variant(run, t / "m", edit_config(model_type="roberta")))],
-     ("model_type='roberta'", "BERT")),
+    ("a DeBERTa checkpoint",
+     lambda run, t: ["--init", str(model_variant(run, t / "m", edit_config(model_type="deberta")))],
+     ("model_type='deberta'", "'bert', 'roberta' or 'modernbert'")),
     ("untied output embeddings", lambda run, t: ["--init", str(model_variant(
         run, t / "m", edit_config(tie_word_embeddings=False)))], ("tie_word_embeddings=False",)),
     ("no such folder", lambda run, t: ["--init", str(t / "nowhere")], ("no such folder",)),

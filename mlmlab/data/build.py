@@ -37,7 +37,7 @@ from mlmlab.data.hashing import BuildConfig, dataset_hash
 from mlmlab.data.instances import IS_NEXT, NO_NSP_LABEL, RANDOM_NEXT, create_mlm_blocks, create_nsp_instances
 from mlmlab.data.records import Columns
 from mlmlab.data.store import FORMAT_VERSION, SHARD_FIELDS, TokenStore
-from mlmlab.data.tokenizer import SPECIAL_TOKENS, load_tokenizer, vocab_hash
+from mlmlab.data.tokenizer import load_tokenizer, vocab_hash
 from mlmlab.errors import UserError
 from mlmlab.utils.devices import available_cores
 from mlmlab.utils.files import building
@@ -227,7 +227,9 @@ def _build(paths, columns, unk_marker, tokenizer, tokenizer_dir, config, digest,
         "vocab_size": vocab_size,
         "vocab_hash": vocab_hash(tokenizer.get_vocab()),
         "token_dtype": _token_dtype(vocab_size).__name__,
-        "special_token_ids": {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS},
+        # the tokenizer's own special tokens by name ([PAD] or <pad>, ...), and the padding id by role
+        "special_token_ids": {token: tokenizer.convert_tokens_to_ids(token) for token in tokenizer.all_special_tokens},
+        "pad_token_id": tokenizer.pad_token_id,
         **totals,
     }
     # meta.json is written last: its presence marks the folder complete.

@@ -14,7 +14,7 @@ from mlmlab.data.build import cache_root, prepare, prepared_hash
 from mlmlab.data.corpus import is_prepared_dataset, refuse_missing_fields
 from mlmlab.data.records import Columns
 from mlmlab.data.store import TokenStore
-from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer, vocab_hash
+from mlmlab.data.tokenizer import adopt_bpe_files, adopt_vocab, load_tokenizer, refuse_incomplete_bpe, vocab_hash
 from mlmlab.data.wikitext import UNK_MARKER, is_wikitext, write_plain
 from mlmlab.errors import UserError
 from mlmlab.utils.files import building, file_sha256
@@ -23,13 +23,24 @@ SAMPLE_DIR = Path(__file__).resolve().parent.parent / "resources" / "sample"
 SAMPLE_TRAIN = SAMPLE_DIR / "train.txt.gz"
 SAMPLE_VALID = SAMPLE_DIR / "valid.txt.gz"
 SAMPLE_VOCAB = SAMPLE_DIR / "vocab.txt"
+# Tokenizers bundled with the package, by the name data.tokenizer gives them (a folder of that name is used instead)
+BUNDLED_TOKENIZERS = {"sample-bpe-8k": SAMPLE_DIR / "bpe-8k"}  # byte-level BPE, RoBERTa's tokens, on the sample
 
 
 def tokenizer_dir_for(setting: str) -> Path:
-    """A tokenizer folder as is; a vocab.txt (or the bundled one) adopted into the cache."""
+    """A tokenizer folder as is; a vocab.txt (or the bundled one), or a folder of RoBERTa's slow files (vocab.json +
+    merges.txt), adopted into the cache."""
     source = Path(setting) if setting else SAMPLE_VOCAB
+    if setting in BUNDLED_TOKENIZERS and not source.exists():
+        return BUNDLED_TOKENIZERS[setting]
     if source.is_dir():
-        return source
+        if (source / "tokenizer.json").is_file() or not (source / "vocab.json").is_file():
+            return source
+        refuse_incomplete_bpe(source)
+        files = [source / "vocab.json", source / "merges.txt"]
+        digest = hashlib.sha256(b"".join(path.name.encode() + path.read_bytes() for path in files)).hexdigest()[:16]
+        return _cached_folder(cache_root().parent / "tokenizers" / f"bpe-{digest}",
+                              lambda staging: adopt_bpe_files(source, staging))
     if not source.is_file():
         raise UserError(f"data.tokenizer={setting!r} is neither a tokenizer folder nor a vocab file")
     target = cache_root().parent / "tokenizers" / file_sha256(source)[:16]
@@ -45,13 +56,16 @@ def _cached_folder(target: Path, fill) -> Path:
 
 
 def standalone_tokenizer(model_dir: Path) -> Path:
-    """The tokenizer files of a model folder, copied to the cache so data hashes ignore the weights."""
-    files = sorted(p for p in Path(model_dir).iterdir() if p.name.startswith(("tokenizer", "vocab", "special_tokens")))
+    """The tokenizer files of a model folder, copied to the cache so data hashes ignore the weights (RoBERTa's slow
+    files, vocab.json + merges.txt without a tokenizer.json, are adopted from there)."""
+    files = sorted(p for p in Path(model_dir).iterdir()
+                   if p.name.startswith(("tokenizer", "vocab", "merges", "special_tokens", "added_tokens")))
     if not files:
         raise UserError(f"{model_dir} holds no tokenizer files (vocab.txt, tokenizer.json); copy the model's "
                         "tokenizer into it, or name it with data.tokenizer")
     digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in files)).hexdigest()[:16]
-    return _cached_folder(cache_root().parent / "tokenizers" / digest, lambda staging: _copy_files(files, staging))
+    copied = _cached_folder(cache_root().parent / "tokenizers" / digest, lambda staging: _copy_files(files, staging))
+    return tokenizer_dir_for(str(copied))
 
 
 def _copy_files(files: list[Path], folder: Path) -> None:

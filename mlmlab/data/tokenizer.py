@@ -1,9 +1,21 @@
-"""WordPiece tokenizers: train one, or adopt an existing BERT vocab.txt; load and check it.
+"""Tokenizers of three kinds: train one, or adopt an existing one; load and check it.
 
-Every tokenizer is saved as a folder (tokenizer.json, vocab.txt, tokenizer_config.json)
-that `transformers.AutoTokenizer.from_pretrained(folder)` loads. We never build one with
-`BertTokenizerFast(vocab_file=...)`: in transformers 5 that silently yields a 5-token
-vocabulary, so `load_tokenizer` also asserts the loaded size against the files.
+- WordPiece (BERT's): [CLS] [SEP] [PAD] [UNK] [MASK]; "##" marks a word's continuation pieces.
+  Trained here, or adopted from a BERT vocab.txt.
+- Byte-level BPE (RoBERTa's, GPT-2's): <s> </s> <pad> <unk> <mask>, <s> and </s> framing a sequence
+  as RoBERTa's [CLS] and [SEP]; "Ġ" (the byte of a space) marks a word's first piece. Trained here with
+  a space before every text (add_prefix_space), so the first word of a sentence is a word like any other.
+- Unigram (SentencePiece's): XLM-R's names for the same roles, <s> </s> <pad> <unk> <mask>, and BERT's
+  pair framing (<s> A </s> B </s>, token types 0 then 1), which is what mlmlab's NSP pairs are; "▁"
+  marks a word's first piece. Cased, NFKC-normalised, as SentencePiece's defaults.
+
+Every tokenizer is a folder (tokenizer.json, tokenizer_config.json, and vocab.txt for WordPiece) that
+`transformers.AutoTokenizer.from_pretrained(folder)` loads; any folder with a tokenizer.json is adopted as
+it is, and one with only vocab.json + merges.txt (RoBERTa's files) is rebuilt as one (``adopt_bpe_files``).
+The special tokens are the tokenizer's own (its cls/sep/pad/mask/unk roles and added special tokens),
+never looked up by BERT's names. We never build one with `BertTokenizerFast(vocab_file=...)`: in
+transformers 5 that silently yields a 5-token vocabulary, so `load_tokenizer` also asserts the loaded
+size against the files.
 
 `transformers` is imported inside functions: `prepare` workers only need the light
 `tokenizers` package, and importing transformers costs seconds per process.
@@ -12,6 +24,7 @@ vocabulary, so `load_tokenizer` also asserts the loaded size against the files.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -19,31 +32,42 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from mlmlab import choices
 from mlmlab.data.corpus import read_documents
 from mlmlab.data.records import Columns
 from mlmlab.errors import UserError
 from mlmlab.utils.jsonio import read_json_file
 from mlmlab.utils.progress import progress_bar
 
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # WordPiece's, BERT's names
+# Byte-level BPE and Unigram: fairseq's dictionary order (<s> <pad> </s> <unk>: ids 0-3 as RoBERTa's, XLM-R's), <mask>
+SENTENCE_SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+# The roles every tokenizer must fill, as transformers names them: framing, padding, masking
+REQUIRED_ROLES = ("cls_token", "sep_token", "pad_token", "mask_token")
 _UNUSED = re.compile(r"^\[unused\d+\]$")
 
 
 def train_tokenizer(
     corpus_paths: str | Path | Iterable[str | Path], vocab_size: int, out_dir: str | Path, lowercase: bool = True,
-    columns: Columns = Columns(), show_progress: bool = False,
+    columns: Columns = Columns(), show_progress: bool = False, kind: str = choices.WORDPIECE,
 ) -> Path:
-    """Train a BERT WordPiece vocabulary on the corpus and save it as a tokenizer folder (with ``show_progress``,
-    a bar of the documents read on stderr).
+    """Train a tokenizer of ``kind`` (wordpiece, bpe, unigram) on the corpus and save it as a tokenizer folder
+    (with ``show_progress``, a bar of the documents read on stderr).
 
     Not reproducible run to run: tokenizers (0.23) numbers the "##" pieces in hash-map order and
     breaks merge-count ties by those numbers (huggingface/tokenizers#1794), so two trainings on
     the same corpus number hundreds of tokens differently and differ in a few entries (2 of 8,192
     measured on the bundled sample). Train once and reuse the folder.
     """
-    if vocab_size < len(SPECIAL_TOKENS) + 1:
-        raise UserError(f"vocab_size {vocab_size} is too small; use at least a few thousand (BERT uses 30522)")
+    if kind not in choices.TOKENIZER_KINDS:
+        raise UserError(f"tokenizer kind {kind!r} is not one mlmlab trains; use "
+                        f"{choices.listed(choices.TOKENIZER_KINDS)}")
+    if vocab_size < len(SPECIAL_TOKENS) + 1 or (kind == choices.BPE and vocab_size <= 256 + 5):
+        raise UserError(f"vocab_size {vocab_size} is too small; use at least a few thousand (BERT uses 30522, "
+                        "RoBERTa 50265; a byte-level BPE needs more than its 256 bytes and 5 special tokens)")
     out_dir = _empty_out_dir(out_dir)
+    if kind != choices.WORDPIECE:
+        return _train_sentence_tokenizer(corpus_paths, vocab_size, out_dir, lowercase, columns, show_progress, kind)
     tokenizer = _bert_tokenizer(models.WordPiece(unk_token="[UNK]"), lowercase)
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
@@ -52,6 +76,75 @@ def train_tokenizer(
         tokenizer.train_from_iterator(_sentences(corpus_paths, columns, bar), trainer=trainer)
     vocab = tokenizer.get_vocab()
     return _save_folder(sorted(vocab, key=vocab.__getitem__), out_dir, lowercase)
+
+
+def _train_sentence_tokenizer(corpus_paths, vocab_size: int, out_dir: Path, lowercase: bool, columns: Columns,
+                              show_progress: bool, kind: str) -> Path:
+    """A byte-level BPE or a Unigram (module docstring), trained and saved as a folder AutoTokenizer loads."""
+    special = list(SENTENCE_SPECIAL_TOKENS)
+    if kind == choices.BPE:
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    else:
+        tokenizer = Tokenizer(models.Unigram())
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+        tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=special, unk_token="<unk>",
+                                          show_progress=False)
+    steps = [normalizers.NFKC()] if kind == choices.UNIGRAM else []
+    if lowercase:
+        steps.append(normalizers.Lowercase())
+    if steps:
+        tokenizer.normalizer = normalizers.Sequence(steps)
+    with progress_bar("tokenizer", None, show_progress, unit="doc") as bar:
+        tokenizer.train_from_iterator(_sentences(corpus_paths, columns, bar), trainer=trainer)
+    ids = {token: tokenizer.token_to_id(token) for token in special}
+    roles = dict(bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>", unk_token="<unk>",
+                 pad_token="<pad>", mask_token="<mask>")
+    if kind == choices.BPE:
+        from transformers import RobertaTokenizerFast
+
+        tokenizer.post_processor = processors.RobertaProcessing(("</s>", ids["</s>"]), ("<s>", ids["<s>"]),
+                                                                trim_offsets=True, add_prefix_space=True)
+        wrapped = RobertaTokenizerFast(tokenizer_object=tokenizer, add_prefix_space=True, **roles)
+        tokenizer.model.save(str(out_dir))  # vocab.json + merges.txt too, RoBERTa's slow files, for other tools
+    else:
+        from transformers import PreTrainedTokenizerFast
+
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", pair="<s> $A </s> $B:1 </s>:1",
+            special_tokens=[("<s>", ids["<s>"]), ("</s>", ids["</s>"])])
+        wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **roles)
+    wrapped.save_pretrained(str(out_dir))
+    load_tokenizer(out_dir)
+    return out_dir
+
+
+def adopt_bpe_files(folder: str | Path, out_dir: str | Path) -> Path:
+    """A tokenizer folder (tokenizer.json) rebuilt from RoBERTa's slow files, vocab.json + merges.txt, with RoBERTa's
+    special tokens and framing, as transformers' RobertaTokenizer reads them."""
+    from transformers import RobertaTokenizerFast
+
+    folder = Path(folder)
+    refuse_incomplete_bpe(folder)
+    try:
+        RobertaTokenizerFast(vocab=str(folder / "vocab.json"), merges=str(folder / "merges.txt")).save_pretrained(
+            str(out_dir))
+    except Exception as err:  # tokenizers raises its own types for a damaged file
+        raise UserError(f"cannot read the byte-level BPE files in {folder} ({str(err).splitlines()[0]}); copy "
+                        "vocab.json and merges.txt again") from None
+    load_tokenizer(out_dir)
+    return Path(out_dir)
+
+
+def refuse_incomplete_bpe(folder: Path) -> None:
+    """A one-line UserError for RoBERTa's slow files without their merges.txt."""
+    if not (Path(folder) / "merges.txt").is_file():
+        raise UserError(f"{folder} has a vocab.json but no merges.txt: a byte-level BPE needs both (or a "
+                        "tokenizer.json); copy the tokenizer's merges.txt into it")
 
 
 def adopt_vocab(vocab_file: str | Path, out_dir: str | Path, lowercase: bool = True) -> Path:
@@ -65,38 +158,91 @@ def load_tokenizer(tokenizer_dir: str | Path):
     from transformers import AutoTokenizer
 
     tokenizer_dir = Path(tokenizer_dir)
-    refuse_other_kinds(tokenizer_dir)
     if not (tokenizer_dir / "tokenizer.json").is_file() and not (tokenizer_dir / "vocab.txt").is_file():
+        slow = " (only vocab.json: a byte-level BPE needs its merges.txt too)" \
+            if (tokenizer_dir / "vocab.json").is_file() and not (tokenizer_dir / "merges.txt").is_file() else ""
         raise UserError(
-            f"{tokenizer_dir} is not a tokenizer folder (no tokenizer.json or vocab.txt); "
-            "make one with `mlmlab tokenizer --corpus FILES --out DIR` or `mlmlab tokenizer --vocab vocab.txt --out DIR`"
+            f"{tokenizer_dir} is not a tokenizer folder (no tokenizer.json or vocab.txt){slow}; name it with "
+            "data.tokenizer (vocab.json + merges.txt are adopted), or make one with `mlmlab tokenizer --corpus FILES "
+            "--out DIR`"
         )
     expected = _expected_vocab(tokenizer_dir)
-    _require_special_tokens(expected, tokenizer_dir)
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    if not (tokenizer_dir / "tokenizer.json").is_file():
+        _require_special_tokens(expected, tokenizer_dir)  # a vocab.txt: BERT's names are all there is to go by
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    except (OSError, ValueError, TypeError) as err:
+        raise UserError(f"cannot load the tokenizer in {tokenizer_dir} ({str(err).splitlines()[0]}); copy the folder "
+                        "again, or make one with `mlmlab tokenizer`") from None
     if len(tokenizer) != len(expected) or tokenizer.get_vocab() != expected:
         raise UserError(
             f"tokenizer in {tokenizer_dir} loaded with {len(tokenizer)} tokens but its files list {len(expected)}; "
             "rebuild the folder with `mlmlab tokenizer`"
         )
+    require_roles(tokenizer, tokenizer_dir)
     return tokenizer
 
 
-def refuse_other_kinds(tokenizer_dir: Path) -> None:
-    """A one-line UserError for a tokenizer folder that is not WordPiece (RoBERTa's byte-level BPE, SentencePiece).
+def require_roles(tokenizer, source) -> None:
+    """A one-line UserError unless the tokenizer names its framing, padding and mask tokens, each its own id."""
+    ids, vocab = {}, tokenizer.get_vocab()
+    for role in REQUIRED_ROLES:
+        token = getattr(tokenizer, role, None)
+        if token is None or str(token) not in vocab:
+            name = role.removesuffix("_token")
+            raise UserError(f"the tokenizer in {source} has no {name} token ({role} in tokenizer_config.json); "
+                            f"mlmlab needs a {' '.join(r.removesuffix('_token') for r in REQUIRED_ROLES)} token: "
+                            "add it, or train one with `mlmlab tokenizer --kind wordpiece|bpe|unigram`")
+        ids[role] = vocab[str(token)]
+    pairs = [(a, b) for i, a in enumerate(REQUIRED_ROLES) for b in REQUIRED_ROLES[i + 1:] if ids[a] == ids[b]]
+    allowed = {("cls_token", "sep_token")}  # GPT-2-style <|endoftext|> both begins and ends: still not a mask or pad
+    clash = next((pair for pair in pairs if pair not in allowed), None)
+    if clash:
+        raise UserError(f"the tokenizer in {source} uses one token ({getattr(tokenizer, clash[0])!r}, id "
+                        f"{ids[clash[0]]}) as both its {clash[0]} and its {clash[1]}: masked or padded positions could "
+                        "not be told apart; give each role its own token")
 
-    Not supported rather than half-supported: masking, NSP pairs, whole-word selection ("##"
-    pieces), prepared data and GLUE all name BERT's special tokens ([CLS] [SEP] [MASK] [PAD]).
+
+def special_ids(tokenizer) -> set[int]:
+    """Every id that is not text: the tokenizer's named special tokens and the added tokens it marks special."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return set(tokenizer.all_special_ids) | {i for i, token in added.items() if getattr(token, "special", False)}
+
+
+def tokenizer_kind(tokenizer) -> str:
+    """The tokenizers model of a fast tokenizer: "WordPiece", "BPE", "Unigram" (or "WordLevel")."""
+    return json.loads(tokenizer.backend_tokenizer.to_str())["model"]["type"]
+
+
+def word_marker(tokenizer) -> tuple[str, bool]:
+    """How the tokenizer's own pieces say where a word begins: (marker, begins).
+
+    WordPiece: ("##", False), the marker opens a continuation piece; byte-level BPE: ("Ġ", True), the byte of a space
+    opens a word's first piece (fairseq's whole-word masking for GPT-2's BPE reads it the same way); Unigram and
+    other Metaspace tokenizers: ("▁", True). Anything else cannot mark words: a one-line UserError.
     """
-    tokenizer_json = tokenizer_dir / "tokenizer.json"
-    kind = _tokenizer_spec(tokenizer_json)["model"].get("type") \
-        if tokenizer_json.is_file() else ("BPE" if (tokenizer_dir / "merges.txt").is_file() else None)
-    if kind in (None, "WordPiece"):
-        return
-    described = "a byte-level BPE (RoBERTa/GPT-2-style)" if kind == "BPE" else f"a {kind}"
-    raise UserError(f"{tokenizer_dir} holds {described} tokenizer; mlmlab trains BERT-style models with WordPiece "
-                    "tokenizers only: make one with `mlmlab tokenizer --corpus FILES --out DIR`, or adopt a BERT "
-                    "vocab.txt with `mlmlab tokenizer --vocab vocab.txt --out DIR`")
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    model = spec["model"]
+    if model["type"] == "WordPiece":
+        return model.get("continuing_subword_prefix") or "##", False
+    steps = _pre_tokenizer_steps(spec.get("pre_tokenizer"))
+    if any(step.get("type") == "ByteLevel" for step in steps):
+        return "Ġ", True
+    metaspace = next((step for step in steps if step.get("type") == "Metaspace"), None)
+    if metaspace is not None:
+        return metaspace.get("replacement", "▁"), True
+    if model.get("continuing_subword_prefix"):
+        return model["continuing_subword_prefix"], False
+    raise UserError(f"masking.whole_word=true needs the tokenizer's pieces to mark where words begin (WordPiece's "
+                    f"\"##\", byte-level BPE's \"Ġ\", SentencePiece's \"▁\"); this {model['type']} tokenizer marks "
+                    "none: set masking.whole_word=false")
+
+
+def _pre_tokenizer_steps(pre: dict | None) -> list[dict]:
+    if not pre:
+        return []
+    return [step for inner in pre.get("pretokenizers", []) for step in _pre_tokenizer_steps(inner)] \
+        if pre.get("type") == "Sequence" else [pre]
 
 
 def vocab_hash(vocab: Mapping[str, int]) -> str:
@@ -120,8 +266,8 @@ def folder_vocab_size(tokenizer_dir: str | Path) -> int:
 
 
 def ordinary_token_ids(tokenizer) -> np.ndarray:
-    """Ids a random replacement may insert: not special and not a reserved [unusedN] slot."""
-    special = set(tokenizer.all_special_ids)
+    """Ids a random replacement may insert: not special (named or added) and not a reserved [unusedN] slot."""
+    special = special_ids(tokenizer)
     ids = [i for token, i in tokenizer.get_vocab().items() if i not in special and not _UNUSED.match(token)]
     return np.array(sorted(ids), dtype=np.int64)
 
@@ -183,7 +329,8 @@ def _expected_vocab(tokenizer_dir: Path) -> dict[str, int]:
     tokenizer_json = tokenizer_dir / "tokenizer.json"
     if tokenizer_json.is_file():
         spec = _tokenizer_spec(tokenizer_json)
-        vocab = dict(spec["model"]["vocab"])
+        vocab = spec["model"]["vocab"]  # a Unigram's is a list of (piece, score), id = position
+        vocab = {entry[0]: i for i, entry in enumerate(vocab)} if isinstance(vocab, list) else dict(vocab)
         vocab.update({added["content"]: added["id"] for added in spec.get("added_tokens", [])})
         return vocab
     return {token: i for i, token in enumerate(_vocab_lines(tokenizer_dir / "vocab.txt"))}
@@ -194,7 +341,7 @@ def _tokenizer_spec(tokenizer_json: Path) -> dict:
     again = "copy the folder again, or rebuild it with `mlmlab tokenizer`"
     spec = read_json_file(tokenizer_json, again)
     model = spec.get("model") if isinstance(spec, dict) else None
-    if not isinstance(model, dict) or not isinstance(model.get("vocab", {}), dict):
+    if not isinstance(model, dict) or not isinstance(model.get("vocab", {}), (dict, list)):
         raise UserError(f"{tokenizer_json} holds no tokenizer model with a vocabulary; {again}")
     return spec
 

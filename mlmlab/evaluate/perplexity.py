@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from mlmlab.architectures import token_positions
 from mlmlab.config import MaskingConfig
 from mlmlab.data.loader import LoaderPosition, iterate_batches
 from mlmlab.data.records import Columns
@@ -83,7 +84,7 @@ def fixed_mask_batches(store, info, batch_size: int, max_batches: int | None, de
                        desc: str = "evaluate") -> Iterator[dict]:
     """The evaluated batches of ``store`` on ``device``, masked with the fixed uniform masks: the same every time."""
     batches = iterate_batches(store, batch_size=min(batch_size, len(store)), seed=0, start=LoaderPosition(),
-                              pad_id=store.meta["special_token_ids"]["[PAD]"])
+                              pad_id=store.meta.get("pad_token_id", store.meta["special_token_ids"].get("[PAD]")))
     count = evaluated_batches(len(store), batch_size, max_batches)
     with progress_bar(desc, count, show_progress, unit="batch") as bar:
         for _ in range(count):
@@ -136,9 +137,10 @@ def evaluate_model(model_dir, data, *, batch_size: int = 32, max_batches: int | 
     store = held_out_store([data] if isinstance(data, (str, Path)) else list(data), model_dir, max_seq_length,
                            columns, show_progress)
     require_vocab(store, saved_vocab_hash(model_dir), f"the model's ({model_dir})")
-    if store.max_seq_length > bert.config.max_position_embeddings:
+    positions = token_positions(bert.config.to_dict())
+    if store.max_seq_length > positions:
         raise UserError(f"{data} holds sequences of up to {store.max_seq_length} tokens, more than the model's "
-                        f"{bert.config.max_position_embeddings} positions; prepare it with a smaller --max-seq-length")
+                        f"{positions} positions; prepare it with a smaller --max-seq-length")
     pretraining_counts = saved_token_counts(model_dir)
     counts = store.token_counts if pretraining_counts is None else pretraining_counts
     device = compute_device()

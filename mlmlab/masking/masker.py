@@ -45,7 +45,8 @@ class Masker:
         self.info = token_info_for(tokenizer, cfg.mask_unk)  # held-out evaluation masks with it too
         self.corruption = Corruption(cfg.mask_prob, cfg.random_prob)
         self.strategy = build_strategy(cfg, info=self.info, vocab_size=len(tokenizer), token_counts=token_counts)
-        self.continuation = continuation_table(tokenizer) if cfg.whole_word else None  # (V,) bool: "##" pieces
+        # (V,) bool: the pieces that continue a word, by the tokenizer's own convention
+        self.continuation = continuation_table(tokenizer) if cfg.whole_word else None
 
     def mask_step(self, micro: list[tuple[int, dict]], model, *, progress: float, step: int) -> list[dict]:
         """The step's micro-batches, masked, in order. ``micro``: (epoch, batch) pairs, the batches on the

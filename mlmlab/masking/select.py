@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mlmlab.data.tokenizer import ordinary_token_ids
+from mlmlab.data.tokenizer import ordinary_token_ids, special_ids, word_marker
 from mlmlab.masking import seeding
 from mlmlab.model import IGNORE_INDEX
 
@@ -20,7 +20,7 @@ class TokenInfo:
     """What masking needs to know about the vocabulary."""
 
     mask_id: int
-    special_ids: tuple[int, ...]  # never selected: [CLS], [SEP], [PAD], [MASK], [UNK]...
+    special_ids: tuple[int, ...]  # never selected: the tokenizer's special ids ([CLS] or <s>, [PAD] or <pad>, ...)
     ordinary_ids: torch.Tensor  # (V_ord,) random replacements come only from these
 
 
@@ -33,10 +33,13 @@ class Corruption:
 
 
 def token_info_for(tokenizer, mask_unk: bool = False) -> TokenInfo:
-    """TokenInfo from a HF tokenizer; [UNK] is excluded from selection unless ``mask_unk``."""
-    specials = {tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id, tokenizer.mask_token_id}
-    if not mask_unk:
-        specials.add(tokenizer.unk_token_id)
+    """TokenInfo from a HF tokenizer: its own special ids (named and added), whatever their names; its unknown
+    token is excluded from selection unless ``mask_unk``."""
+    specials = special_ids(tokenizer) | {tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id,
+                                         tokenizer.mask_token_id, tokenizer.unk_token_id}
+    if mask_unk:
+        specials.discard(tokenizer.unk_token_id)
+    specials.discard(None)  # a tokenizer without an unknown token (byte-level BPE needs none)
     return TokenInfo(
         mask_id=tokenizer.mask_token_id,
         special_ids=tuple(sorted(specials)),
@@ -115,24 +118,28 @@ def gumbel_top_k_grouped(weights: torch.Tensor, eligible: torch.Tensor, groups: 
     return torch.zeros_like(eligible).scatter_(1, order, take)
 
 
-def continuation_table(vocab) -> torch.Tensor:
-    """(V,) bool per vocabulary id: True for WordPiece continuation pieces ("##...").
+def continuation_table(vocab, marker: str = "##", begins: bool = False) -> torch.Tensor:
+    """(V,) bool per vocabulary id: True for the pieces that continue a word, by the tokenizer's own convention.
 
-    ``vocab`` is a tokenizer (anything with ``get_vocab()``), a token -> id mapping, or a
-    list of tokens in id order. Index it with input_ids to get a batch's (B, T) mask.
+    ``vocab`` is a tokenizer (anything with ``get_vocab()``: its convention is read from it,
+    data/tokenizer.word_marker: WordPiece "##" continues a word, byte-level BPE "Ġ" and
+    SentencePiece "▁" begin one), a token -> id mapping, or a list of tokens in id order (then
+    ``marker`` opens a continuation piece, or with ``begins`` a word's first piece). Index it with
+    input_ids to get a batch's (B, T) mask; a special token's entry is never read (never eligible).
     """
     if hasattr(vocab, "get_vocab"):
+        marker, begins = word_marker(vocab)
         vocab = vocab.get_vocab()
-    if isinstance(vocab, dict):
-        table = torch.zeros(max(vocab.values()) + 1, dtype=torch.bool)
-        for token, index in vocab.items():
-            table[index] = token.startswith("##")
-        return table
-    return torch.tensor([token.startswith("##") for token in vocab], dtype=torch.bool)
+    if not isinstance(vocab, dict):
+        vocab = {token: index for index, token in enumerate(vocab)}
+    table = torch.zeros(max(vocab.values()) + 1, dtype=torch.bool)
+    for token, index in vocab.items():
+        table[index] = token.startswith(marker) != begins
+    return table
 
 
 def word_starts(eligible: torch.Tensor, is_continuation: torch.Tensor) -> torch.Tensor:
-    """(B, T) bool: eligible tokens that begin a word; a "##" piece after a special token starts one."""
+    """(B, T) bool: eligible tokens that begin a word; a continuation piece after a special token starts one."""
     prev_eligible = torch.zeros_like(eligible)
     prev_eligible[:, 1:] = eligible[:, :-1]
     return eligible & ~(is_continuation & prev_eligible)

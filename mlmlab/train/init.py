@@ -5,7 +5,7 @@ Weights only: the optimizer, the step and every schedule start fresh, as with
 line naming the key:
 
 - the folder: config.json and model.safetensors (a pytorch_model.bin is never unpickled);
-- the model: a BERT or ModernBERT as mlmlab builds it (model type, activation, tied embeddings, ...);
+- the model: a BERT, RoBERTa or ModernBERT as mlmlab builds it (model type, activation, tied embeddings, ...);
 - the architecture: the model section (model.architecture included) is taken from the checkpoint's
   config.json, so ``--init DIR`` needs no model.* keys; a value the config sets to something other
   than its default and the checkpoint's is refused (the run's config.yaml records what was taken);
@@ -25,7 +25,8 @@ from accelerate.utils import set_seed
 from transformers import PreTrainedModel
 
 from mlmlab import choices
-from mlmlab.architectures import ADAPTERS, architecture_of, entry_name, saved_architecture, saved_settings
+from mlmlab.architectures import (ADAPTERS, architecture_of, entry_name, saved_architecture, saved_settings,
+                                  token_positions)
 from mlmlab.config import Config, ModelConfig
 from mlmlab.data.resolve import standalone_tokenizer, tokenizer_dir_for
 from mlmlab.data.tokenizer import load_tokenizer
@@ -56,7 +57,8 @@ def _refuse_other_models(folder: Path, saved: dict) -> None:
     if model_type not in ADAPTERS:
         raise UserError(f"train.init={folder} has model_type={model_type!r}, mlmlab builds model_type "
                         f"{choices.listed(repr(name) for name in ADAPTERS)}; start from a BERT (BertForPreTraining "
-                        "or BertForMaskedLM) or a ModernBERT (ModernBertForMaskedLM) or without train.init")
+                        "or BertForMaskedLM), a RoBERTa (RobertaForMaskedLM) or a ModernBERT (ModernBertForMaskedLM), "
+                        "or without train.init")
     for key, built in saved_architecture(saved).as_built.items():
         if saved.get(key, built) != built:
             raise UserError(f"train.init={folder} has {key}={saved[key]!r}, mlmlab builds {key}={built!r}; "
@@ -64,7 +66,7 @@ def _refuse_other_models(folder: Path, saved: dict) -> None:
 
 
 def _check_positions(folder: Path, saved: dict, max_seq_length: int) -> None:
-    positions = saved.get("max_position_embeddings", 0)
+    positions = token_positions(saved)
     if max_seq_length > positions:
         raise UserError(f"data.max_seq_length={max_seq_length} needs {max_seq_length} positions, but train.init={folder} "
                         f"has max_position_embeddings={positions}; lower data.max_seq_length to {positions}, or train "
@@ -76,11 +78,24 @@ def _check_vocabulary(folder: Path, tokenizer_setting: str) -> None:
     """The run's tokenizer must be the vocabulary the checkpoint was trained with, id for id: data.tokenizer's, or
     the folder's own, checked as evaluate and glue check it (a swapped vocab.txt trained with the wrong ids)."""
     if not tokenizer_setting:
-        check_own_tokenizer(folder, load_tokenizer(standalone_tokenizer(folder)))
-        return
-    refuse_other_vocabulary(folder, load_tokenizer(tokenizer_dir_for(tokenizer_setting)),
-                            f"data.tokenizer={tokenizer_setting} is another vocabulary than train.init={folder}'s",
-                            "leave data.tokenizer empty to use the model's own tokenizer")
+        tokenizer = load_tokenizer(standalone_tokenizer(folder))
+        check_own_tokenizer(folder, tokenizer)
+    else:
+        tokenizer = load_tokenizer(tokenizer_dir_for(tokenizer_setting))
+        refuse_other_vocabulary(folder, tokenizer,
+                                f"data.tokenizer={tokenizer_setting} is another vocabulary than train.init={folder}'s",
+                                "leave data.tokenizer empty to use the model's own tokenizer")
+    _check_padding(folder, tokenizer)
+
+
+def _check_padding(folder: Path, tokenizer) -> None:
+    """The weights' padding id must be the tokenizer's: the embedding keeps that row for padding, and RoBERTa
+    counts its positions from past it."""
+    saved = read_config(folder).get("pad_token_id")
+    if saved is not None and saved != tokenizer.pad_token_id:
+        raise UserError(f"train.init={folder} has pad_token_id={saved} in its config.json, but its tokenizer pads "
+                        f"with {tokenizer.pad_token!r} (id {tokenizer.pad_token_id}): the weights and the tokenizer "
+                        "disagree; start from a folder whose tokenizer is the one its model was trained with")
 
 
 def _with_architecture(cfg: Config, folder: Path, saved: dict) -> Config:

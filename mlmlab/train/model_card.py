@@ -40,7 +40,8 @@ def export_model_folder(checkpoint_dir: Path, out: Path, cfg: Config, evaluation
 def card_text(folder: Path, cfg: Config, state: dict, evaluation: dict, data: dict) -> str:
     model = read_config(folder)
     parameters = sum(math.prod(shape) for shape in saved_weight_shapes(folder).values())
-    sections = [_header(model, cfg, parameters), _usage(model), _architecture(model, parameters),
+    sections = [_header(model, cfg, parameters), _usage(model, _tokenizer_settings(folder)),
+                _architecture(model, parameters),
                 _tokenizer(folder, model), _data(cfg, data), _masking(cfg), _training(cfg, state),
                 _evaluation(cfg, evaluation), _provenance(cfg)]
     return "\n\n".join(sections) + "\n"
@@ -48,6 +49,7 @@ def card_text(folder: Path, cfg: Config, state: dict, evaluation: dict, data: di
 
 # Per architecture (model_type): its name, the classes besides the Auto ones that load the folder.
 _NAMES = {choices.BERT: ("BERT", "`BertForPreTraining` (with the NSP head)"),
+          choices.ROBERTA: ("RoBERTa", "`RobertaForMaskedLM`"),
           choices.MODERNBERT: ("ModernBERT", "`ModernBertForMaskedLM`")}
 
 
@@ -63,11 +65,18 @@ def _header(model: dict, cfg: Config, parameters: int) -> str:
             f"({'from the weights of ' + cfg.train.init if cfg.train.init else 'from random initialisation'}).")
 
 
-def _usage(model: dict) -> str:
+def _tokenizer_settings(folder: Path) -> dict:
+    path = folder / "tokenizer_config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _usage(model: dict, tokenizer_settings: dict) -> str:
+    mask = tokenizer_settings.get("mask_token") or "[MASK]"  # the tokenizer's own: [MASK] or <mask>
+    mask = mask.get("content", "[MASK]") if isinstance(mask, dict) else mask
     # No path in the card: the folder may be copied anywhere, and export and pretrain write the same card.
     return ("## Use it\n\n```python\nfrom transformers import pipeline\n\n"
             "fill = pipeline(\"fill-mask\", model=\"path/to/this/folder\")\n"
-            "print(fill(\"The capital of France is [MASK].\"))\n```\n\n"
+            f"print(fill(\"The capital of France is {mask}.\"))\n```\n\n"
             f"`AutoModelForMaskedLM`, {_NAMES[saved_architecture(model).name][1]} and "
             "`AutoModelForSequenceClassification` (to fine-tune; `mlmlab glue` does) load this folder.")
 
@@ -83,6 +92,9 @@ def _architecture(model: dict, parameters: int) -> str:
 def _classes(model: dict) -> str:
     if saved_architecture(model).name == choices.BERT:
         return "`BertForPreTraining`: encoder, MLM head (tied to the input embeddings) and NSP head."
+    if saved_architecture(model).name == choices.ROBERTA:
+        return ("`RobertaForMaskedLM`: BERT's post-LayerNorm encoder with one token type and learned positions "
+                "counted from past the padding id; MLM head tied to the input embeddings; no NSP head.")
     rope = model["rope_parameters"]
     return ("`ModernBertForMaskedLM`: a pre-norm encoder with rotary positions, GeGLU feed-forward and no biases but "
             f"the decoder's; layers 0, {model['global_attn_every_n_layers']}, ... attend to the whole sequence (RoPE "
@@ -91,11 +103,16 @@ def _classes(model: dict) -> str:
             "embeddings; no NSP head.")
 
 
+_KINDS = {"WordPiece": "WordPiece", "BPE": "Byte-level BPE", "Unigram": "Unigram (SentencePiece-style)"}
+
+
 def _tokenizer(folder: Path, model: dict) -> str:
-    settings = json.loads((folder / "tokenizer_config.json").read_text()) \
-        if (folder / "tokenizer_config.json").is_file() else {}
+    settings = _tokenizer_settings(folder)
     case = {True: "lowercased", False: "cased"}.get(settings.get("do_lower_case"), "case handling as its files say")
-    return (f"## Tokenizer\n\nWordPiece, {folder_vocab_size(folder):,} tokens, {case}; vocabulary hash `{model.get(VOCAB_HASH_KEY, '?')}` "
+    kind = _KINDS.get(json.loads((folder / "tokenizer.json").read_text())["model"].get("type"), "A") \
+        if (folder / "tokenizer.json").is_file() else "WordPiece"
+    return (f"## Tokenizer\n\n{kind}, {folder_vocab_size(folder):,} tokens, {case}; "
+            f"vocabulary hash `{model.get(VOCAB_HASH_KEY, '?')}` "
             "(mlmlab's identity of the (id, token) pairs: data, evaluation and fine-tuning check it).")
 
 
