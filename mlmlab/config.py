@@ -230,19 +230,16 @@ _MODERNBERT_ONLY = ("local_attention", "global_attention_every", "rope_theta_glo
 def _check_architecture(cfg: Config) -> None:
     model = cfg.model
     _check_choice("model.architecture", model.architecture, choices.ARCHITECTURES)
-    if model.architecture == choices.BERT:
+    if model.architecture in (choices.BERT, choices.ROBERTA):
         changed = [name for name in _MODERNBERT_ONLY if getattr(model, name) != getattr(ModelConfig, name)]
         if changed:
-            raise UserError(f"model.{changed[0]} applies to model.architecture={choices.MODERNBERT} only (BERT has "
+            named = {choices.BERT: "BERT", choices.ROBERTA: "RoBERTa"}[model.architecture]
+            raise UserError(f"model.{changed[0]} applies to model.architecture={choices.MODERNBERT} only ({named} has "
                             f"learned positions and global attention in every layer); drop it or set "
                             f"model.architecture={choices.MODERNBERT}")
+    if model.architecture == choices.BERT:
         return
     if model.architecture == choices.ROBERTA:
-        changed = [name for name in _MODERNBERT_ONLY if getattr(model, name) != getattr(ModelConfig, name)]
-        if changed:
-            raise UserError(f"model.{changed[0]} applies to model.architecture={choices.MODERNBERT} only (RoBERTa has "
-                            f"learned positions and global attention in every layer); drop it or set "
-                            f"model.architecture={choices.MODERNBERT}")
         if cfg.data.objective == choices.NSP:
             raise UserError(f"data.objective={choices.NSP} needs an NSP head, which RoBERTa does not have (it "
                             f"drops NSP and trains MLM on full sentences); set data.objective={choices.MLM}, or "
