@@ -10,7 +10,7 @@ WIN, LOSE, INCONCLUSIVE, NO_CALL = "win", "lose", "inconclusive", "no call"
 def decide(rule: dict, primary: Comparison | None, guards: dict[str, Comparison | None]) -> tuple[str, str]:
     """The rule's call on one arm (win, lose, inconclusive, no call) and why, from its paired comparisons."""
     if primary is None or primary.n < 2:
-        return NO_CALL, "fewer than 2 seeds paired with the baseline"
+        return NO_CALL, "fewer than 2 seeds paired with the reference arm"
     if primary.identical:
         return NO_CALL, "the baseline's computation again (identical by construction)"
     if not primary.spread:
