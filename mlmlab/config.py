@@ -113,7 +113,9 @@ class MaskingConfig:
 
 @dataclass
 class TrainConfig:
-    batch_size: int = 32  # global batch per optimizer step = batch_size * grad_accum * processes
+    # Sequences per micro-batch on each process: the global batch per optimizer step is batch_size * grad_accum *
+    # processes. `pretrain --processes N` instead keeps it as the global batch and gives each process batch_size / N
+    batch_size: int = 32
     grad_accum: int = 1  # micro-batches whose gradients are summed into one optimizer step
     # ModernBERT's batch-size warmup: over these first steps a step takes batch_warmup_start micro-batches, then one
     # more at a time up to grad_accum - 1, each count for an equal share of the steps (its recipe gives every batch

@@ -1,4 +1,4 @@
-"""The MLM decoder and its cross-entropy fused, chunk by chunk: ``train.fused_head`` (issue 34's lever).
+"""The MLM decoder and its cross-entropy fused, chunk by chunk: ``train.fused_head`` (a throughput lever).
 
 The eager head writes the (M, V) logits, then log-softmax writes another (M, V), and the backward
 reads both and writes a third. Here each chunk of rows computes its logits, its losses and, in

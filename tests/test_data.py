@@ -71,7 +71,7 @@ def test_linear_splitter_splits_as_the_quadratic_one_did(corpus, documents):
 
 @pytest.mark.parametrize("run", ["Dr. Smith ", "J. R. ", "See e.g. "])
 def test_splitting_a_run_of_abbreviations_takes_linear_time(run):
-    """A line of 80,000 abbreviations took 2.5 s and 2.8x as long per doubling (issue 32).
+    """A line of 80,000 abbreviations took 2.5 s and 2.8x as long per doubling.
 
     Best of five, the two sizes alternating, in this thread's CPU time: on a shared machine the
     longer call is preempted more often, which inflated the wall-clock ratio past the bound (3 of 3

@@ -91,7 +91,7 @@ def test_every_top_level_page_is_linked_from_the_readme():
 
 
 def test_study_outputs_live_under_studies():
-    """docs/ holds the documents; a study's results sit under studies/<name>/ (issue 29, item 8)."""
+    """docs/ holds the documents; a study's results sit under studies/<name>/."""
     assert not sorted(DOCS.rglob("results.jsonl")), "study outputs under docs/: move them to studies/<name>/"
     assert sorted(STUDIES.glob("*/results.jsonl")), "no committed study under studies/"
 

@@ -1,4 +1,4 @@
-"""Issue 29, as a new user meets mlmlab: progress on every long command, defaults that cannot silently
+"""As a new user meets mlmlab: progress on every long command, defaults that cannot silently
 misfire, cost estimates that count GLUE and probes, `mlmlab config`, and the small things (a pipe
 closed early, which model a GLUE table names, which files a tokenizer read)."""
 

@@ -10,7 +10,7 @@ from mlmlab import choices
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "mlmlab"
 
-# Bottom up (DESIGN.md). A module may import from its own layer or below, function-local imports included.
+# Bottom up, as docs/architecture.md's layer map draws them. A module may import from its own layer or below, function-local imports included.
 LAYERS = [
     ("mlmlab.errors", "mlmlab.choices", "mlmlab.utils", "mlmlab"),
     ("mlmlab.config",),

@@ -10,7 +10,7 @@ from mlmlab.train import launch, mfu
 from mlmlab.utils.devices import cpu_features
 from test_schedules_train import small_trainer
 
-SLOW_BF16_FLOPS = 0.5e9  # bf16 matmuls on an AVX2-only AMD EPYC: 0.4-0.7 GFLOP/s (issue 33)
+SLOW_BF16_FLOPS = 0.5e9  # bf16 matmuls on an AVX2-only AMD EPYC: 0.4-0.7 GFLOP/s
 
 
 @pytest.fixture

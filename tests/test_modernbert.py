@@ -1,4 +1,4 @@
-"""ModernBERT beside BERT (issue 31): transformers' own ModernBertForMaskedLM through the same sparse loss,
+"""ModernBERT beside BERT: transformers' own ModernBertForMaskedLM through the same sparse loss,
 masking strategies, exact resume, checkpoints, --init, export, evaluation, GLUE, linear probes and studies.
 
 A one- or two-layer H32 ModernBERT keeps each test to seconds.

@@ -31,7 +31,7 @@ def numeric_keys(kinds: tuple[type, ...]) -> list[str]:
 
 
 def test_every_number_of_the_config_has_an_allowed_range():
-    """A field added without one would take NaN, inf or any size unchecked, as several did (issue 32)."""
+    """A field added without one would take NaN, inf or any size unchecked, as several did."""
     assert sorted(key for key, _, _ in _RANGES) == sorted(numeric_keys((int, float)))
 
 

@@ -1,4 +1,4 @@
-"""The prior-free held-out loss (issue 30): refitting the output bias removes a shifted prior, and only that."""
+"""The prior-free held-out loss: refitting the output bias removes a shifted prior, and only that."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Nothing lost and nothing silently wrong when processes meet or are stopped (issue 32, items 0-3).
+"""Nothing lost and nothing silently wrong when processes meet or are stopped.
 
 A stop signal to the whole process group (``timeout``, a scheduler's preemption, Ctrl-C) with
 loader workers; a crash while metrics.jsonl is rewritten; two writers of one folder; a damaged

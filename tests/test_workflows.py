@@ -1,4 +1,4 @@
-"""What BERT pretrainers do every day (issue 17): start from a model, BERT's two phases, export, read the result.
+"""What BERT pretrainers do every day: start from a model, BERT's two phases, export, read the result.
 
 One small source run (a tiny model, 30 steps at length 64 with 128 positions: BERT's phase 1
 in miniature) serves every test: starting from its weights (its own folder, a

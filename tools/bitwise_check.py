@@ -4,7 +4,7 @@
 
 Trains four 50-step tiny runs (dynamic; ADM entropy scored every 2nd step; ADM context;
 static masking with Ankner's linear decay and the mlm objective), the check the first
-layout pass used (issue 13), in a checkout of ``--ref`` and in this tree, each in a fresh
+layout pass used, in a checkout of ``--ref`` and in this tree, each in a fresh
 process, then compares every final weight with torch.equal and every metrics.jsonl record
 apart from timings. fp32 bits depend on the CPU's kernels, so both sides run here, now:
 there is no stored baseline to drift from. Exits 1 on any difference.
@@ -24,7 +24,7 @@ RUNS = {
     "adm-context": ["masking.strategy=adaptive", "masking.scorer=context"],
     "static-decay-mlm": ["masking.strategy=static", "masking.rate_schedule=linear_decay", "data.objective=mlm"],
 }
-# 10 warmup steps: the default 100 would take the whole budget, which a run refuses (issue 29); the LR then also decays.
+# 10 warmup steps: the default 100 would take the whole budget, which a run refuses; the LR then also decays.
 COMMON = ["train.max_steps=50", "train.warmup_steps=10", "train.log_every=5", "train.eval_every=25",
           "train.eval_batches=2", "train.precision=fp32", "data.loader_workers=0"]
 TIMINGS = {"tokens_per_s", "mfu", "clock", "peak_flops"}  # and every "*seconds*" figure

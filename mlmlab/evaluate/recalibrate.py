@@ -7,7 +7,8 @@ refitted (everything else frozen) on one fixed half of the held-out targets, und
 uniform masks evaluation always uses, and the other half is scored with them. The refit is
 maximum likelihood shrunk towards a corpus-frequency prior (refit_bias); it never starts from
 or regularises towards the model's own bias, so the result does not depend on it at all: a
-model whose bias is offset per token scores the same (tested). Issue 30; DESIGN.md "A target-mix change is charged by uniform-mask loss".
+model whose bias is offset per token scores the same (tested). Studies report it beside the raw loss, so that a
+gain that only moves the output prior is not read as learning ("prior shift", docs/studies.md).
 """
 
 import math

@@ -1,7 +1,7 @@
 """A run's GLUE fine-tuning and frozen probes in a study's cost: FLOPs counted from the task files, seconds timed here.
 
-Pretraining's FLOP model leaves them out, yet GLUE took 15 minutes per run in a 4-arm CPU study
-(issue 29). What they cost is set by the tasks' files and the study's settings, so the dry run
+Pretraining's FLOP model leaves them out, yet GLUE took 15 minutes per run in a 4-arm CPU study.
+What they cost is set by the tasks' files and the study's settings, so the dry run
 reads them, with each arm's tokenizer:
 
 - FLOPs (every dry run): per task, the rows a run fine-tunes on (the training file, or the

@@ -1,4 +1,4 @@
-"""Run folders, atomic and verifiable checkpoints, exact resume, and the exported model.
+"""Run folders, atomic and verifiable checkpoints, exact resume (the exported model folder: model_card.py).
 
 A run folder holds ``config.yaml`` (the resolved config it trains with now),
 ``config_history.jsonl`` (one line per resume that changed the config: the step, the

@@ -33,7 +33,7 @@ def auto_precision() -> str:
     """What train.precision=auto trains in: bf16 autocast on a CUDA GPU that has it and on a CPU with
     AMX tiles, fp32 elsewhere.
 
-    On AMX CPUs bf16 autocast trained 1.25x (tiny) and 1.11x (mini) the tokens/s of fp32 (issue 16)
+    On AMX CPUs bf16 autocast trained 1.25x (tiny) and 1.11x (mini) the tokens/s of fp32 (docs/scale-out.md)
     and ended where fp32 does (studies/precision-bf16-cpu); without bf16 units it is slower.
     """
     if torch.cuda.is_available():

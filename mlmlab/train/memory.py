@@ -1,6 +1,6 @@
 """Whether a run can fit: a lower bound on one training process's memory, checked before it trains.
 
-Without it, batch sizes that needed 36-128 GB were tried instead of refused (issue 32). The
+Without it, batch sizes that needed 36-128 GB were tried instead of refused. The
 estimate counts only what a training step must hold at once (per process; train.batch_size
 is per process):
 

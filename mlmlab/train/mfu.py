@@ -42,7 +42,7 @@ def peak_matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.flo
     The square size doubles from 256 until one matmul takes ``big_enough`` seconds (or reaches
     peak_matmul_size), then that matmul repeats until ``seconds`` have passed; the fastest one
     counts, since a shared machine only ever makes a matmul slower. A fixed 2048^2 cost 17 GFLOP
-    a matmul: ~40 s in bf16 on a CPU without bf16 units (issue 33); this costs ``seconds`` plus at
+    a matmul: ~40 s in bf16 on a CPU without bf16 units; this costs ``seconds`` plus at
     most two matmuls of the chosen size on any host, in any precision. The operands are random, from
     a generator of their own (torch's global RNG feeds dropout: drawing from it would break bitwise
     resume): a GPU multiplies constant matrices faster than real ones (less power, higher clocks), so
@@ -82,7 +82,7 @@ class MeasuredPeak:
 
     Timed at start-up, again every ``refresh_seconds``, and at once whenever training itself
     goes faster than it: a peak timed while another job shared the cores is too low and would
-    inflate MFU for the whole run (70-100% on a loaded host, issue 29). The best of several
+    inflate MFU for the whole run (70-100% on a loaded host). The best of several
     timings is the closest to the device's own; and since a step cannot run its matmuls faster
     than the device can, a rate above every timing raises the peak to it, so MFU never exceeds 1.
     """

@@ -74,7 +74,7 @@ def cpu_features() -> dict:
 
 def has_bf16_units(features: dict) -> bool:
     """Whether the CPU computes bf16 dot products natively (AMX tiles or AVX512-BF16); without, torch
-    converts in software: bf16 matmuls ran ~40x slower than fp32 on an AVX2-only AMD EPYC (issue 33)."""
+    converts in software: bf16 matmuls ran ~40x slower than fp32 on an AVX2-only AMD EPYC."""
     return features["amx_bf16"] or features["avx512_bf16"]
 
 
