@@ -7,10 +7,10 @@ one big batch, whatever the split.
 
 The Trainer only trains. What it calls owns its own part, torchtitan-style: the masking
 (``masking/masker.py``: one call masks a step's micro-batches, one learns from their results), the launch
-(``launch.py``), what a checkpoint holds and how a resume restores it (``checkpointer.py``), the run folder
-and the checkpoint files (``checkpoint.py``), the start from
-another model's weights (``init.py``), the final model folder and its card (``model_card.py``),
-the metrics files (``metrics.py``), the LR schedule (``optim.py``), and held-out evaluation,
+(``launch.py``), what a checkpoint holds and how a resume restores it (``checkpointer.py``), the run
+folder and the checkpoint files (``checkpoint.py``), the start from another model's weights (``init.py``),
+the final model folder and its card (``model_card.py``), the metrics files (``metrics.py``), the LR
+schedule (``optim.py``), stop signals (``utils/signals.py``), and held-out evaluation,
 which the caller hands over as ``evaluator`` (a function with the signature of
 ``evaluate.perplexity.evaluate_mlm``; evaluation sits in a higher layer than training).
 """
@@ -52,6 +52,7 @@ from mlmlab.train.optim import (
 from mlmlab.utils import jsonio
 from mlmlab.utils.progress import Pace, progress_bar, say, say_once
 from mlmlab.utils.signals import StopRequest
+
 
 @dataclass
 class TrainerState:
