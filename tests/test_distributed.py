@@ -276,7 +276,7 @@ def test_a_cuda_resume_restores_one_state_onto_each_process_own_gpu(monkeypatch)
     on a host showing fewer GPUs. The CUDA calls are recorded (this host has no GPU)."""
     from types import SimpleNamespace
 
-    from mlmlab.train.loop import set_rng_states
+    from mlmlab.train.checkpointer import set_rng_states
 
     restored = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

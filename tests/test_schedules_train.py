@@ -273,13 +273,15 @@ def test_time_left_during_a_batch_warmup_counts_batches_not_steps(monkeypatch):
     """Steps 1-10 of 20 hold 30 of the run's 90 micro-batches: a third of its work in 10 minutes leaves 20,
     where the share of steps (a half) would say 10."""
     from mlmlab.config import TrainConfig
-    from mlmlab.train import loop
+    from mlmlab.train.loop import progress_line
+    from mlmlab.train.optim import work_done
+    from mlmlab.utils import progress
 
     cfg = TrainConfig(grad_accum=6, batch_warmup_steps=10, batch_warmup_start=1, max_steps=20)
     clock = iter([0.0, 600.0])
-    monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock))
-    lines = loop._ProgressLines(cfg, 0, 0.0)
-    assert lines.line(10, cfg, 0.5, 5.0, {}) == "step 10/20 (50%): loss 5.000; about 20 min left"
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
+    pace = progress.Pace(work_done(cfg, 0, 0.0))
+    assert progress_line(cfg, 10, 0.5, 5.0, {}, pace) == "step 10/20 (50%): loss 5.000; about 20 min left"
 
 
 @pytest.mark.parametrize("overrides, words", [

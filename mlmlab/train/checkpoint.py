@@ -1,4 +1,5 @@
-"""Run folders, atomic and verifiable checkpoints, exact resume (the exported model folder: model_card.py).
+"""Run folders, atomic and verifiable checkpoint files, and finding the one to resume from (what a
+checkpoint holds: checkpointer.py; the exported model folder: model_card.py).
 
 A run folder holds ``config.yaml`` (the resolved config it trains with now),
 ``config_history.jsonl`` (one line per resume that changed the config: the step, the
@@ -17,6 +18,8 @@ second is refused). A checkpoint folder holds:
 
 It is written under a staging name and renamed when complete. A resume refuses, in one
 line, a checkpoint of another architecture or vocabulary: loading part of one is never silent.
+What the state files hold, and how a run's parts are gathered into them and restored from
+them, is ``checkpointer.py``'s.
 """
 
 import dataclasses
@@ -253,7 +256,7 @@ def step_of(folder: Path) -> int:
 
 def save_run_state(run_dir: Path, step: int, model_config: PreTrainedConfig, weights: dict, training_state: dict,
                    tokenizer, token_counts: np.ndarray, keep_last: int) -> Path:
-    """The checkpoint of ``step``: the exported model and a Trainer's ``state_dict``."""
+    """The checkpoint of ``step``: the model folder and a Checkpointer's ``state_dict``."""
 
     def write(folder: Path) -> None:
         write_model_folder(folder / MODEL_DIR, model_config, weights, tokenizer, token_counts)
@@ -263,7 +266,7 @@ def save_run_state(run_dir: Path, step: int, model_config: PreTrainedConfig, wei
 
 
 def write_training_state(folder: Path, states: dict) -> None:
-    """A Trainer's state_dict: its "trainer" entry as JSON, the tensors as one torch file."""
+    """A Checkpointer's state_dict: its "trainer" entry as JSON, the tensors as one torch file."""
     save_torch({key: value for key, value in states.items() if key != "trainer"}, folder / STATE_TENSORS_FILE)
     (folder / PROGRESS_FILE).write_text(json.dumps(states["trainer"]))
 
@@ -394,7 +397,7 @@ def load_resumed_weights(model: PreTrainedModel, folder: Path, tokenizer) -> Non
 
 
 def read_training_state(folder: Path) -> dict:
-    """What ``write_training_state`` wrote, as the Trainer's ``load_state_dict`` takes it."""
+    """What ``write_training_state`` wrote, as a Checkpointer's ``load_state_dict`` takes it."""
     return {**load_torch(folder / STATE_TENSORS_FILE), "trainer": read_progress(folder)}
 
 

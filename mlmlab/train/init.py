@@ -118,7 +118,7 @@ def _with_architecture(cfg: Config, folder: Path, saved: dict) -> Config:
 
 def initial_model(cfg: Config, tokenizer, resuming: bool, log: Callable[[str], None]) -> PreTrainedModel:
     """The run's model before any resume: fresh (seeded by train.seed), then train.init's weights unless resuming."""
-    set_seed(cfg.train.seed)  # weight init and dropout draw from torch's default generator (loop.rng_states)
+    set_seed(cfg.train.seed)  # weight init and dropout draw from torch's default generator (checkpointer.rng_states)
     model = build_model(cfg.model, len(tokenizer), tokenizer.pad_token_id)
     if cfg.train.init and not resuming:  # a resume loads its checkpoint's weights instead
         load_init_weights(model, Path(cfg.train.init), log)

@@ -7,16 +7,16 @@ one big batch, whatever the split.
 
 The Trainer only trains. What it calls owns its own part, torchtitan-style: the masking
 (``masking/masker.py``: one call masks a step's micro-batches, one learns from their results), the launch
-(``launch.py``), the run folder, checkpoints and export (``checkpoint.py``), the start from
-another model's weights (``init.py``), the final model folder and its card (``model_card.py``),
-the metrics files (``metrics.py``), the LR schedule (``optim.py``), and held-out evaluation,
+(``launch.py``), what a checkpoint holds and how a resume restores it (``checkpointer.py``), the run
+folder and the checkpoint files (``checkpoint.py``), the start from another model's weights (``init.py``),
+the final model folder and its card (``model_card.py``), the metrics files (``metrics.py``), the LR
+schedule (``optim.py``), stop signals (``utils/signals.py``), and held-out evaluation,
 which the caller hands over as ``evaluator`` (a function with the signature of
 ``evaluate.perplexity.evaluate_mlm``; evaluation sits in a higher layer than training).
 """
 
 import dataclasses
 import math
-import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
@@ -26,7 +26,6 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import DistributedType
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
 from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
@@ -38,6 +37,7 @@ from mlmlab.errors import UserError
 from mlmlab.masking.masker import Masker
 from mlmlab.model import COMPILED_LENGTH_MULTIPLE, IGNORE_INDEX, SparsePretraining
 from mlmlab.train import checkpoint
+from mlmlab.train.checkpointer import Checkpointer, resume_notes
 from mlmlab.train.init import initial_model, resolve_init
 from mlmlab.train.launch import (
     concat_over_processes, fused_head_on, make_accelerator, say_precision, sum_over_processes,
@@ -47,16 +47,11 @@ from mlmlab.train.metrics import MetricsWriter
 from mlmlab.train.mfu import MeasuredPeak, matmul_dtype, rates, training_flops
 from mlmlab.train.model_card import export_model_folder
 from mlmlab.train.optim import (
-    build_optimizer, full_batches_until, learning_rate, micro_batches_at, refuse_warmup_without_decay, resume_lr_note, set_lr,
-    training_progress,
+    build_optimizer, learning_rate, micro_batches_at, refuse_warmup_without_decay, set_lr, training_progress, work_done,
 )
 from mlmlab.utils import jsonio
-from mlmlab.utils.progress import progress_bar, say, say_once
-from mlmlab.utils.signals import STOP_SIGNALS, exit_code
-
-# Checkpoints hold the whole model and optimizer state, keyed by parameter name, whatever the
-# process count and sharding, so that any run can resume any checkpoint.
-FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
+from mlmlab.utils.progress import Pace, progress_bar, say, say_once
+from mlmlab.utils.signals import StopRequest
 
 
 @dataclass
@@ -128,59 +123,13 @@ class _Window:
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{speed['tokens_per_s']:.0f}", mfu=f"{speed['mfu']:.0%}")
 
 
-def _progress_bar(cfg: TrainConfig, initial: int, shown: bool) -> tqdm:
-    return progress_bar("pretrain", None if cfg.max_minutes > 0 else cfg.max_steps, shown, initial=initial)
-
-
-class _ProgressLines:
-    """The bar's news as one line per evaluation, for a log file; time left from this process's pace."""
-
-    def __init__(self, cfg: TrainConfig, step: int, progress: float):
-        self.full_batches = full_batches_until(cfg, cfg.max_steps)  # the run's, under a step budget
-        self.started, self.done_at_start = time.perf_counter(), self._share_done(cfg, step, progress)
-
-    def line(self, step: int, cfg: TrainConfig, progress: float, loss: float, evaluation: dict) -> str:
-        budget = f" of a {cfg.max_minutes:g}-minute budget" if cfg.max_minutes > 0 else f"/{cfg.max_steps}"
-        held_out = (f"; held-out MLM loss {evaluation['mlm_loss']:.3f}, accuracy {evaluation['mlm_accuracy']:.3f}"
-                    if {"mlm_loss", "mlm_accuracy"} <= evaluation.keys() else "")
-        done = self._share_done(cfg, step, progress)
-        pace = (done - self.done_at_start) / (time.perf_counter() - self.started)  # share of the run per second
-        left = f"; about {(1 - done) / pace / 60:.0f} min left" if pace > 0 else ""
-        return f"step {step}{budget} ({progress:.0%}): loss {loss:.3f}{held_out}{left}"
-
-    def _share_done(self, cfg: TrainConfig, step: int, progress: float) -> float:
-        """The share of the run's work done: of its batches under a step budget (a step is smaller during
-        train.batch_warmup_steps, so the share of steps would promise the end too soon), else of its time."""
-        if cfg.max_minutes > 0:
-            return progress
-        return full_batches_until(cfg, step) / self.full_batches
-
-
-class _StopRequest:
-    """Inside ``with``, SIGTERM or SIGINT (Ctrl-C) sets a flag: the loop saves a checkpoint at the next step
-    boundary and exits. The flag outlives the ``with``: a signal while the run folder is set up stops the run."""
-
-    def __init__(self):
-        self.requested = False
-        self.signum = signal.SIGTERM  # what the exit reports; another process's SIGTERM stops this one too
-
-    def __enter__(self):
-        self._previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
-        return self
-
-    def _handle(self, signum, frame):
-        self.requested, self.signum = True, signum
-
-    def __exit__(self, *exc):
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name
-
-    def exit(self) -> SystemExit:
-        return SystemExit(exit_code(self.signum))
+def progress_line(cfg: TrainConfig, step: int, progress: float, loss: float, evaluation: dict, pace: Pace) -> str:
+    """The bar's news as one line, at each evaluation, where stderr is a log file and no bar is drawn."""
+    budget = f" of a {cfg.max_minutes:g}-minute budget" if cfg.max_minutes > 0 else f"/{cfg.max_steps}"
+    held_out = (f"; held-out MLM loss {evaluation['mlm_loss']:.3f}, accuracy {evaluation['mlm_accuracy']:.3f}"
+                if {"mlm_loss", "mlm_accuracy"} <= evaluation.keys() else "")
+    time_left = pace.time_left(work_done(cfg, step, progress))
+    return f"step {step}{budget} ({progress:.0%}): loss {loss:.3f}{held_out}{time_left}"
 
 
 def global_denominators(accelerator, micro: list[dict]) -> tuple[float, float]:
@@ -252,72 +201,6 @@ def any_process(accelerator, flag: bool) -> bool:
     return sum_over_processes(accelerator, torch.tensor([float(flag)])).item() > 0
 
 
-def rng_states(accelerator) -> dict:
-    """torch's default generators (weight init and dropout draw from them: transformers offers no other).
-
-    Every process draws its own dropout masks from its own generators, so with several
-    processes each one's states are kept too ("<name>_by_process", one row per rank).
-    """
-    states = {"torch_rng": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda_rng"] = torch.cuda.get_rng_state_all()
-    if accelerator.num_processes > 1:
-        states["torch_rng_by_process"] = _gathered(accelerator, torch.get_rng_state())
-        if torch.cuda.is_available():
-            states["cuda_rng_by_process"] = _gathered(accelerator, torch.cuda.get_rng_state())
-    return states
-
-
-def _gathered(accelerator, state: torch.Tensor) -> torch.Tensor:
-    """(N,) bytes of this process -> (processes, N) on the CPU, rank order."""
-    return accelerator.gather(state[None].to(accelerator.device)).cpu()
-
-
-def set_rng_states(states: dict, accelerator) -> None:
-    """This process's own states where the checkpoint has them for this process count, else the main one's."""
-    own = _own_state(states, "torch_rng", accelerator)
-    torch.set_rng_state(states["torch_rng"] if own is None else own)
-    if not torch.cuda.is_available():
-        return
-    own = _own_state(states, "cuda_rng", accelerator)
-    if own is None and "cuda_rng" in states:
-        # The main process's list holds a state per GPU it could see, its own device (cuda:0 under a
-        # launcher) first; restoring the whole list would fail on a host that shows fewer GPUs.
-        own = states["cuda_rng"][0]
-    if own is not None:
-        torch.cuda.set_rng_state(own, accelerator.device)
-
-
-def _own_state(states: dict, name: str, accelerator) -> torch.Tensor | None:
-    """This process's row of "<name>_by_process"; None when the checkpoint has none for this process count."""
-    by_process = states.get(f"{name}_by_process")
-    if by_process is None or len(by_process) != accelerator.num_processes:
-        return None
-    # A copy: torch's set_rng_state reads a row view from its storage's start (torch 2.13: "Invalid mt19937
-    # state", or a crash).
-    return by_process[accelerator.process_index].clone()
-
-
-def scaler_states(accelerator) -> dict:
-    """fp16 on CUDA: the loss scale and its growth counter ("grad_scaler"); otherwise nothing."""
-    return {} if accelerator.scaler is None else {"grad_scaler": accelerator.scaler.state_dict()}
-
-
-def set_scaler_state(states: dict, accelerator) -> None:
-    """The checkpoint's loss scale, where it has one and this run scales its loss."""
-    if accelerator.scaler is not None and "grad_scaler" in states:
-        accelerator.scaler.load_state_dict(states["grad_scaler"])
-
-
-def load_optimizer_state(module, optimizer, state: dict) -> None:
-    """Optimizer state keyed by parameter name into ``optimizer`` (FSDP shards it as it loads)."""
-    try:
-        set_optimizer_state_dict(module, optimizer, state, options=StateDictOptions(full_state_dict=True))
-    except KeyError as missing:  # e.g. state keyed by index, as mlmlab wrote it before FSDP support
-        raise UserError(f"the checkpoint holds optimizer state this mlmlab cannot read (no entry {missing}); "
-                        "resume with the mlmlab version that wrote it, or start a new train.out_dir") from None
-
-
 def prepared_model(cfg: Config, tokenizer, accelerator, folder: Path | None) -> tuple:
     """(model, module, optimizer): the model (with the checkpoint's weights when resuming from ``folder``), the
     pretraining module around it and its optimizer, the last two prepared by accelerate."""
@@ -332,22 +215,6 @@ def prepared_model(cfg: Config, tokenizer, accelerator, folder: Path | None) -> 
         checkpoint.load_resumed_weights(model, folder, tokenizer)
     module, optimizer = accelerator.prepare(module, optimizer)
     return model, module, optimizer
-
-
-def schedule_change_note(run_dir: Path, folder: Path, cfg: TrainConfig, state: TrainerState) -> str | None:
-    """optim.resume_lr_note for a resume from checkpoint ``folder`` of ``run_dir`` with train section ``cfg``."""
-    previous = checkpoint.parsed_config(checkpoint.previous_config_text(run_dir, folder))
-    return resume_lr_note(previous and previous.train, cfg, state)
-
-
-def global_batch_note(position: LoaderPosition, now: int) -> str | None:
-    """A line for a resume whose global batch (``now`` examples) is not the one ``position`` was reached with."""
-    if position.global_batch in (0, now):
-        return None
-    moved = position.for_global_batch(now)
-    return (f"the global batch changed from {position.global_batch} to {now} examples (processes x train.batch_size): "
-            f"epoch {position.epoch} goes on from the same share of it (batch {position.batch} -> {moved.batch}) in the "
-            "new size's order, so some of its examples may be seen twice or not at all")
 
 
 def write_finished_run(run_dir: Path, saved: Path, cfg: Config, summary: dict, train_store, valid_store) -> None:
@@ -373,7 +240,7 @@ class Trainer:
     def __init__(self, cfg: Config, *, evaluator: Callable[..., dict] | None, resume: str | None = None,
                  show_progress: bool = True):
         """A run set up to ``train()``; its folder is this process's until ``train()`` ends (or ``close()``)."""
-        self._lock, self._stop = None, _StopRequest()
+        self._lock, self._stop = None, StopRequest()
         try:
             self._set_up(cfg, evaluator, resume, show_progress)
         except BaseException:
@@ -407,9 +274,14 @@ class Trainer:
         # MFU denominator of every process together (~0.25 s; timed again as the run goes, mfu.MeasuredPeak).
         self.peak = MeasuredPeak(self.accelerator.device, matmul_dtype(self.precision), self.accelerator.num_processes)
         self.state = TrainerState()
+        self.checkpointer = Checkpointer(
+            self.run_dir, self.accelerator, cfg.train.keep_last, model=self.model, module=self.module,
+            optimizer=self.optimizer, masker=self.masker, progress=self.state, tokenizer=self.tokenizer,
+            token_counts=self.train_store.token_counts)
         if folder is not None:  # after prepare: FSDP shards the optimizer state as it loads
-            self.load_state_dict(checkpoint.read_training_state(folder))
-            if note := schedule_change_note(self.run_dir, folder, cfg.train, self.state):
+            self.checkpointer.load(folder)
+            global_batch = cfg.train.batch_size * self.accelerator.num_processes
+            for note in resume_notes(self.run_dir, folder, cfg.train, self.state, global_batch):
                 say_once(self.accelerator, note)
         self._elapsed_before = self.state.elapsed  # what earlier processes spent on this run
         self._clock_base = self.state.seconds  # the training seconds before the step that runs next (main process)
@@ -419,32 +291,11 @@ class Trainer:
             # Steps after the checkpoint are redone, and so is the final evaluation of a finished run rerun.
             self.metrics.drop_after(self.state.step, evaluation_too=self.progress() >= 1.0)
 
-    def state_dict(self) -> dict:
-        """What resume needs besides the weights. Every process must call it: FSDP gathers the optimizer state."""
-        return {"optimizer": get_optimizer_state_dict(self.module, self.optimizer.optimizer, options=FULL_STATE),
-                "strategy": self.masker.state_dict(), **rng_states(self.accelerator), "trainer": self.state.state_dict(),
-                **scaler_states(self.accelerator)}
-
-    def load_state_dict(self, states: dict) -> None:
-        load_optimizer_state(self.module, self.optimizer.optimizer, states["optimizer"])
-        self.masker.load_state_dict(states["strategy"])
-        set_rng_states(states, self.accelerator)
-        set_scaler_state(states, self.accelerator)
-        self.state.load_state_dict(states["trainer"])
-        if note := global_batch_note(self.state.position, self.cfg.train.batch_size * self.accelerator.num_processes):
-            say_once(self.accelerator, note)
-
     def _save(self) -> Path | None:
         """A checkpoint of this step (written by the main process; every process must call this)."""
         self.accelerator.wait_for_everyone()
         self._update_elapsed()
-        weights = self.accelerator.get_state_dict(self.module)  # SparsePretraining's names: "model.*"
-        states = self.state_dict()
-        if not self.accelerator.is_main_process:
-            return None
-        weights = {name.removeprefix("model."): tensor for name, tensor in weights.items()}
-        return checkpoint.save_run_state(self.run_dir, self.state.step, self.model.config, weights, states,
-                                         self.tokenizer, self.train_store.token_counts, self.cfg.train.keep_last)
+        return self.checkpointer.save(self.state.step)
 
     def _update_elapsed(self) -> None:
         self.state.elapsed = self._elapsed_before + time.perf_counter() - self._started
@@ -518,13 +369,15 @@ class Trainer:
         finally:
             self.close()
 
-    def _train_steps(self, stop: _StopRequest) -> bool:
+    def _train_steps(self, stop: StopRequest) -> bool:
         """Steps until the budget is spent or a stop signal asks to stop; whether it did (on any process)."""
         batches, window, stopping = self.batches(), _Window(), False
         shown = self.show_progress and self.accelerator.is_main_process
-        with _progress_bar(self.cfg.train, self.state.step, shown) as bar:
+        total = None if self.cfg.train.max_minutes > 0 else self.cfg.train.max_steps
+        with progress_bar("pretrain", total, shown, initial=self.state.step) as bar:
             # No bar where stderr is a log file (nohup, a scheduler): a line at each evaluation instead.
-            self._lines = _ProgressLines(self.cfg.train, self.state.step, self.progress()) if shown and bar.disable else None
+            done = work_done(self.cfg.train, self.state.step, self.progress())
+            self._pace = Pace(done) if shown and bar.disable else None
             while self.progress() < 1.0 and not stopping:
                 started = time.perf_counter()
                 out = self.train_step(batches, stop.requested)
@@ -550,8 +403,8 @@ class Trainer:
         if cfg.eval_every and step % cfg.eval_every == 0 and unfinished:
             evaluation = self.evaluate(cfg.eval_batches)
             self.metrics.write({"step": step, "eval": evaluation})
-            if self._lines:
-                say(self._lines.line(step, self.cfg.train, self.progress(), out["loss"], evaluation))
+            if self._pace:
+                say(progress_line(self.cfg.train, step, self.progress(), out["loss"], evaluation, self._pace))
         if cfg.save_every and step % cfg.save_every == 0 and unfinished:
             self._save()
         return window
@@ -568,7 +421,7 @@ class Trainer:
                              max_batches=max_batches, device=self.accelerator.device,
                              token_counts=self.train_store.token_counts, freq_cuts=self.cfg.masking.freq_cuts)
 
-    def _finish(self, stop: _StopRequest) -> dict:
+    def _finish(self, stop: StopRequest) -> dict:
         saved = self._save()  # before the final evaluation, so a stop signal during it leaves the run resumable
         if any_process(self.accelerator, stop.requested):
             say_once(self.accelerator, f"{stop.name}: the final checkpoint (step {self.state.step}) is saved; "

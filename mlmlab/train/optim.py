@@ -108,6 +108,14 @@ def full_batches_until(cfg: TrainConfig, step: int) -> float:
     return float(micro_batches_at(cfg, np.arange(1, step + 1)).sum() / cfg.grad_accum)
 
 
+def work_done(cfg: TrainConfig, step: int, progress: float) -> float:
+    """The share of the run's work done at ``step``: of its batches under a step budget (a step is smaller during
+    train.batch_warmup_steps, so the share of steps would promise the end too soon), else ``progress``, of its time."""
+    if cfg.max_minutes > 0:
+        return progress
+    return full_batches_until(cfg, step) / full_batches_until(cfg, cfg.max_steps)
+
+
 def refuse_warmup_without_decay(cfg: TrainConfig) -> None:
     """A step budget no longer than its warmup ends with the LR still rising, never decayed: refused in one line.
 

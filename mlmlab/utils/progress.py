@@ -6,6 +6,7 @@ pipe would get every redraw. Lines (``say``) are written wherever stderr goes. A
 """
 
 import sys
+import time
 
 from tqdm.auto import tqdm
 
@@ -27,3 +28,16 @@ def say_once(accelerator, text: str) -> None:
     On stderr, as every such line: stdout is the command's result (`pretrain --json` is JSON alone).
     """
     say(text, accelerator.is_main_process)
+
+
+class Pace:
+    """Time left at the pace this process has kept since it began, for the lines that stand in for a bar in a
+    log file. The work is counted as a share done, in [0, 1]."""
+
+    def __init__(self, done: float):
+        self.started, self.done_at_start = time.perf_counter(), done
+
+    def time_left(self, done: float) -> str:
+        """"; about N min left", or nothing while no work has been done since the start."""
+        per_second = (done - self.done_at_start) / (time.perf_counter() - self.started)
+        return f"; about {(1 - done) / per_second / 60:.0f} min left" if per_second > 0 else ""

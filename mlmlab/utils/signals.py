@@ -6,8 +6,8 @@ a killed worker as an error, and a multiprocessing pool waits forever for the ta
 worker held. So workers let these signals pass, and the main process stops them itself: a
 DataLoader by its own shutdown message, prepare's pool with SIGKILL (data/build.py), and a
 SIGTERM from their parent (a DataLoader's fallback, multiprocessing at exit) still ends them.
-The main process stops as training decides (train/loop.py), or, outside training, unwinds as
-Ctrl-C does (``sigterm_unwinds``).
+The main process stops as training decides (``StopRequest``: train/loop.py saves first), or,
+outside training, unwinds as Ctrl-C does (``sigterm_unwinds``).
 """
 
 import os
@@ -22,6 +22,33 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 def exit_code(signum: int) -> int:
     """A process stopped by a signal exits with 128 + its number, as a shell reports it (143, 130)."""
     return 128 + signum
+
+
+class StopRequest:
+    """Inside ``with``, SIGTERM or SIGINT (Ctrl-C) sets a flag, which training reads at its next step boundary to
+    save a checkpoint and exit. The flag outlives the ``with``: a signal while the run folder is set up stops the run."""
+
+    def __init__(self):
+        self.requested = False
+        self.signum = signal.SIGTERM  # what the exit reports; another process's SIGTERM stops this one too
+
+    def __enter__(self):
+        self._previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
+        return self
+
+    def _handle(self, signum, frame):
+        self.requested, self.signum = True, signum
+
+    def __exit__(self, *exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    def exit(self) -> SystemExit:
+        return SystemExit(exit_code(self.signum))
 
 
 def ignore_stop_signals(worker_id: int | None = None) -> None:
