@@ -110,7 +110,7 @@ def cmd_export(args) -> None:
 
 
 def cmd_evaluate(args) -> None:
-    from mlmlab.evaluate.perplexity import evaluate_model, format_eval_table
+    from mlmlab.evaluate.held_out import evaluate_model, format_eval_table
     from mlmlab.utils.files import lock_beside, require_output, write_text_atomically
 
     if args.json:

@@ -72,6 +72,32 @@ def test_the_layer_check_sees_function_local_imports():
     assert layer_of("mlmlab.cli") > layer_of("mlmlab.model.x") > layer_of("mlmlab.config")
 
 
+def modules_in_cycles(imports: dict[str, set[str]]) -> list[str]:
+    """The modules that reach themselves again through ``imports`` (module -> the modules it imports)."""
+    def reachable(start: str) -> set[str]:
+        seen, stack = set(), [start]
+        while stack:
+            for target in imports.get(stack.pop(), ()):
+                if target not in seen:
+                    seen.add(target)
+                    stack.append(target)
+        return seen
+    return sorted(module for module in imports if module in reachable(module))
+
+
+def test_no_module_imports_itself_back():
+    """Within one layer imports may point either way, but never round in a circle (function-local ones included):
+    a cycle means two modules are one concept split in two, or a third module belongs above both."""
+    names = {module_name(path): path for path in SOURCES}
+    imports = {name: {target for _, target in imported_modules(ast.parse(path.read_text())) if target in names}
+               for name, path in names.items()}
+    assert not modules_in_cycles(imports), f"import cycle through {modules_in_cycles(imports)}"
+
+
+def test_the_cycle_check_sees_a_cycle_through_a_third_module():
+    assert modules_in_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c"]
+
+
 CHOICE_NAMES = set(choices.STRATEGIES + choices.SCORERS + choices.ADAPT_SCHEDULES + choices.RATE_SCHEDULES
                    + choices.OBJECTIVES + choices.ARCHITECTURES)
 # Strings that equal a choice name but name something else.

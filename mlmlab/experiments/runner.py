@@ -27,8 +27,9 @@ from mlmlab.config import Config, DataConfig, config_hash, config_text, from_dic
 from mlmlab.data.resolve import dataset_hashes
 from mlmlab.errors import UserError
 from mlmlab.evaluate.glue import run_glue
+from mlmlab.evaluate.held_out import evaluate_model
 from mlmlab.evaluate.linear_probe import check_task_files, run_probes
-from mlmlab.evaluate.perplexity import evaluate_mlm, evaluate_model
+from mlmlab.evaluate.perplexity import evaluate_mlm
 from mlmlab.evaluate.recalibrate import recalibrated_loss
 from mlmlab.experiments.budget import (
     ASSUMED_MFU, CPU_FLOPS, H100_PEAK_FLOPS, apply_budget, cpu_hours, gpu_hours, run_cost,
