@@ -158,7 +158,7 @@ def cmd_probe(args) -> None:
 
 
 def cmd_study(args) -> None:
-    from mlmlab.experiments.runner import dry_run_text, parse_only, parse_shard, run_study
+    from mlmlab.experiments.running.runner import dry_run_text, parse_only, parse_shard, run_study
     from mlmlab.experiments.study import load_study
 
     if args.time_limit < 0:
@@ -179,7 +179,7 @@ def cmd_config(args) -> None:
 
 
 def cmd_report(args) -> None:
-    from mlmlab.experiments.report import write_report
+    from mlmlab.experiments.reporting.report import write_report
 
     results = Path(args.results)
     print(f"report written to {write_report(results, Path(args.out) if args.out else results.parent / 'report')}")

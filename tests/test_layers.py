@@ -20,9 +20,12 @@ LAYERS = [
     ("mlmlab.masking",),
     ("mlmlab.train",),
     ("mlmlab.evaluate",),
-    ("mlmlab.experiments",),
+    ("mlmlab.experiments",),  # what running a study and reporting on it share: the study file, its rows, budgets, gates
+    ("mlmlab.experiments.running", "mlmlab.experiments.reporting"),  # two rooms: ROOMS keeps them apart
     ("mlmlab.show", "mlmlab.cli"),
 ]
+# Packages of one layer that never import each other: the report reads rows and metrics files, never runs anything.
+ROOMS = ("mlmlab.experiments.running", "mlmlab.experiments.reporting")
 
 
 def layer_of(module: str) -> int:
@@ -64,6 +67,18 @@ def test_imports_point_down_the_layers(path):
     upward = [f"line {line}: {target} (layer {layer_of(target)})" for line, target in imported_modules(ast.parse(path.read_text()))
               if layer_of(target) > layer_of(importer)]
     assert not upward, f"{importer} (layer {layer_of(importer)}) imports upward: {upward}"
+
+
+def room_of(module: str) -> str | None:
+    return next((room for room in ROOMS if module == room or module.startswith(room + ".")), None)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_rooms_do_not_import_each_other(path):
+    importer = room_of(module_name(path))
+    crossing = [f"line {line}: {target}" for line, target in imported_modules(ast.parse(path.read_text()))
+                if importer and room_of(target) not in (None, importer)]
+    assert not crossing, f"{module_name(path)} ({importer}) imports from another room: {crossing}"
 
 
 def test_the_layer_check_sees_function_local_imports():

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from conftest import SAMPLE
 from mlmlab.cli import main
 from mlmlab.errors import UserError
-from mlmlab.experiments.runner import results_lock
+from mlmlab.experiments.running.runner import results_lock
 from mlmlab.train import checkpoint
 from mlmlab.utils.files import lock_beside, lock_folder, staging_folder
 from test_hostile_inputs import copy_of, glue_argv, moved_run, pretrain_argv, world  # noqa: F401 (world: a fixture)

@@ -4,7 +4,7 @@ Each run trains (the Trainer resumes an interrupted run from its checkpoints), t
 trainer's final held-out evaluation (fixed uniform masks, the same for every arm),
 fine-tunes on a GLUE subset, runs the study's frozen linear probes and appends one row.
 A run whose key is already in results.jsonl is skipped, so rerunning an interrupted
-study finishes it. The study file itself is read by ``study.py``.
+study finishes it. The study file itself is read by ``experiments/study.py``.
 """
 
 import copy
@@ -34,12 +34,12 @@ from mlmlab.evaluate.recalibrate import recalibrated_loss
 from mlmlab.experiments.budget import (
     ASSUMED_MFU, CPU_FLOPS, H100_PEAK_FLOPS, apply_budget, cpu_hours, gpu_hours, run_cost,
 )
-from mlmlab.experiments.downstream import Downstream, downstream_work, glue_settings, timed_downstream
 from mlmlab.experiments.gates import describe, gate_results
-from mlmlab.experiments.identity import config_changes, identity_hash, settings_of
 from mlmlab.experiments.results import PREREGISTRATION, RESULTS_FILE, read_rows
+from mlmlab.experiments.running.downstream import Downstream, downstream_work, glue_settings, timed_downstream
+from mlmlab.experiments.running.identity import config_changes, identity_hash, settings_of
+from mlmlab.experiments.running.timing import WARMUP_STEPS, timed_run, run_minutes
 from mlmlab.experiments.study import Arm, Study
-from mlmlab.experiments.timing import WARMUP_STEPS, timed_run, run_minutes
 from mlmlab.model_folder import load_pretrained
 from mlmlab.train.checkpoint import complete_checkpoints, step_of
 from mlmlab.train.loop import Trainer
@@ -501,7 +501,7 @@ def downstream_note(study: Study, work: dict[str, Downstream]) -> str:
               ] if counted.probes else []
     parts += [f"GLUE tasks skipped, their files absent: {', '.join(skipped)}"] if skipped else []
     return (f"GLUE and probes per run: FLOPs counted from the task files in {study.glue_dir} with each arm's tokenizer "
-            f"(mlmlab/experiments/downstream.py); {'; '.join(parts)}")
+            f"(mlmlab/experiments/running/downstream.py); {'; '.join(parts)}")
 
 
 def run_state(run: Run) -> str:
@@ -527,7 +527,7 @@ def probed_cost_lines(study: Study, arm_runs: list[Run], left: list[Run], steps:
                       downstream: dict[str, dict], show_progress: bool) -> list[str]:
     """Each arm's minutes per run, timed on this machine, beside the FLOP estimate; the total of the runs left."""
     lines = [f"timed here: {steps} steps per arm after {WARMUP_STEPS} warm-up steps, and {steps} fine-tuning steps and "
-             "a few batches of each GLUE and probe task (experiments/downstream.py); minutes per run, training with "
+             "a few batches of each GLUE and probe task (experiments/running/downstream.py); minutes per run, training with "
              "its held-out evaluations; vs FLOPs: timed / the FLOP estimate at the CPU rate above",
              f"  {'arm':<30} {'s/step':>8} {'vs first':>10} {'vs FLOPs':>9} {'train':>8} {'GLUE':>8} {'probes':>8} "
              f"{'min/run':>8}"]
