@@ -158,7 +158,8 @@ def cmd_probe(args) -> None:
 
 
 def cmd_study(args) -> None:
-    from mlmlab.experiments.running.runner import dry_run_text, parse_only, parse_shard, run_study
+    from mlmlab.experiments.running.dry_run import dry_run_text
+    from mlmlab.experiments.running.runner import parse_only, parse_shard, run_study
     from mlmlab.experiments.study import load_study
 
     if args.time_limit < 0:

@@ -26,7 +26,7 @@ from mlmlab.experiments.reporting.curves import mean_curve, progress_of, steps_t
 from mlmlab.experiments.reporting.decision import INCONCLUSIVE, decide
 from mlmlab.experiments.reporting.measures import Metric, metrics_of
 from mlmlab.experiments.reporting.statistics import compare, detectable_effect, holm
-from mlmlab.experiments.running import identity, runner
+from mlmlab.experiments.running import dry_run, identity, runner
 
 TINY_BASE = {
     "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
@@ -172,9 +172,9 @@ def test_dry_run_counts_only_the_runs_left(tmp_path, capsys):
         f"left: dynamic seed 1 (training in pid {os.getpid()}, logged step 3 of 4)",
         "left: adm-entropy seed 1 (not started)"]
     (training / ".lock").write_text(f"pid {os.getpid()} on host another-{socket.gethostname()}\n")
-    assert runner.run_state(runs[2]) == "not started"  # a lock naming another host says nothing of this one
+    assert dry_run.run_state(runs[2]) == "not started"  # a lock naming another host says nothing of this one
     (training / ".lock").write_text(f"pid {2 ** 30} on host {socket.gethostname()}\n")  # past any pid_max: ended
-    assert runner.run_state(runs[2]) == "not started"
+    assert dry_run.run_state(runs[2]) == "not started"
 
 
 def test_only_names_an_arms_every_seed_or_one_of_them_and_the_dry_run_lists_just_those(tmp_path, capsys):
