@@ -33,8 +33,8 @@ from mlmlab.experiments.reporting.statistics import (
 )
 from mlmlab.experiments.results import read_rows
 from mlmlab.experiments.study import load_study
+from mlmlab.train.metrics import METRICS_FILE, metrics_lines
 from mlmlab.utils import markdown
-from mlmlab.utils.jsonio import json_lines
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +82,10 @@ def read_curves(groups, results_dir: Path) -> tuple[dict[str, list[tuple[dict, l
     curves, missing = defaultdict(list), []
     for arm, rows in groups.items():
         for row in rows:
-            path = results_dir / row.get("run_dir", "?") / "metrics.jsonl"
+            run_dir = results_dir / row.get("run_dir", "?")
+            path = run_dir / METRICS_FILE
             if path.is_file():
-                lines = json_lines(path.read_text(encoding="utf-8", errors="replace"))
+                lines = metrics_lines(run_dir)
                 for number in (number for number, record in lines if record is None):
                     skipped(f"line {number} of {path} is not a metrics record (cut short or damaged) and was ignored")
                 curves[arm].append((row, [record for _, record in lines if record is not None]))

@@ -15,8 +15,7 @@ from mlmlab.experiments.running.runner import Run, finished_rows, only_runs, pla
 from mlmlab.experiments.running.timing import WARMUP_STEPS, run_minutes, timed_run
 from mlmlab.experiments.study import Study
 from mlmlab.train.checkpoint import complete_checkpoints, step_of
-from mlmlab.train.metrics import METRICS_FILE
-from mlmlab.utils import jsonio
+from mlmlab.train.metrics import metrics_records
 from mlmlab.utils.files import live_holder
 
 
@@ -94,9 +93,7 @@ def run_state(run: Run) -> str:
 
 def logged_step(folder: Path) -> int:
     """The step of the last record in a run's metrics.jsonl (0 before the first)."""
-    path = folder / METRICS_FILE
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
-    records = [record for record in map(jsonio.object_or_none, lines) if record is not None]
+    records = metrics_records(folder)
     return records[-1].get("step", 0) if records else 0
 
 
