@@ -110,7 +110,7 @@ def cmd_export(args) -> None:
 
 
 def cmd_evaluate(args) -> None:
-    from mlmlab.evaluate.perplexity import evaluate_model, format_eval_table
+    from mlmlab.evaluate.held_out import evaluate_model, format_eval_table
     from mlmlab.utils.files import lock_beside, require_output, write_text_atomically
 
     if args.json:
@@ -158,7 +158,8 @@ def cmd_probe(args) -> None:
 
 
 def cmd_study(args) -> None:
-    from mlmlab.experiments.runner import dry_run_text, parse_only, parse_shard, run_study
+    from mlmlab.experiments.running.dry_run import dry_run_text
+    from mlmlab.experiments.running.runner import parse_only, parse_shard, run_study
     from mlmlab.experiments.study import load_study
 
     if args.time_limit < 0:
@@ -179,7 +180,7 @@ def cmd_config(args) -> None:
 
 
 def cmd_report(args) -> None:
-    from mlmlab.experiments.report import write_report
+    from mlmlab.experiments.reporting.report import write_report
 
     results = Path(args.results)
     print(f"report written to {write_report(results, Path(args.out) if args.out else results.parent / 'report')}")

@@ -20,12 +20,13 @@ from mlmlab.cli import main
 from mlmlab.config import ModelConfig, to_dict
 from mlmlab.data.resolve import SAMPLE_VALID
 from mlmlab.errors import UserError
-from mlmlab.experiments import identity, report, runner
 from mlmlab.experiments import study as study_file
-from mlmlab.experiments.curves import mean_curve, progress_of, steps_to_target
-from mlmlab.experiments.decision import INCONCLUSIVE, decide
-from mlmlab.experiments.measures import Metric, metrics_of
-from mlmlab.experiments.statistics import compare, detectable_effect, holm
+from mlmlab.experiments.reporting import report
+from mlmlab.experiments.reporting.curves import mean_curve, progress_of, steps_to_target
+from mlmlab.experiments.reporting.decision import INCONCLUSIVE, decide
+from mlmlab.experiments.reporting.measures import Metric, metrics_of
+from mlmlab.experiments.reporting.statistics import compare, detectable_effect, holm
+from mlmlab.experiments.running import dry_run, identity, runner
 
 TINY_BASE = {
     "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
@@ -171,9 +172,9 @@ def test_dry_run_counts_only_the_runs_left(tmp_path, capsys):
         f"left: dynamic seed 1 (training in pid {os.getpid()}, logged step 3 of 4)",
         "left: adm-entropy seed 1 (not started)"]
     (training / ".lock").write_text(f"pid {os.getpid()} on host another-{socket.gethostname()}\n")
-    assert runner.run_state(runs[2]) == "not started"  # a lock naming another host says nothing of this one
+    assert dry_run.run_state(runs[2]) == "not started"  # a lock naming another host says nothing of this one
     (training / ".lock").write_text(f"pid {2 ** 30} on host {socket.gethostname()}\n")  # past any pid_max: ended
-    assert runner.run_state(runs[2]) == "not started"
+    assert dry_run.run_state(runs[2]) == "not started"
 
 
 def test_only_names_an_arms_every_seed_or_one_of_them_and_the_dry_run_lists_just_those(tmp_path, capsys):
@@ -485,7 +486,7 @@ def test_report_from_results_alone_has_tables_ci_and_honest_sentences(tmp_path, 
 
 def test_the_masking_label_names_the_rate_and_any_architecture_but_bert():
     """Arms that differ only in their rate (bert-15, bert-30) or architecture must not share a label."""
-    from mlmlab.experiments.report import masking_label
+    from mlmlab.experiments.reporting.report import masking_label
 
     row = synthetic_row("dynamic", 0, 100, 900)
     assert masking_label(row) == "dynamic, rate 0.15"

@@ -135,7 +135,7 @@ def test_task_names_and_bad_arguments():
 def test_the_command_line_and_a_study_default_to_glue_settings(tmp_path):
     """One definition of GLUE's defaults; the command line fine-tunes on every task by default, a study on none."""
     from mlmlab.cli import build_parser, glue_settings_of
-    from mlmlab.experiments.identity import settings_of
+    from mlmlab.experiments.running.identity import settings_of
     from mlmlab.experiments.study import load_study
 
     command_line = glue_settings_of(build_parser().parse_args(["glue", "--model", "m", "--data-dir", "d"]))

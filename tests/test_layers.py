@@ -20,9 +20,12 @@ LAYERS = [
     ("mlmlab.masking",),
     ("mlmlab.train",),
     ("mlmlab.evaluate",),
-    ("mlmlab.experiments",),
+    ("mlmlab.experiments",),  # what running a study and reporting on it share: the study file, its rows, budgets, gates
+    ("mlmlab.experiments.running", "mlmlab.experiments.reporting"),  # two rooms: ROOMS keeps them apart
     ("mlmlab.show", "mlmlab.cli"),
 ]
+# Packages of one layer that never import each other: the report reads rows and metrics files, never runs anything.
+ROOMS = ("mlmlab.experiments.running", "mlmlab.experiments.reporting")
 
 
 def layer_of(module: str) -> int:
@@ -66,10 +69,48 @@ def test_imports_point_down_the_layers(path):
     assert not upward, f"{importer} (layer {layer_of(importer)}) imports upward: {upward}"
 
 
+def room_of(module: str) -> str | None:
+    return next((room for room in ROOMS if module == room or module.startswith(room + ".")), None)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_rooms_do_not_import_each_other(path):
+    importer = room_of(module_name(path))
+    crossing = [f"line {line}: {target}" for line, target in imported_modules(ast.parse(path.read_text()))
+                if importer and room_of(target) not in (None, importer)]
+    assert not crossing, f"{module_name(path)} ({importer}) imports from another room: {crossing}"
+
+
 def test_the_layer_check_sees_function_local_imports():
     tree = ast.parse("def f():\n    from mlmlab.cli import main\n")
     assert imported_modules(tree) == [(2, "mlmlab.cli")]
     assert layer_of("mlmlab.cli") > layer_of("mlmlab.model.x") > layer_of("mlmlab.config")
+
+
+def modules_in_cycles(imports: dict[str, set[str]]) -> list[str]:
+    """The modules that reach themselves again through ``imports`` (module -> the modules it imports)."""
+    def reachable(start: str) -> set[str]:
+        seen, stack = set(), [start]
+        while stack:
+            for target in imports.get(stack.pop(), ()):
+                if target not in seen:
+                    seen.add(target)
+                    stack.append(target)
+        return seen
+    return sorted(module for module in imports if module in reachable(module))
+
+
+def test_no_module_imports_itself_back():
+    """Within one layer imports may point either way, but never round in a circle (function-local ones included):
+    a cycle means two modules are one concept split in two, or a third module belongs above both."""
+    names = {module_name(path): path for path in SOURCES}
+    imports = {name: {target for _, target in imported_modules(ast.parse(path.read_text())) if target in names}
+               for name, path in names.items()}
+    assert not modules_in_cycles(imports), f"import cycle through {modules_in_cycles(imports)}"
+
+
+def test_the_cycle_check_sees_a_cycle_through_a_third_module():
+    assert modules_in_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c"]
 
 
 CHOICE_NAMES = set(choices.STRATEGIES + choices.SCORERS + choices.ADAPT_SCHEDULES + choices.RATE_SCHEDULES

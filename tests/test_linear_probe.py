@@ -13,9 +13,9 @@ from mlmlab.cli import main
 from mlmlab.errors import UserError
 from mlmlab.evaluate import linear_probe
 from mlmlab.evaluate.linear_probe import load_encoder, run_probes
-from mlmlab.experiments import downstream, runner
 from mlmlab.experiments import study as study_file
 from mlmlab.experiments.gates import gate_results, row_value
+from mlmlab.experiments.running import downstream, runner
 
 from conftest import SAMPLE
 from test_experiments import DYNAMIC, TINY_BASE, write_study

@@ -252,7 +252,7 @@ def test_a_study_arm_sets_the_architecture(tmp_path, capsys):
 @pytest.mark.skipif(not (SHARED_DATA / "enwiki_sample").is_dir(), reason="shared data not present")
 def test_an_existing_studys_run_keys_are_unchanged():
     """The new model.* keys enter no key of a study that does not set them: its finished rows stay its own."""
-    from mlmlab.experiments.runner import plan_runs
+    from mlmlab.experiments.running.runner import plan_runs
     from mlmlab.experiments.study import load_study
 
     results = Path(__file__).resolve().parent.parent / "studies" / "adm-study-wp8k-9k" / "results.jsonl"

@@ -10,7 +10,7 @@ import torch
 
 from mlmlab.config import _RANGES, Config, load_config, preset_names
 from mlmlab.errors import UserError
-from mlmlab.experiments.runner import arm_config
+from mlmlab.experiments.running.runner import arm_config
 from mlmlab.experiments.study import STUDY_DIR, load_study
 from mlmlab.model import build_model
 from mlmlab.train.memory import GB, parameter_count, training_bytes

@@ -24,8 +24,9 @@ from safetensors.torch import load_file
 from conftest import SAMPLE
 from mlmlab.cli import main
 from mlmlab.errors import UserError
-from mlmlab.experiments.runner import results_lock
+from mlmlab.experiments.running.runner import results_lock
 from mlmlab.train import checkpoint
+from mlmlab.train.metrics import MetricsWriter
 from mlmlab.utils.files import lock_beside, lock_folder, staging_folder
 from test_hostile_inputs import copy_of, glue_argv, moved_run, pretrain_argv, world  # noqa: F401 (world: a fixture)
 
@@ -132,6 +133,18 @@ def test_a_crash_while_metrics_jsonl_is_rewritten_leaves_it_whole(world, tmp_pat
     assert (run / "metrics.jsonl").read_bytes() == metrics
     assert main(pretrain_argv(run)) == 0  # the rerun also removes the dead writer's staging file
     assert not list(run.glob(".tmp-*"))
+
+
+def test_a_resume_writes_the_records_it_keeps_back_byte_for_byte(tmp_path):
+    """drop_after writes the records it read back through jsonio again: each must come out as the line it was."""
+    writer = MetricsWriter(tmp_path, enabled=True)
+    for record in [{"step": 1, "loss": 0.1 + 0.2, "lr": 1e-05, "eval": {"perplexity": 1234.5678901234567, "x": None}},
+                   {"step": 2, "loss": 1 / 3, "note": "caf\u00e9 \"quoted\"", "flags": [True, 3, -0.0]},
+                   {"step": 3, "loss": 7.25}]:
+        writer.write(record)
+    written = (tmp_path / "metrics.jsonl").read_bytes()
+    writer.drop_after(2)
+    assert (tmp_path / "metrics.jsonl").read_bytes() == b"".join(written.splitlines(keepends=True)[:2])
 
 
 def test_a_damaged_metrics_line_before_the_last_stops_the_resume(world, tmp_path, capsys):

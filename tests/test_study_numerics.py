@@ -48,7 +48,7 @@ def host_kind() -> str:
 
 def guarded_config(arm: str, out_dir: Path):
     """The study's config of ``arm`` at its first seed, cut to STEPS steps (WARMUP of them warmup), a log line each."""
-    from mlmlab.experiments.runner import arm_config
+    from mlmlab.experiments.running.runner import arm_config
     from mlmlab.experiments.study import load_study
 
     study = load_study(STUDY)
@@ -122,7 +122,7 @@ def test_the_study_keys_its_runs_as_its_first_runs_did(monkeypatch):
 
 
 def planned_keys() -> list[str]:
-    from mlmlab.experiments.runner import plan_runs
+    from mlmlab.experiments.running.runner import plan_runs
     from mlmlab.experiments.study import load_study
 
     return sorted(run.key for run in plan_runs(load_study(STUDY)))

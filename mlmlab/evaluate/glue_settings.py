@@ -59,7 +59,7 @@ class GlueSettings:
     # defaults to all instead: fine-tuning is what the command is run for.
     tasks: Sequence[str] | str = ()
     # One seed, as a study has always defaulted to: a study's run keys hold its GLUE seeds
-    # (experiments/identity.py), and those of the studies that run no GLUE (adm-study-v3,
+    # (experiments/running/identity.py), and those of the studies that run no GLUE (adm-study-v3,
     # arch-plateau-wp8k) were made with [0]; another default would make their finished runs look
     # foreign. A median over seeds asks for them: --seeds 0 1 2 (three times the cost).
     seeds: Sequence[int] = (0,)

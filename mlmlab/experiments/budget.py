@@ -160,7 +160,7 @@ def cpu_hours(flops: float) -> float:
 
 
 def run_cost(cfg: Config) -> dict:
-    """Estimated cost of one run of ``cfg`` as configured (GLUE fine-tuning and probes: downstream.py)."""
+    """Estimated cost of one run of ``cfg`` as configured (GLUE fine-tuning and probes: running/downstream.py)."""
     flops = step_flops(cfg)
     steps = cfg.train.max_steps
     total = full_batch_steps(cfg) * flops["total"]

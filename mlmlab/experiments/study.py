@@ -35,7 +35,7 @@ costly scorer once more at the baseline's FLOPs.
 
 ``pinned:`` is for a study that is under way when an mlmlab default (or a preset) changes
 under it: the runner refuses to run beside finished runs made with the old value, and
-pinning the old value here restores it without changing any run's key (identity.py: keys
+pinning the old value here restores it without changing any run's key (running/identity.py: keys
 are made of what the preset and base set, so a value added to base would change every key
 and every finished run would look foreign). The runner still checks each pinned value
 against the finished runs' recorded configs.
@@ -116,7 +116,7 @@ class Study:
     name: str
     source: str  # as given on the command line: the report repeats it in its commands
     base: dict  # the full config tree every arm starts from
-    explicit: frozenset  # dotted keys the preset or base set, pinned ones aside: a run's identity (identity.py)
+    explicit: frozenset  # dotted keys the preset or base set, pinned ones aside: a run's identity (running/identity.py)
     arms: list[Arm]
     seeds: list[int]
     budget: str

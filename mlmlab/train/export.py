@@ -7,7 +7,6 @@ Where the run's data cannot be read any more (moved, another machine), the card 
 instead of failing the export.
 """
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from mlmlab.masking.select import token_info_for
 from mlmlab.model import build_model
 from mlmlab.model_folder import load_saved_weights
 from mlmlab.train.checkpoint import CONFIG_FILE, MANIFEST, MODEL_DIR, config_tree_at, latest, read_progress, verify
-from mlmlab.train.metrics import METRICS_FILE
+from mlmlab.train.metrics import metrics_records
 from mlmlab.train.model_card import export_model_folder
 from mlmlab.utils.devices import compute_device
 from mlmlab.utils.files import lock_beside
@@ -77,12 +76,7 @@ def run_config(folder: Path, step: int, log=print) -> Config:
 def recorded_evaluation(run_dir: Path, step: int) -> dict | None:
     """The last held-out evaluation metrics.jsonl holds for ``step``, or None."""
     found = None
-    path = run_dir / METRICS_FILE
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a last line cut short by a kill
-            continue
+    for record in metrics_records(run_dir):  # a last line cut short by a kill is left out
         if record.get("step") == step and record.get("eval"):
             found = record["eval"]
     return found

@@ -1,7 +1,8 @@
 """The run's metrics: one JSON line per record in metrics.jsonl, the same numbers in TensorBoard.
 
 Only the main process writes; the others hold a writer that does nothing, so callers
-need not ask which process they are.
+need not ask which process they are. Whoever reads the file (a resume, export, a study's
+dry run and report) reads it through metrics_lines.
 """
 
 from pathlib import Path
@@ -22,7 +23,7 @@ class MetricsWriter:
         self.path = self.run_dir / METRICS_FILE
         self.enabled = enabled
         self._tensorboard = None  # opened on the first record
-        _refuse_damage(self.path, [record for _, record in self._lines()[:-1]])
+        _refuse_damage(self.path, self._lines()[:-1])
 
     def drop_after(self, step: int, evaluation_too: bool = False) -> None:
         """Forget records of steps after ``step``, which a resumed run redoes, and a last line cut short by a kill.
@@ -32,16 +33,13 @@ class MetricsWriter:
         kill meanwhile leaves the file as it was.
         """
         lines = self._lines()
-        if lines:
-            kept = [line for line, record in lines if record is not None and _kept(record, step, evaluation_too)]
-            write_text_atomically(self.path, "".join(line + "\n" for line in kept))
+        if lines:  # jsonio.dumps wrote each line, so dumping the record read back gives the same line
+            kept = [record for _, record in lines if record is not None and _kept(record, step, evaluation_too)]
+            write_text_atomically(self.path, "".join(jsonio.dumps(record) + "\n" for record in kept))
 
-    def _lines(self) -> list[tuple[str, dict | None]]:
-        """(line, record or None where damaged) of the file this process writes; none for another process."""
-        if not (self.enabled and self.path.exists()):
-            return []
-        text = self.path.read_text(encoding="utf-8", errors="replace")
-        return [(line, jsonio.object_or_none(line)) for line in text.splitlines()]
+    def _lines(self) -> list[tuple[int, dict | None]]:
+        """metrics_lines of the file this process writes; none for another process."""
+        return metrics_lines(self.run_dir) if self.enabled else []
 
     def write(self, record: dict) -> None:
         if not self.enabled:
@@ -60,9 +58,21 @@ def _kept(record: dict, step: int, evaluation_too: bool) -> bool:
     return recorded < step or (recorded == step and not (evaluation_too and "eval" in record))
 
 
-def _refuse_damage(path: Path, records: list[dict | None]) -> None:
+def metrics_lines(run_dir: Path) -> list[tuple[int, dict | None]]:
+    """(line number, record) of every line of a run's metrics.jsonl, the record None where the line holds none (cut
+    short by a kill, or damaged since); an empty list before the run's first record."""
+    path = Path(run_dir) / METRICS_FILE
+    return jsonio.json_lines(path.read_text(encoding="utf-8", errors="replace")) if path.is_file() else []
+
+
+def metrics_records(run_dir: Path) -> list[dict]:
+    """A run's logged records in order; lines that hold none are left out."""
+    return [record for _, record in metrics_lines(run_dir) if record is not None]
+
+
+def _refuse_damage(path: Path, lines: list[tuple[int, dict | None]]) -> None:
     """A kill mid-write damages only the last line; any other was damaged since, and is not ours to drop unseen."""
-    damaged = [number for number, record in enumerate(records, 1) if record is None]
+    damaged = [number for number, record in lines if record is None]
     if damaged:
         raise UserError(f"{path}: line {damaged[0]} is not a metrics record (damaged after it was written); repair or "
                         "delete that line, then run the command again")

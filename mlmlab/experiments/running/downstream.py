@@ -35,8 +35,8 @@ from mlmlab.evaluate.glue import EVAL_BATCH_SIZE, EncodedSplit, encode, load_mod
 from mlmlab.evaluate.glue_data import TASKS, TRAIN_FILE, missing_files, read_labeled
 from mlmlab.evaluate.glue_settings import FineTuneSettings
 from mlmlab.evaluate.linear_probe import RANDOM_INIT, load_encoder, probe_task, read_task, split_features
+from mlmlab.experiments.running.timing import TIMED_EVAL_BATCHES, WARMUP_STEPS
 from mlmlab.experiments.study import Study
-from mlmlab.experiments.timing import TIMED_EVAL_BATCHES, WARMUP_STEPS
 from mlmlab.flops import TRAINING_PASSES, encoder_forward_flops
 from mlmlab.model import build_model
 from mlmlab.train.init import resolve_init

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, stats
 
-from mlmlab.experiments.measures import Metric, by_seed, metrics_of
+from mlmlab.experiments.reporting.measures import Metric, by_seed, metrics_of
 
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0  # a fixed generator, so the intervals are the same every time the report is made

@@ -1,8 +1,8 @@
 """The study's pre-registered decision rule, as its rows record it, applied to an arm's paired comparisons:
 win, lose, inconclusive or no call, and when a gain in the rarest bucket is only a prior shift."""
 
-from mlmlab.experiments.measures import Metric
-from mlmlab.experiments.statistics import Comparison
+from mlmlab.experiments.reporting.measures import Metric
+from mlmlab.experiments.reporting.statistics import Comparison
 
 WIN, LOSE, INCONCLUSIVE, NO_CALL = "win", "lose", "inconclusive", "no call"
 

@@ -6,7 +6,7 @@ are missing. Each arm is compared with the baseline seed by seed (statistics.py)
 t-interval is the primary interval, the bootstrap a secondary column, labelled "range" below
 FEW_SEEDS seeds. A t-interval that contains 0 is reported as "no significant difference"; an arm
 that ran the baseline's computation again as "identical by construction", not as a null. The
-figures compared are in metrics.py, the study's decision rule in decision.py, the plots in plots.py.
+figures compared are in measures.py, the study's decision rule in decision.py, the plots in plots.py.
 """
 
 import logging
@@ -19,22 +19,22 @@ from scipy import stats
 
 from mlmlab import choices
 from mlmlab.errors import UserError
-from mlmlab.experiments.curves import (
+from mlmlab.experiments.gates import gate_outcomes
+from mlmlab.experiments.reporting.curves import (
     flops_at, last_eval_within, last_per_x, mask_share_keys, progress_of, row_sequences_per_step, steps_to_target,
 )
-from mlmlab.experiments.decision import LOSE, WIN, decide, holm_call, prior_shift, rule_text
-from mlmlab.experiments.gates import gate_outcomes
-from mlmlab.experiments.measures import (
+from mlmlab.experiments.reporting.decision import LOSE, WIN, decide, holm_call, prior_shift, rule_text
+from mlmlab.experiments.reporting.measures import (
     Metric, by_seed, downstream_metrics, loss_metric, metrics_of, probe_metrics, recalibrated_metrics, run_points,
 )
-from mlmlab.experiments.plots import write_plots
-from mlmlab.experiments.results import read_rows
-from mlmlab.experiments.statistics import (
+from mlmlab.experiments.reporting.plots import write_plots
+from mlmlab.experiments.reporting.statistics import (
     BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, FEW_SEEDS, Comparison, compare, compare_by_seed, detectable_effect, holm,
 )
+from mlmlab.experiments.results import read_rows
 from mlmlab.experiments.study import load_study
+from mlmlab.train.metrics import METRICS_FILE, metrics_lines
 from mlmlab.utils import markdown
-from mlmlab.utils.jsonio import json_lines
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +82,10 @@ def read_curves(groups, results_dir: Path) -> tuple[dict[str, list[tuple[dict, l
     curves, missing = defaultdict(list), []
     for arm, rows in groups.items():
         for row in rows:
-            path = results_dir / row.get("run_dir", "?") / "metrics.jsonl"
+            run_dir = results_dir / row.get("run_dir", "?")
+            path = run_dir / METRICS_FILE
             if path.is_file():
-                lines = json_lines(path.read_text(encoding="utf-8", errors="replace"))
+                lines = metrics_lines(run_dir)
                 for number in (number for number, record in lines if record is None):
                     skipped(f"line {number} of {path} is not a metrics record (cut short or damaged) and was ignored")
                 curves[arm].append((row, [record for _, record in lines if record is not None]))

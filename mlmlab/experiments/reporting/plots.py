@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 
 from mlmlab import choices
-from mlmlab.experiments.curves import flops_seen, mask_share_keys, mean_curve, progress_of, sequences_seen
-from mlmlab.experiments.measures import by_seed, downstream_metrics, loss_metric, run_points
+from mlmlab.experiments.reporting.curves import flops_seen, mask_share_keys, mean_curve, progress_of, sequences_seen
+from mlmlab.experiments.reporting.measures import by_seed, downstream_metrics, loss_metric, run_points
 
 BUCKETS_PNG = "perplexity_buckets.png"
 CURVES_PNG = "loss_curves.png"
