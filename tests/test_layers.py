@@ -72,8 +72,8 @@ def test_the_layer_check_sees_function_local_imports():
     assert layer_of("mlmlab.cli") > layer_of("mlmlab.model.x") > layer_of("mlmlab.config")
 
 
-CHOICE_NAMES = set(choices.STRATEGIES + choices.SCORERS + choices.ADAPT_SCHEDULES + choices.RATE_SCHEDULES
-                   + choices.OBJECTIVES + choices.ARCHITECTURES)
+CHOICE_NAMES = {*choices.STRATEGIES, *choices.SCORERS, *choices.ADAPT_SCHEDULES, *choices.RATE_SCHEDULES,
+                *choices.OBJECTIVES, *choices.ARCHITECTURES}
 # Strings that equal a choice name but name something else.
 NOT_CHOICES = {
     ("mlmlab/masking/scorers.py", "context"): "state-dict prefix of the context loss table (checkpoint format)",
