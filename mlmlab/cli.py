@@ -284,8 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model folder: its tokenizer, and for adaptive its uncertainty scores")
     p.add_argument("--data", help="prepared dataset: its tokenizer, and the corpus counts that the frequency scorer "
                                   "and --frequency-neutral read")
-    p.add_argument("--scorer", choices=choices.SCORERS, default=choices.ENTROPY, help="adaptive: entropy, max_prob and grad_norm need --model; frequency "
-                                                 "needs --data")
+    p.add_argument("--scorer", choices=choices.SCORERS, default=choices.ENTROPY,
+                   help="adaptive: entropy, max_prob and grad_norm need --model; frequency needs --data")
     p.add_argument("--frequency-neutral", action="store_true", help="adaptive: masking.frequency_neutral (needs --data)")
     p.add_argument("--training-progress", type=float, default=1.0, metavar="SHARE",
                    help="adaptive: the share of training done, in [0, 1], whose a to use (default: 1, the end)")

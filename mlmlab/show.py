@@ -42,7 +42,8 @@ def dump_instances(data_dir, n: int, *, start: int = 0, masked: bool = False, se
                   "input_ids": example["input_ids"].tolist(), "token_type_ids": example["token_type_ids"].tolist(),
                   **{key: int(example[key]) for key in INSTANCE_KEYS}}
         if masked:
-            batch, _ = masker.mask(collate([example], [index], tokenizer.pad_token_id), epoch, None, progress=0.0, step=1)
+            one = collate([example], [index], tokenizer.pad_token_id)
+            batch, _ = masker.mask(one, epoch, None, progress=0.0, step=1)
             record["masked_input_ids"] = batch["input_ids"][0].tolist()
             record["masked_tokens"] = tokenizer.convert_ids_to_tokens(record["masked_input_ids"])
             record["labels"] = batch["labels"][0].tolist()

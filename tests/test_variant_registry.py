@@ -54,7 +54,8 @@ def registries(monkeypatch):
 def test_a_strategy_added_from_outside_trains_with_its_weights_and_its_facts(tmp_path, registries):
     add_strategy(ODD)
     BUILT.clear()
-    assert main(["pretrain", "--no-progress", *TINY_RUN, f"train.out_dir={tmp_path}", "masking.strategy=odd-positions"]) == 0
+    run = ["pretrain", "--no-progress", *TINY_RUN, f"train.out_dir={tmp_path}", "masking.strategy=odd-positions"]
+    assert main(run) == 0
     [strategy] = BUILT  # the run built it from its entry
     positions = torch.cat(strategy.selected_positions)
     assert len(strategy.selected_positions) == 5 and positions.numel() > 0

@@ -45,6 +45,9 @@ The data scorer reads only the training corpus's token counts (stored with the d
   a method: ADM's uncertainty scores are high on rare ids, so moving targets to rare ids is
   part of what any scorer does; this scorer does only that. No model pass, nothing learnt,
   no state to checkpoint (the table is a function of the data).
+
+Each scorer is a ``variants.Scorer`` and has an entry in ``SCORER_ENTRIES`` (at the end): how to
+build it, what it reads, its extra FLOPs and its state bytes.
 """
 
 import numpy as np
@@ -53,11 +56,10 @@ import torch.nn.functional as F
 
 from mlmlab import choices
 from mlmlab.config import Config, MaskingConfig
-from mlmlab.errors import UserError
 from mlmlab.flops import TRAINING_PASSES, head_flops
 from mlmlab.masking import seeding
 from mlmlab.masking.select import Corruption, select_and_corrupt
-from mlmlab.masking.variants import READS_COUNTS, READS_LOSSES, READS_MODEL, ScorerEntry
+from mlmlab.masking.variants import READS_COUNTS, READS_LOSSES, READS_MODEL, ScorerEntry, add_entry, entry_named
 from mlmlab.model import IGNORE_INDEX, SparsePretraining, encode, eval_mode, predict
 
 GRAD_NORM_RATE = 0.15  # mask rate of the copy whose loss grad_norm differentiates
@@ -349,17 +351,12 @@ SCORER_ENTRIES = {entry.name: entry for entry in (
 
 def add_scorer(entry: ScorerEntry) -> None:
     """Make ``entry`` a masking.scorer: the config accepts its name, and ADM builds and prices it by its entry."""
-    if entry.name in SCORER_ENTRIES:
-        raise ValueError(f"masking.scorer {entry.name!r} exists already")
-    SCORER_ENTRIES[entry.name] = entry
-    choices.SCORERS.append(entry.name)
+    add_entry(SCORER_ENTRIES, choices.SCORERS, entry, "masking.scorer")
 
 
 def scorer_entry(name: str) -> ScorerEntry:
     """The entry of masking.scorer ``name``."""
-    if name not in SCORER_ENTRIES:
-        raise UserError(f"masking.scorer={name!r} is unknown; choose {choices.listed(SCORER_ENTRIES)}")
-    return SCORER_ENTRIES[name]
+    return entry_named(SCORER_ENTRIES, name, "masking.scorer")
 
 
 def scorer_names(reads: str) -> list[str]:

@@ -35,7 +35,7 @@ from mlmlab.masking.schedules import adapt_factor
 from mlmlab.masking.scorers import SCORER_ENTRIES, scorer_entry
 from mlmlab.masking.seeding import STREAM_SCORED_ROWS, row_uniforms
 from mlmlab.masking.select import TokenInfo, eligible_positions
-from mlmlab.masking.variants import StrategyEntry
+from mlmlab.masking.variants import StrategyEntry, add_entry, entry_named
 from mlmlab.model import IGNORE_INDEX
 from mlmlab.utils.devices import clock
 
@@ -343,17 +343,12 @@ STRATEGY_ENTRIES = {entry.name: entry for entry in (
 def add_strategy(entry: StrategyEntry) -> None:
     """Make ``entry`` a masking.strategy: the config accepts its name, training builds it, and budgets, memory
     estimates, launches, reports and the model card ask its entry."""
-    if entry.name in STRATEGY_ENTRIES:
-        raise ValueError(f"masking.strategy {entry.name!r} exists already")
-    STRATEGY_ENTRIES[entry.name] = entry
-    choices.STRATEGIES.append(entry.name)
+    add_entry(STRATEGY_ENTRIES, choices.STRATEGIES, entry, "masking.strategy")
 
 
 def strategy_entry(name: str) -> StrategyEntry:
     """The entry of masking.strategy ``name``."""
-    if name not in STRATEGY_ENTRIES:
-        raise UserError(f"masking.strategy={name!r} is unknown; choose {choices.listed(STRATEGY_ENTRIES)}")
-    return STRATEGY_ENTRIES[name]
+    return entry_named(STRATEGY_ENTRIES, name, "masking.strategy")
 
 
 def build_strategy(cfg: MaskingConfig, info: TokenInfo | None = None, vocab_size: int | None = None, token_counts=None):

@@ -16,7 +16,9 @@ from typing import Protocol
 
 import torch
 
+from mlmlab import choices
 from mlmlab.config import Config, MaskingConfig
+from mlmlab.errors import UserError
 
 # What a scorer reads (ScorerEntry.reads)
 READS_MODEL = "the model"  # runs the model on the batch: costs passes, needs the whole model on every process
@@ -31,7 +33,7 @@ class Strategy(Protocol):
         """The key the epoch's masks are drawn with (static: one of dupe_factor; dynamic: the epoch)."""
 
     def weights(self, model, batch: dict, progress: float, epoch_key: int = 0, step: int = 1) -> torch.Tensor | None:
-        """(B, T) selection weights of the batch's positions, or None for uniform; ``step``: the optimizer step, from 1."""
+        """(B, T) selection weights, or None for uniform; ``step``: the optimizer step the batch trains, from 1."""
 
     def selection_groups(self, batch: dict) -> torch.Tensor | None:
         """(B, T) groups whose share of the targets selection must keep (frequency buckets), or None."""
@@ -109,3 +111,18 @@ class StrategyEntry:
     state_bytes: Callable[[MaskingConfig], dict[str, int]] = lambda cfg: {}  # as ScorerEntry's
     # why it cannot run with FSDP's sharded weights, one line that says what to do; None: it can
     fsdp_refusal: Callable[[MaskingConfig], str | None] = lambda cfg: None
+
+
+def add_entry(entries: dict, names: list[str], entry, key: str) -> None:
+    """Add ``entry`` to ``entries`` and its name to the config's ``names`` (choices.py) of setting ``key``."""
+    if entry.name in entries:
+        raise ValueError(f"{key} {entry.name!r} exists already")
+    entries[entry.name] = entry
+    names.append(entry.name)
+
+
+def entry_named(entries: dict, name: str, key: str):
+    """The entry of setting ``key``'s value ``name``, or a one-line UserError listing the known ones."""
+    if name not in entries:
+        raise UserError(f"{key}={name!r} is unknown; choose {choices.listed(entries)}")
+    return entries[name]
