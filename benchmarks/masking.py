@@ -34,8 +34,10 @@ sys.path.insert(0, str(ROOT))
 from mlmlab import choices  # noqa: E402
 from mlmlab.config import MaskingConfig, ModelConfig  # noqa: E402
 from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer  # noqa: E402
-from mlmlab.masking.select import Corruption, token_info_for  # noqa: E402
-from mlmlab.masking.strategies import build_strategy, mask_batch  # noqa: E402
+from mlmlab.masking.select import Corruption, mask_batch, token_info_for  # noqa: E402
+from mlmlab.masking.scorers import scorer_names  # noqa: E402
+from mlmlab.masking.strategies import build_strategy  # noqa: E402
+from mlmlab.masking.variants import READS_LOSSES, READS_MODEL  # noqa: E402
 from mlmlab.model import build_model, pretraining_loss  # noqa: E402
 
 VOCAB = ROOT.parent / "shared" / "data" / "bert_vocab" / "bert-base-uncased-vocab.txt"
@@ -185,10 +187,10 @@ def main() -> None:
         adm = dict(strategy=choices.ADAPTIVE, adapt_schedule=choices.CONSTANT)
         tiny_arms = {
             choices.DYNAMIC: MaskingConfig(strategy=choices.DYNAMIC),
-            **{scorer: MaskingConfig(**adm, scorer=scorer) for scorer in choices.LOSS_SCORERS},
+            **{scorer: MaskingConfig(**adm, scorer=scorer) for scorer in scorer_names(READS_LOSSES)},
             **{f"{choices.ENTROPY} every {k}": MaskingConfig(**adm, scorer=choices.ENTROPY, score_every=k)
                for k in COST_CONTROL_EVERY},
-            **{f"{scorer} every step": MaskingConfig(**adm, scorer=scorer) for scorer in choices.MODEL_SCORERS},
+            **{f"{scorer} every step": MaskingConfig(**adm, scorer=scorer) for scorer in scorer_names(READS_MODEL)},
         }
         bench_overhead(tokenizer, "tiny", tiny_arms, args.rounds)
         if not args.quick:

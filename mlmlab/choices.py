@@ -1,8 +1,9 @@
 """The named choices of the config, each set defined once.
 
 Everything else imports these: config validation, the implementations (which key their
-tables by these constants), the CLI's ``choices=``, budgets and reports. A new scorer,
-strategy, schedule or objective is added here first.
+tables by these constants), the CLI's ``choices=``, budgets and reports. A new schedule or
+objective is added here first; a new masking strategy or scorer also needs its entry
+(masking/strategies.py, masking/scorers.py).
 """
 
 # model.architecture: each is transformers' model_type of the class it builds (a saved config.json says which)
@@ -17,25 +18,21 @@ BPE = "bpe"  # RoBERTa's (GPT-2's) byte-level BPE: "Ġ" marks a word's first pie
 UNIGRAM = "unigram"  # SentencePiece's Unigram: "▁" marks a word's first piece; XLM-R's <s> </s> <pad> <unk> <mask>
 TOKENIZER_KINDS = (WORDPIECE, BPE, UNIGRAM)
 
-# masking.strategy
+# masking.strategy and masking.scorer: only the names, so that the config can refuse an unknown one when it is
+# built; what each one is and costs is its entry beside its implementation (masking/strategies.py, scorers.py),
+# whose add_strategy / add_scorer append a new one's name to these lists.
 STATIC = "static"  # BERT: dupe_factor fixed masks per example, cycled over epochs
 DYNAMIC = "dynamic"  # RoBERTa: new masks every epoch
 ADAPTIVE = "adaptive"  # ADM: weights from the model's uncertainty
-UNIFORM_STRATEGIES = (STATIC, DYNAMIC)
-STRATEGIES = (*UNIFORM_STRATEGIES, ADAPTIVE)
+STRATEGIES = [STATIC, DYNAMIC, ADAPTIVE]
 
-# masking.scorer: model scorers run the model on the batch; loss scorers read running loss tables;
-# data scorers read only the corpus counts stored with the data (no model, no state)
 ENTROPY = "entropy"
 MAX_PROB = "max_prob"
 GRAD_NORM = "grad_norm"
 LOSS_EMA = "loss_ema"
 CONTEXT = "context"
 FREQUENCY = "frequency"  # control: -log unigram probability; does uncertainty add anything beyond frequency?
-MODEL_SCORERS = (ENTROPY, MAX_PROB, GRAD_NORM)
-LOSS_SCORERS = (LOSS_EMA, CONTEXT)
-DATA_SCORERS = (FREQUENCY,)
-SCORERS = (*MODEL_SCORERS, *LOSS_SCORERS, *DATA_SCORERS)
+SCORERS = [ENTROPY, MAX_PROB, GRAD_NORM, LOSS_EMA, CONTEXT, FREQUENCY]
 
 # masking.adapt_schedule: the shape f of ADM's a = a_max * f(progress)
 QUADRATIC = "quadratic"

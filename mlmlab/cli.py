@@ -61,16 +61,18 @@ def cmd_dump(args) -> None:
     from mlmlab.show import dump_instances
 
     for record in dump_instances(args.data, args.n, start=args.start, masked=args.masked, seed=args.mask_seed,
-                                 epoch=args.epoch, strategy=args.strategy, dupe_factor=args.dupe_factor):
+                                 epoch=args.epoch, strategy=args.strategy, dupe_factor=args.dupe_factor,
+                                 whole_word=args.whole_word):
         print(json.dumps(record, ensure_ascii=False))
 
 
 def cmd_mask(args) -> None:
     from mlmlab.show import mask_sentence
 
-    print(mask_sentence(args.text, tokenizer=args.tokenizer, seed=args.mask_seed, epoch=args.epoch, rate=args.rate,
-                        strategy=args.strategy, model=args.model, scorer=args.scorer,
-                        progress=args.training_progress))
+    print(mask_sentence(args.text, tokenizer=args.tokenizer, data=args.data, model=args.model,
+                        progress=args.training_progress, seed=args.mask_seed, epoch=args.epoch, rate=args.rate,
+                        strategy=args.strategy, dupe_factor=args.dupe_factor, whole_word=args.whole_word,
+                        scorer=args.scorer, frequency_neutral=args.frequency_neutral))
 
 
 def cmd_pretrain(args) -> None:
@@ -265,8 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--masked", action="store_true", help="add masked input_ids and labels as training makes them")
     p.add_argument("--mask-seed", type=int, default=0, help="masking.seed (prepare's --seed made the instances)")
     p.add_argument("--epoch", type=int, default=0)
-    p.add_argument("--strategy", choices=choices.UNIFORM_STRATEGIES, default=choices.DYNAMIC)
-    p.add_argument("--dupe-factor", type=int, default=10)
+    p.add_argument("--strategy", choices=choices.STRATEGIES, default=choices.DYNAMIC,
+                   help="one that needs no scorer (adaptive's are shown on a sentence by mlmlab mask)")
+    p.add_argument("--dupe-factor", type=int, default=10, help="static: distinct masks per example")
+    p.add_argument("--whole-word", action="store_true", help="masking.whole_word: select whole words")
     p.set_defaults(func=cmd_dump)
 
     p = sub.add_parser("mask", help="show how one sentence is masked")
@@ -276,8 +280,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--rate", type=float, default=0.15)
     p.add_argument("--strategy", choices=choices.STRATEGIES, default=choices.DYNAMIC)
+    p.add_argument("--dupe-factor", type=int, default=10, help="static: distinct masks per example")
+    p.add_argument("--whole-word", action="store_true", help="masking.whole_word: select whole words")
     p.add_argument("--model", help="model folder: its tokenizer, and for adaptive its uncertainty scores")
-    p.add_argument("--scorer", choices=choices.MODEL_SCORERS, default=choices.ENTROPY)
+    p.add_argument("--data", help="prepared dataset: its tokenizer, and the corpus counts that the frequency scorer "
+                                  "and --frequency-neutral read")
+    p.add_argument("--scorer", choices=choices.SCORERS, default=choices.ENTROPY,
+                   help="adaptive: entropy, max_prob and grad_norm need --model; frequency needs --data")
+    p.add_argument("--frequency-neutral", action="store_true", help="adaptive: masking.frequency_neutral (needs --data)")
     p.add_argument("--training-progress", type=float, default=1.0, metavar="SHARE",
                    help="adaptive: the share of training done, in [0, 1], whose a to use (default: 1, the end)")
     p.set_defaults(func=cmd_mask)

@@ -9,10 +9,13 @@ from mlmlab.config import Config, MaskingConfig
 from mlmlab.data.loader import collate
 from mlmlab.data.resolve import tokenizer_dir_for
 from mlmlab.data.store import TokenStore
-from mlmlab.data.tokenizer import load_tokenizer
+from mlmlab.data.tokenizer import load_tokenizer, vocab_hash
 from mlmlab.errors import UserError
-from mlmlab.masking.select import Corruption, token_info_for
-from mlmlab.masking.strategies import UniformStrategy, build_strategy, mask_batch
+from mlmlab.masking.masker import Masker
+from mlmlab.masking.scorers import scorer_entry, scorer_names
+from mlmlab.masking.select import token_info_for
+from mlmlab.masking.strategies import strategy_entry
+from mlmlab.masking.variants import READS_COUNTS, READS_LOSSES, READS_MODEL
 from mlmlab.model import IGNORE_INDEX
 from mlmlab.model_folder import load_pretrained
 
@@ -20,59 +23,76 @@ INSTANCE_KEYS = ("next_sentence_label", "doc_a", "doc_b")
 
 
 def dump_instances(data_dir, n: int, *, start: int = 0, masked: bool = False, seed: int = 0, epoch: int = 0,
-                   strategy: str = choices.DYNAMIC, dupe_factor: int = 10):
+                   strategy: str = choices.DYNAMIC, dupe_factor: int = 10, whole_word: bool = False):
     """Yield instances start..start+n-1 as dicts; with ``masked``, as the training step masks them."""
     store = TokenStore(data_dir)
     if not 0 <= start < len(store):
         raise UserError(f"--start {start} is past the end: {data_dir} holds {len(store)} instances "
                         f"(0 to {len(store) - 1})")
     tokenizer = load_tokenizer(store.tokenizer_dir)
-    info = token_info_for(tokenizer)
-    epoch_key = UniformStrategy(MaskingConfig(strategy=strategy, dupe_factor=dupe_factor)).epoch_key(epoch)
+    cfg = Config(masking=MaskingConfig(strategy=strategy, dupe_factor=dupe_factor, seed=seed,
+                                       whole_word=whole_word)).masking  # validated
+    if masked and strategy_entry(strategy).scored:
+        raise UserError(f"--strategy {strategy} weights by a scorer, which a dump does not run; show it on a "
+                        f"sentence with mlmlab mask --strategy {strategy}")
+    masker = Masker(cfg, tokenizer, store.token_counts)
     for index in range(start, min(start + n, len(store))):
         example = store[index]
         record = {"index": index, "tokens": tokenizer.convert_ids_to_tokens(example["input_ids"].tolist()),
                   "input_ids": example["input_ids"].tolist(), "token_type_ids": example["token_type_ids"].tolist(),
                   **{key: int(example[key]) for key in INSTANCE_KEYS}}
         if masked:
-            batch = mask_batch(collate([example], [index], tokenizer.pad_token_id), seed=seed, epoch_key=epoch_key,
-                               rate=MaskingConfig.rate, info=info, corruption=Corruption())
+            one = collate([example], [index], tokenizer.pad_token_id)
+            batch, _ = masker.mask(one, epoch, None, progress=0.0, step=1)
             record["masked_input_ids"] = batch["input_ids"][0].tolist()
             record["masked_tokens"] = tokenizer.convert_ids_to_tokens(record["masked_input_ids"])
             record["labels"] = batch["labels"][0].tolist()
         yield record
 
 
-def mask_sentence(text: str, *, tokenizer: str = "", seed: int = 0, epoch: int = 0, rate: float = 0.15,
-                  strategy: str = choices.DYNAMIC, model: str | None = None, scorer: str = choices.ENTROPY,
-                  progress: float = 1.0) -> str:
+def mask_sentence(text: str, *, tokenizer: str = "", data: str | None = None, model: str | None = None,
+                  progress: float = 1.0, **masking) -> str:
     """A table: each token, its masking weight, whether it was selected, what the model sees, the label.
 
-    ``strategy="adaptive"`` scores the sentence with the model in ``model`` (entropy,
-    max_prob or grad_norm: the loss-table scorers need a training run's state) and shows
-    the ADM weights at training progress ``progress``.
+    ``masking``: MaskingConfig's keys (strategy, rate, seed, dupe_factor, whole_word, scorer, frequency_neutral,
+    ...) and ``epoch``; the sentence is masked as a training step at ``progress`` masks it. An adaptive scorer
+    that runs the model scores with the one in ``model``; the frequency scorer and frequency_neutral read the
+    corpus counts of the prepared dataset ``data``; the loss-table scorers need a training run's state.
     """
-    cfg = Config(masking=MaskingConfig(strategy=strategy, rate=rate, scorer=scorer)).masking  # validated
-    tok, pretrained = _tokenizer_and_model(tokenizer, model, strategy, scorer)
-    info = token_info_for(tok)
+    epoch = masking.pop("epoch", 0)
+    cfg = Config(masking=MaskingConfig(**masking)).masking  # validated
+    tok, pretrained, counts = _mask_inputs(cfg, tokenizer, data, model)
     ids = torch.tensor([tok(text)["input_ids"]])  # (1, T)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
              "example_ids": torch.zeros(1, dtype=torch.long)}
-    weights = None
-    if strategy == choices.ADAPTIVE:
-        weights = build_strategy(cfg, info=info, vocab_size=len(tok)).weights(pretrained, batch, progress)  # (1, T)
-    masked = mask_batch(batch, seed=seed, epoch_key=epoch, rate=rate, info=info, corruption=Corruption(), weights=weights)
-    return _mask_table(tok, ids[0], masked, weights, f"{strategy} masking, rate {rate}, seed {seed}, epoch {epoch}")
+    masked, weights = Masker(cfg, tok, counts).mask(batch, epoch, pretrained, progress=progress, step=1)
+    return _mask_table(tok, ids[0], masked, weights,
+                       f"{cfg.strategy} masking, rate {cfg.rate}, seed {cfg.seed}, epoch {epoch}")
 
 
-def _tokenizer_and_model(tokenizer: str, model: str | None, strategy: str, scorer: str):
-    if strategy != choices.ADAPTIVE:
-        return load_tokenizer(tokenizer_dir_for(model or tokenizer)), None
-    if model is None or scorer not in choices.MODEL_SCORERS:
-        raise UserError("--strategy adaptive needs --model DIR and a model scorer "
-                        f"(--scorer {choices.listed(choices.MODEL_SCORERS)})")
-    pretrained, tok = load_pretrained(model)
-    return tok, pretrained
+def _mask_inputs(cfg: MaskingConfig, tokenizer: str, data: str | None, model: str | None):
+    """(tokenizer, model or None, corpus counts or None) that masking ``cfg`` needs, or a UserError saying what
+    is missing. The tokenizer is the model folder's, else the prepared dataset's, else ``tokenizer``."""
+    reads = scorer_entry(cfg.scorer).reads if strategy_entry(cfg.strategy).scored else None
+    if reads == READS_LOSSES:
+        raise UserError(f"--scorer {cfg.scorer} reads loss tables a training run learns, which a sentence does not "
+                        f"have; show {choices.listed(scorer_names(READS_MODEL))} with --model DIR, or "
+                        f"{choices.listed(scorer_names(READS_COUNTS))} with --data DIR")
+    if reads == READS_MODEL and model is None:
+        raise UserError(f"--scorer {cfg.scorer} scores with a model: add --model DIR (a model folder)")
+    if (cfg.frequency_neutral or reads == READS_COUNTS) and data is None:
+        raise UserError("the frequency scorer and --frequency-neutral read the training corpus's token counts: add "
+                        "--data DIR (a prepared dataset)")
+    if data is not None and tokenizer:
+        raise UserError("--data brings the tokenizer the dataset was prepared with; drop --tokenizer")
+    store = TokenStore(data) if data is not None else None
+    pretrained, tok = load_pretrained(model) if reads == READS_MODEL else (None, None)
+    if tok is None:
+        tok = load_tokenizer(tokenizer_dir_for(model or tokenizer) if model or store is None else store.tokenizer_dir)
+    if store is not None and vocab_hash(tok.get_vocab()) != store.vocab_hash:
+        raise UserError(f"{data} was prepared with another vocabulary than {model}'s; use a dataset prepared with "
+                        "the model's tokenizer")
+    return tok, pretrained, None if store is None else store.token_counts
 
 
 def _mask_table(tok, ids, masked, weights, title: str) -> str:

@@ -113,8 +113,8 @@ def test_the_cycle_check_sees_a_cycle_through_a_third_module():
     assert modules_in_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c"]
 
 
-CHOICE_NAMES = set(choices.STRATEGIES + choices.SCORERS + choices.ADAPT_SCHEDULES + choices.RATE_SCHEDULES
-                   + choices.OBJECTIVES + choices.ARCHITECTURES)
+CHOICE_NAMES = {*choices.STRATEGIES, *choices.SCORERS, *choices.ADAPT_SCHEDULES, *choices.RATE_SCHEDULES,
+                *choices.OBJECTIVES, *choices.ARCHITECTURES}
 # Strings that equal a choice name but name something else.
 NOT_CHOICES = {
     ("mlmlab/masking/scorers.py", "context"): "state-dict prefix of the context loss table (checkpoint format)",

@@ -5,8 +5,7 @@ import torch
 
 from mlmlab.data.loader import LoaderPosition, epoch_batches, epoch_plans, iterate_batches
 from mlmlab.data.wikitext import detokenize_line, wikitext_documents
-from mlmlab.masking.select import Corruption, token_info_for
-from mlmlab.masking.strategies import mask_batch
+from mlmlab.masking.select import Corruption, mask_batch, token_info_for
 from mlmlab.show import dump_instances
 
 from conftest import SHARED_DATA

@@ -6,8 +6,7 @@ from torch.utils.data import DataLoader
 from mlmlab.config import ModelConfig
 from mlmlab.data.loader import collate
 from mlmlab.masking.select import (IGNORE_INDEX, Corruption, count_to_select, eligible_positions,
-                                   select_and_corrupt, token_info_for)
-from mlmlab.masking.strategies import mask_batch
+                                   mask_batch, select_and_corrupt, token_info_for)
 from mlmlab.model import SparsePretraining, build_model
 
 SEQ = 128

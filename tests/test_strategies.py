@@ -20,8 +20,8 @@ from mlmlab.masking import scorers, seeding
 from mlmlab.masking.buckets import frequency_buckets
 from mlmlab.masking.schedules import adapt_factor, adapt_shape, mask_rate, rate_at
 from mlmlab.masking.select import (Corruption, TokenInfo, continuation_table, count_to_select, eligible_positions,
-                                   group_quotas, gumbel_top_k, select_and_corrupt, token_info_for)
-from mlmlab.masking.strategies import blend, build_strategy, mask_batch, normalise
+                                   group_quotas, gumbel_top_k, mask_batch, select_and_corrupt, token_info_for)
+from mlmlab.masking.strategies import blend, build_strategy, normalise
 from mlmlab.model import build_model, pretraining_loss
 from mlmlab.train.launch import check_fsdp
 from reference import naive_entropy_scores

@@ -22,8 +22,7 @@ from mlmlab.data.resolve import tokenizer_dir_for
 from mlmlab.data.store import TokenStore
 from mlmlab.data.tokenizer import load_tokenizer, ordinary_token_ids
 from mlmlab.errors import UserError
-from mlmlab.masking.select import Corruption, continuation_table, token_info_for, word_starts
-from mlmlab.masking.strategies import mask_batch
+from mlmlab.masking.select import Corruption, continuation_table, mask_batch, token_info_for, word_starts
 from mlmlab.model import IGNORE_INDEX
 from mlmlab.train.loop import Trainer
 

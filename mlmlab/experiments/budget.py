@@ -4,9 +4,10 @@ FLOPs are mlmlab/flops.py's model of the matmuls:
 
 - a training step: 3x the forward (backward = 2x forward) of the encoder + the sparse head on the
   ~rate * T selected positions (mean rate over training, so a 30%->15% decay costs more)
-- scorer, per step on average: entropy / max_prob = one forward with the full head on every
-  position; grad_norm = forward + backward of a 15%-masked copy; both on ``score_fraction`` of
-  the rows every ``score_every`` steps; loss_ema / context / frequency = table lookups, ~0
+- the masking strategy's extra passes, per step on average, as its entry prices them
+  (masking/scorers.py for ADM's scorers: entropy / max_prob = one forward with the full head on
+  every position; grad_norm = forward + backward of a 15%-masked copy; both on ``score_fraction``
+  of the rows every ``score_every`` steps; loss_ema / context / frequency = table lookups, ~0)
 
 "token-matched": every arm trains on as many sequences as the reference (the baseline arm).
 "compute-matched": every arm spends the reference's FLOPs, scorer included, so an arm whose
@@ -25,7 +26,7 @@ from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.flops import TRAINING_PASSES, encoder_forward_flops, head_flops
 from mlmlab.masking.evaluation import EVAL_RATE
 from mlmlab.masking.schedules import rate_at
-from mlmlab.masking.scorers import GRAD_NORM_RATE
+from mlmlab.masking.strategies import strategy_entry
 from mlmlab.model import padded_vocab_size
 from mlmlab.train.optim import full_batches_until, micro_batches_at
 
@@ -107,16 +108,8 @@ def flops_curve(cfg: Config, last_step: int) -> np.ndarray:
 
 
 def scorer_flops(cfg: Config, encoder: float, vocab: int) -> float:
-    """Average extra FLOPs per sequence per step spent scoring positions for ADM."""
-    m, seq = cfg.masking, cfg.data.max_seq_length
-    if m.strategy != choices.ADAPTIVE or m.a_max == 0.0 or m.scorer not in choices.MODEL_SCORERS:
-        return 0.0  # loss_ema / context / frequency read a table; score_every and score_fraction do not apply
-    share = m.score_fraction / m.score_every
-    if m.scorer in (choices.ENTROPY, choices.MAX_PROB):
-        return share * (encoder + head_flops(cfg.model, vocab, seq))
-    if m.scorer == choices.GRAD_NORM:
-        return share * TRAINING_PASSES * (encoder + head_flops(cfg.model, vocab, GRAD_NORM_RATE * seq))
-    raise ValueError(f"no FLOP model for model scorer {m.scorer}")
+    """Average extra FLOPs per sequence per step the masking strategy spends (ADM: scoring positions)."""
+    return strategy_entry(cfg.masking.strategy).extra_flops(cfg, encoder, vocab)
 
 
 def matched_steps(cfg: Config, reference: Config, mode: str) -> int:

@@ -3,8 +3,7 @@
 They are the same whatever strategy trained the model, so strategies compare on one footing.
 """
 
-from mlmlab.masking.select import Corruption, TokenInfo
-from mlmlab.masking.strategies import mask_batch
+from mlmlab.masking.select import Corruption, TokenInfo, mask_batch
 
 EVAL_SEED = 20190611
 EVAL_RATE = 0.15

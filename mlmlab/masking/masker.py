@@ -11,7 +11,8 @@ so resume is exact):
     logs.update(masker.stats(total))                                             # window since the last stats()
 
 ``mask_step`` masks every micro-batch before the first forward (the loss is normalised over
-the masked tokens of the whole global batch), each one in order with these strategy calls:
+the masked tokens of the whole global batch), each one in order with ``mask``, which makes
+these strategy calls (variants.Strategy is the interface):
 
     key = strategy.epoch_key(epoch)                                  # epoch: of the batch (a step may span two)
     weights = strategy.weights(model, batch, progress, key, step)    # (B, T) or None = uniform; step: from 1
@@ -31,8 +32,8 @@ import torch
 
 from mlmlab.config import MaskingConfig
 from mlmlab.masking.schedules import rate_at
-from mlmlab.masking.select import Corruption, continuation_table, token_info_for
-from mlmlab.masking.strategies import build_strategy, mask_batch
+from mlmlab.masking.select import Corruption, continuation_table, mask_batch, token_info_for
+from mlmlab.masking.strategies import build_strategy
 
 
 class Masker:
@@ -51,14 +52,18 @@ class Masker:
     def mask_step(self, micro: list[tuple[int, dict]], model, *, progress: float, step: int) -> list[dict]:
         """The step's micro-batches, masked, in order. ``micro``: (epoch, batch) pairs, the batches on the
         model's device; ``model`` scores them for ADM; ``step``: the optimizer step they train, from 1."""
-        rate = rate_at(self.cfg, progress)
-        return [self._mask(batch, self.strategy.epoch_key(epoch), model, progress, rate, step) for epoch, batch in micro]
+        return [self.mask(batch, epoch, model, progress=progress, step=step)[0] for epoch, batch in micro]
 
-    def _mask(self, batch: dict, epoch_key: int, model, progress: float, rate: float, step: int) -> dict:
+    def mask(self, batch: dict, epoch: int, model, *, progress: float, step: int) -> tuple[dict, torch.Tensor | None]:
+        """One batch masked as a training step masks it (``mlmlab mask`` and ``dump`` show it), and the (B, T)
+        weights its targets were drawn by (None: uniform)."""
+        epoch_key = self.strategy.epoch_key(epoch)
         weights = self.strategy.weights(model, batch, progress, epoch_key, step=step)  # (B, T) or None
-        return mask_batch(batch, seed=self.cfg.seed, epoch_key=epoch_key, rate=rate, info=self.info,
-                          corruption=self.corruption, weights=weights, groups=self.strategy.selection_groups(batch),
-                          whole_word=self.cfg.whole_word, continuation=self.continuation)
+        masked = mask_batch(batch, seed=self.cfg.seed, epoch_key=epoch_key, rate=rate_at(self.cfg, progress),
+                            info=self.info, corruption=self.corruption, weights=weights,
+                            groups=self.strategy.selection_groups(batch), whole_word=self.cfg.whole_word,
+                            continuation=self.continuation)
+        return masked, weights
 
     def learn_step(self, masked: list[dict], results: list[dict],
                    gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:

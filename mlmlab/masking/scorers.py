@@ -45,6 +45,9 @@ The data scorer reads only the training corpus's token counts (stored with the d
   a method: ADM's uncertainty scores are high on rare ids, so moving targets to rare ids is
   part of what any scorer does; this scorer does only that. No model pass, nothing learnt,
   no state to checkpoint (the table is a function of the data).
+
+Each scorer is a ``variants.Scorer`` and has an entry in ``SCORER_ENTRIES`` (at the end): how to
+build it, what it reads, its extra FLOPs and its state bytes.
 """
 
 import numpy as np
@@ -52,11 +55,15 @@ import torch
 import torch.nn.functional as F
 
 from mlmlab import choices
+from mlmlab.config import Config, MaskingConfig
+from mlmlab.flops import TRAINING_PASSES, head_flops
 from mlmlab.masking import seeding
 from mlmlab.masking.select import Corruption, select_and_corrupt
+from mlmlab.masking.variants import READS_COUNTS, READS_LOSSES, READS_MODEL, ScorerEntry, add_entry, entry_named
 from mlmlab.model import IGNORE_INDEX, SparsePretraining, encode, eval_mode, predict
 
 GRAD_NORM_RATE = 0.15  # mask rate of the copy whose loss grad_norm differentiates
+CONTEXT_BYTES_PER_BUCKET = 12  # the context table's float32 value + int64 count
 
 
 def unwrap(model):
@@ -90,6 +97,32 @@ def _over_vocab(model, batch, eligible, vocab_size: int, chunk: int, reduce) -> 
     return scores.view(batch_size, length)
 
 
+class StatelessScorer:
+    """A scorer that learns nothing from training: nothing to observe, learn or checkpoint."""
+
+    def observations(self, original_ids, selected_index, token_losses) -> None:
+        return None
+
+    def learn(self, observed: dict) -> None:
+        """Nothing to learn."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """No state."""
+
+
+class OverVocabScorer(StatelessScorer):
+    """entropy / max_prob: ``reduce`` of the MLM head's logits at every eligible, unmasked position."""
+
+    def __init__(self, reduce, vocab_size: int, chunk: int):
+        self.reduce, self.vocab_size, self.chunk = reduce, vocab_size, chunk
+
+    def batch_scores(self, model, batch: dict, eligible: torch.Tensor, step: int) -> torch.Tensor:
+        return _over_vocab(model, batch, eligible, self.vocab_size, self.chunk, self.reduce)  # (B, T)
+
+
 def entropy_scores(model, batch, eligible, vocab_size: int, chunk: int = 2048) -> torch.Tensor:
     """(B, T) entropy (nats) of the predicted distribution at each eligible, unmasked position."""
     return _over_vocab(model, batch, eligible, vocab_size, chunk, _entropy)
@@ -121,6 +154,17 @@ def grad_norm_scores(model, batch, eligible, *, info, vocab_size: int, seed: int
         loss = F.cross_entropy(logits.float(), labels.flatten().index_select(0, index), reduction="sum")
         (grad,) = torch.autograd.grad(loss, embeds)  # parameters' .grad untouched
     return torch.where(eligible, grad.norm(dim=-1), torch.zeros(eligible.shape, device=grad.device))
+
+
+class GradNormScorer(StatelessScorer):
+    """grad_norm: its masked copy is drawn with the optimizer step as key, so every process scores a step alike."""
+
+    def __init__(self, info, vocab_size: int, seed: int):
+        self.info, self.vocab_size, self.seed = info, vocab_size, seed
+
+    def batch_scores(self, model, batch: dict, eligible: torch.Tensor, step: int) -> torch.Tensor:
+        return grad_norm_scores(model, batch, eligible, info=self.info, vocab_size=self.vocab_size, seed=self.seed,
+                                key=step)  # (B, T)
 
 
 class LossTable:
@@ -212,6 +256,9 @@ class LossScorer:
         self.global_value = torch.where(seen, self.decay * old + (1 - self.decay) * mean, mean)
         self.global_count = self.global_count.to(mean.device) + 1
 
+    def batch_scores(self, model, batch: dict, eligible: torch.Tensor, step: int) -> torch.Tensor:
+        return self.scores(batch["input_ids"])  # (B, T)
+
     def scores(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(B, T) expected masked-LM loss of each position."""
         default = self.global_value.to(input_ids.device).expand(input_ids.shape)
@@ -235,7 +282,7 @@ class LossScorer:
         self.global_count = state["global_count"].clone().long().cpu()
 
 
-class FrequencyScorer:
+class FrequencyScorer(StatelessScorer):
     """frequency scores: -log p(id), p = (count + 1) / (total + V), from the corpus's (V,) token counts.
 
     Add-one smoothing gives an id the corpus never showed a finite score, the highest of all.
@@ -249,8 +296,69 @@ class FrequencyScorer:
         # float64 logs, then float32: the weights that use them are float32 anyway
         self.table = torch.from_numpy(np.log(counts.sum() + vocab_size) - np.log(counts + 1.0)).float()  # (V,)
 
+    def batch_scores(self, model, batch: dict, eligible: torch.Tensor, step: int) -> torch.Tensor:
+        return self.scores(batch["input_ids"])  # (B, T)
+
     def scores(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(B, T) score of each position's id (specials too: selection never takes them)."""
         if self.table.device != input_ids.device:  # lives where the batches are: no host round trip per step
             self.table = self.table.to(input_ids.device)
         return self.table[input_ids.clamp(max=len(self.table) - 1)]
+
+
+# ----- the scorers' entries: how each is built, and its facts ---------------------------------------
+def scored_share(m: MaskingConfig) -> float:
+    """The share of steps and rows a model scorer scores on average: its cost controls."""
+    return m.score_fraction / m.score_every
+
+
+def _over_vocab_flops(cfg: Config, encoder: float, vocab: int) -> float:
+    """One forward with the full head on every position, on the scored share."""
+    return scored_share(cfg.masking) * (encoder + head_flops(cfg.model, vocab, cfg.data.max_seq_length))
+
+
+def _grad_norm_flops(cfg: Config, encoder: float, vocab: int) -> float:
+    """Forward and backward of a GRAD_NORM_RATE-masked copy, on the scored share."""
+    head = head_flops(cfg.model, vocab, GRAD_NORM_RATE * cfg.data.max_seq_length)
+    return scored_share(cfg.masking) * TRAINING_PASSES * (encoder + head)
+
+
+def _frequency_scorer(cfg: MaskingConfig, info, vocab_size: int, token_counts) -> FrequencyScorer:
+    if token_counts is None:
+        raise ValueError("the frequency scorer needs token_counts= (the corpus's token counts)")
+    return FrequencyScorer(token_counts, vocab_size)
+
+
+def _loss_scorer(cfg: MaskingConfig, info, vocab_size: int, token_counts) -> LossScorer:
+    return LossScorer(cfg.scorer, vocab_size, cfg.ema_decay, cfg.context_buckets)
+
+
+SCORER_ENTRIES = {entry.name: entry for entry in (
+    ScorerEntry(choices.ENTROPY, reads=READS_MODEL, extra_flops=_over_vocab_flops,
+                build=lambda cfg, info, vocab_size, counts: OverVocabScorer(_entropy, vocab_size, cfg.score_chunk)),
+    ScorerEntry(choices.MAX_PROB, reads=READS_MODEL, extra_flops=_over_vocab_flops,
+                build=lambda cfg, info, vocab_size, counts: OverVocabScorer(_inverse_max_prob, vocab_size,
+                                                                            cfg.score_chunk)),
+    ScorerEntry(choices.GRAD_NORM, reads=READS_MODEL, extra_flops=_grad_norm_flops,
+                build=lambda cfg, info, vocab_size, counts: GradNormScorer(info, vocab_size, cfg.seed)),
+    # loss_ema's per-id table is vocabulary-sized: small beside the model's embeddings, so not estimated
+    ScorerEntry(choices.LOSS_EMA, reads=READS_LOSSES, build=_loss_scorer),
+    ScorerEntry(choices.CONTEXT, reads=READS_LOSSES, build=_loss_scorer,
+                state_bytes=lambda cfg: {"context table": CONTEXT_BYTES_PER_BUCKET * cfg.context_buckets}),
+    ScorerEntry(choices.FREQUENCY, reads=READS_COUNTS, build=_frequency_scorer),
+)}
+
+
+def add_scorer(entry: ScorerEntry) -> None:
+    """Make ``entry`` a masking.scorer: the config accepts its name, and ADM builds and prices it by its entry."""
+    add_entry(SCORER_ENTRIES, choices.SCORERS, entry, "masking.scorer")
+
+
+def scorer_entry(name: str) -> ScorerEntry:
+    """The entry of masking.scorer ``name``."""
+    return entry_named(SCORER_ENTRIES, name, "masking.scorer")
+
+
+def scorer_names(reads: str) -> list[str]:
+    """The scorers that read ``reads`` (variants.READS_*)."""
+    return [name for name, entry in SCORER_ENTRIES.items() if entry.reads == reads]

@@ -3,6 +3,8 @@
 A strategy only decides per-position weights; this module turns weights into exactly
 k selected positions per sequence (Gumbel-top-k = weighted sampling without
 replacement) and corrupts them 80/10/10. Uniform weights give BERT/RoBERTa masking.
+``mask_batch`` is the entry: training (masker.py), the fixed evaluation masks and
+``mlmlab mask`` / ``dump`` all mask through it.
 """
 
 from dataclasses import dataclass
@@ -217,3 +219,31 @@ def select_and_corrupt(
         selected = gumbel_top_k_words(weights, eligible, is_continuation, k, draws[seeding.STREAM_SELECT])
     masked, labels = corrupt(input_ids, selected, draws[seeding.STREAM_ACTION], draws[seeding.STREAM_TOKEN], info, corruption)
     return masked, labels, selected
+
+
+def mask_batch(
+    batch: dict, *, seed: int, epoch_key: int, rate, info: TokenInfo, corruption: Corruption,
+    weights=None, groups=None, whole_word: bool = False, continuation: torch.Tensor | None = None,
+) -> dict:
+    """A copy of ``batch`` with masked ``input_ids`` and ``labels`` (original ids, -100 elsewhere).
+
+    groups: (B, T) long or None; each group keeps its proportional share of the targets
+    (strategy.selection_groups: frequency-neutral ADM).
+    whole_word: select whole words; "##" pieces come from batch["is_continuation"] (B, T) if
+    present, else from ``continuation``, the (V,) per-id table of continuation_table.
+    """
+    example_ids = batch["example_ids"]  # (B,)
+    epoch_keys = torch.full_like(example_ids, epoch_key)
+    is_continuation = None
+    if whole_word:
+        is_continuation = batch.get("is_continuation")
+        if is_continuation is None:
+            if continuation is None:
+                raise ValueError("whole_word masking needs batch['is_continuation'] or continuation=continuation_table(vocab)")
+            is_continuation = continuation.to(batch["input_ids"].device)[batch["input_ids"]]  # (B, T)
+    masked, labels, _ = select_and_corrupt(
+        batch["input_ids"], example_ids, epoch_keys,
+        seed=seed, rate=rate, info=info, corruption=corruption, weights=weights, is_continuation=is_continuation,
+        groups=groups,
+    )
+    return {**batch, "input_ids": masked, "labels": labels}

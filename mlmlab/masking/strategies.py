@@ -18,7 +18,9 @@ within a bucket (select.gumbel_top_k_grouped). Rescaling scores per bucket would
 Gumbel-top-k's inclusion probabilities are not proportional to the weights. The quotas
 apply at every step, also where the weights are uniform (a = 0, unscored steps).
 
-A training step calls a strategy in the order masker.py's docstring gives.
+A training step calls a strategy in the order masker.py's docstring gives (variants.Strategy).
+Each strategy's entry (``STRATEGY_ENTRIES``, at the end) says how to build it and what others
+ask of it: its label, its cost, its state, whether it runs under FSDP.
 """
 
 from collections import deque
@@ -26,13 +28,14 @@ from collections import deque
 import torch
 
 from mlmlab import choices
-from mlmlab.config import MaskingConfig
+from mlmlab.config import Config, MaskingConfig
 from mlmlab.errors import UserError
-from mlmlab.masking import scorers
 from mlmlab.masking.buckets import frequency_buckets
 from mlmlab.masking.schedules import adapt_factor
+from mlmlab.masking.scorers import SCORER_ENTRIES, scorer_entry
 from mlmlab.masking.seeding import STREAM_SCORED_ROWS, row_uniforms
-from mlmlab.masking.select import Corruption, TokenInfo, eligible_positions, select_and_corrupt
+from mlmlab.masking.select import TokenInfo, eligible_positions
+from mlmlab.masking.variants import StrategyEntry, add_entry, entry_named
 from mlmlab.model import IGNORE_INDEX
 from mlmlab.utils.devices import clock
 
@@ -40,7 +43,7 @@ LEGACY_STEP_KEY = "step"  # in the masking state of checkpoints made before the 
 
 
 class UniformStrategy:
-    """BERT static / RoBERTa dynamic masking: every eligible position equally likely."""
+    """RoBERTa's dynamic masking: every eligible position equally likely, new masks every epoch."""
 
     def __init__(self, cfg: MaskingConfig, vocab_size: int | None = None, token_counts=None):
         self.cfg = cfg
@@ -56,8 +59,7 @@ class UniformStrategy:
         self._seconds = 0.0
 
     def epoch_key(self, epoch: int) -> int:
-        # Static: the key ignores the epoch beyond dupe_factor distinct versions.
-        return epoch % self.cfg.dupe_factor if self.cfg.strategy == choices.STATIC else epoch
+        return epoch
 
     def weights(self, model, batch: dict, progress: float, epoch_key: int = 0, step: int = 1):
         return None  # uniform
@@ -95,6 +97,13 @@ class UniformStrategy:
         """Uniform strategies keep no state."""
 
 
+class StaticStrategy(UniformStrategy):
+    """BERT's static masking: uniform, dupe_factor distinct masks per example cycled over epochs."""
+
+    def epoch_key(self, epoch: int) -> int:
+        return epoch % self.cfg.dupe_factor  # the key ignores the epoch beyond dupe_factor distinct versions
+
+
 class AdaptiveStrategy(UniformStrategy):
     """ADM: weights from uncertainty scores, blended with uniform by a = a_max * f(progress)."""
 
@@ -104,21 +113,14 @@ class AdaptiveStrategy(UniformStrategy):
         self.vocab_size = vocab_size
         self.a = 0.0
         self.score_seconds_total = 0.0
-        self.loss_scorer = None
-        if cfg.scorer in choices.LOSS_SCORERS:
-            self.loss_scorer = scorers.LossScorer(cfg.scorer, vocab_size, cfg.ema_decay, cfg.context_buckets)
-        self.frequency_scorer = None  # no state: the counts come with the data on every start and resume
-        if cfg.scorer == choices.FREQUENCY:
-            self.frequency_scorer = scorers.FrequencyScorer(token_counts, vocab_size)
+        self.scorer_runs_the_model = scorer_entry(cfg.scorer).runs_the_model  # only model passes are thinned out
+        self.scorer = scorer_entry(cfg.scorer).build(cfg, info, vocab_size, token_counts)
         self._group_table = None  # frequency_neutral: bucket_of on the batches' device (observe() counts on the CPU)
         # stats(): (scores, counted) of each weights() call, (B, T) each, until observe() takes its own batch's
         # (grad_accum: a step asks the weights of all its micro-batches before the first one is observed).
         self._unobserved_scores = deque()
-        self._observed = []  # loss scorers: observations of this step's micro-batches, for learn()
+        self._observed = []  # scorers that learn: observations of this step's micro-batches, for learn()
         self._last_scored_step = None
-
-    def epoch_key(self, epoch: int) -> int:
-        return epoch  # dynamic: new masks every epoch
 
     def weights(self, model, batch: dict, progress: float, epoch_key: int = 0, step: int = 1):
         """(B, T) selection weights, or None for uniform; ``epoch_key``: the masks' (it draws score_fraction's rows).
@@ -136,7 +138,7 @@ class AdaptiveStrategy(UniformStrategy):
         describe (eligible, in scored rows); (None, None) where the weights are uniform."""
         cfg = self.cfg
         self.a = adapt_factor(cfg.adapt_schedule, progress, cfg.a_max)
-        model_scorer = cfg.scorer in choices.MODEL_SCORERS  # only model passes cost enough to thin out
+        model_scorer = self.scorer_runs_the_model  # only model passes cost enough to thin out
         if self.a == 0.0 or (model_scorer and (step - 1) % cfg.score_every):
             return None, None  # uniform: exactly the dynamic masks, and no scoring cost
         eligible = eligible_positions(batch["input_ids"], self.info.special_ids)  # (B, T)
@@ -166,7 +168,7 @@ class AdaptiveStrategy(UniformStrategy):
         head = batch if scored is None else {k: v[scored] if torch.is_tensor(v) and v.dim() else v
                                              for k, v in batch.items()}
         if len(head["input_ids"]):
-            raw[rows] = self._score(head, model, eligible[rows], step)
+            raw[rows] = self.scorer.batch_scores(model, head, eligible[rows], step)
         self._add_seconds(clock(input_ids.device) - start)
         return raw
 
@@ -182,19 +184,6 @@ class AdaptiveStrategy(UniformStrategy):
         ids = batch["example_ids"]  # (B,)
         draws = row_uniforms(self.cfg.seed, STREAM_SCORED_ROWS, ids, torch.full_like(ids, epoch_key))  # (B,)
         return draws < self.cfg.score_fraction
-
-    def _score(self, batch: dict, model, eligible: torch.Tensor, step: int) -> torch.Tensor:
-        cfg = self.cfg
-        if self.loss_scorer is not None:
-            return self.loss_scorer.scores(batch["input_ids"])
-        if self.frequency_scorer is not None:
-            return self.frequency_scorer.scores(batch["input_ids"])
-        if cfg.scorer == choices.GRAD_NORM:
-            return scorers.grad_norm_scores(
-                model, batch, eligible, info=self.info, vocab_size=self.vocab_size, seed=cfg.seed, key=step
-            )
-        over_vocab = {choices.ENTROPY: scorers.entropy_scores, choices.MAX_PROB: scorers.max_prob_scores}[cfg.scorer]
-        return over_vocab(model, batch, eligible, self.vocab_size, cfg.score_chunk)
 
     def selection_groups(self, batch: dict):
         """frequency_neutral: (B, T) corpus-frequency bucket of every position; else None."""
@@ -212,10 +201,11 @@ class AdaptiveStrategy(UniformStrategy):
     def observe(self, batch: dict, result: dict) -> None:
         super().observe(batch, result)
         selected_index = result["selected_index"]  # (M,)
-        if self.loss_scorer is not None:
-            labels = batch["labels"]  # (B, T): the original ids where selected
-            original = torch.where(labels != IGNORE_INDEX, labels, batch["input_ids"])  # (B, T)
-            self._observed.append(self.loss_scorer.observations(original, selected_index, result["token_losses"]))
+        labels = batch["labels"]  # (B, T): the original ids where selected
+        original = torch.where(labels != IGNORE_INDEX, labels, batch["input_ids"])  # (B, T)
+        observed = self.scorer.observations(original, selected_index, result["token_losses"])
+        if observed is not None:
+            self._observed.append(observed)
         # The oldest weights() call's scores are this batch's; none where weights() was not asked (a caller
         # feeding the loss tables directly).
         scores = self._unobserved_scores.popleft() if self._unobserved_scores else None
@@ -239,13 +229,13 @@ class AdaptiveStrategy(UniformStrategy):
         not depend on the process count, and the main process's checkpoint holds every process's
         tables. Once per step (not per micro-batch), so grad_accum does not change them either.
         """
-        if self.loss_scorer is None or not self._observed:
+        if not self._observed:
             return
         observed = {key: torch.cat([o[key] for o in self._observed]) for key in self._observed[0]}
         self._observed = []
         if gather is not None:
             observed = {key: gather(value) for key, value in observed.items()}
-        self.loss_scorer.learn(observed)
+        self.scorer.learn(observed)
 
     def stats(self, total=None) -> dict:
         sums = torch.tensor(self._score_sums, dtype=torch.float64)  # (selected, eligible, micro-batches) sums
@@ -263,9 +253,7 @@ class AdaptiveStrategy(UniformStrategy):
 
     def state_dict(self) -> dict:
         state = {**super().state_dict(), "score_seconds_total": torch.tensor(self.score_seconds_total, dtype=torch.float64)}
-        if self.loss_scorer is not None:
-            state.update(self.loss_scorer.state_dict())
-        return state
+        return {**state, **self.scorer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         state = {key: value for key, value in state.items() if key != LEGACY_STEP_KEY}
@@ -283,8 +271,7 @@ class AdaptiveStrategy(UniformStrategy):
                 )
         super().load_state_dict(state)
         self.score_seconds_total = float(state["score_seconds_total"])
-        if self.loss_scorer is not None:
-            self.loss_scorer.load_state_dict(state)
+        self.scorer.load_state_dict(state)
 
 
 def normalise(scores: torch.Tensor, eligible: torch.Tensor, how: str) -> torch.Tensor:
@@ -303,42 +290,67 @@ def blend(scores: torch.Tensor, a: float, floor: float) -> torch.Tensor:
     return ((1.0 - a) + a * scores).clamp(min=floor)
 
 
+# ----- the strategies' entries: how each is built, and its facts -----------------------------------
+def _uniform(cls):
+    return lambda cfg, info=None, vocab_size=None, token_counts=None: cls(cfg, vocab_size, token_counts)
+
+
+def _adaptive(cfg: MaskingConfig, info: TokenInfo | None = None, vocab_size: int | None = None, token_counts=None):
+    if info is None or vocab_size is None:
+        raise ValueError("the adaptive strategy needs info= and vocab_size=")
+    if token_counts is None and cfg.frequency_neutral:
+        raise ValueError("frequency_neutral needs token_counts= (the corpus's token counts)")
+    return AdaptiveStrategy(cfg, info, vocab_size, token_counts)
+
+
+def _adaptive_label(m: dict) -> str:
+    label = f"ADM {m['scorer']}, a={m['a_max']:g}·{m['adapt_schedule']}"
+    scorer = SCORER_ENTRIES.get(m["scorer"])  # None: a scorer registered where the run was made, not here
+    if scorer and scorer.runs_the_model:  # the cost controls apply to model passes only
+        label += f", every {m['score_every']} steps" if m["score_every"] > 1 else ""
+        label += f", {m['score_fraction']:g} of rows" if m["score_fraction"] < 1 else ""
+    return label + (", frequency-neutral" if m.get("frequency_neutral") else "")  # absent from older results
+
+
+def _adaptive_card(m: MaskingConfig) -> list[str]:
+    return [f"- adaptive masking: scorer `{m.scorer}`, schedule `{m.adapt_schedule}`, a_max {m.a_max}, "
+            f"floor {m.floor}, normalize `{m.normalize}`, scored every {m.score_every} step(s)"
+            + (", frequency-neutral" if m.frequency_neutral else "")]
+
+
+def _adaptive_flops(cfg: Config, encoder: float, vocab: int) -> float:
+    return 0.0 if cfg.masking.a_max == 0.0 else scorer_entry(cfg.masking.scorer).extra_flops(cfg, encoder, vocab)
+
+
+def _adaptive_fsdp_refusal(m: MaskingConfig) -> str | None:
+    if scorer_entry(m.scorer).runs_under_fsdp:
+        return None
+    sharded = [name for name, entry in SCORER_ENTRIES.items() if entry.runs_under_fsdp]
+    return (f"masking.scorer={m.scorer} needs the whole model on each process, which FSDP shards; under FSDP use "
+            f"scorer {choices.listed(sharded)}, or launch with DDP")
+
+
+STRATEGY_ENTRIES = {entry.name: entry for entry in (
+    StrategyEntry(choices.STATIC, build=_uniform(StaticStrategy),
+                  card_lines=lambda m: [f"- static masking: {m.dupe_factor} fixed masks per example, cycled over epochs"]),
+    StrategyEntry(choices.DYNAMIC, build=_uniform(UniformStrategy)),
+    StrategyEntry(choices.ADAPTIVE, build=_adaptive, label=_adaptive_label, scored=True, card_lines=_adaptive_card,
+                  extra_flops=_adaptive_flops, state_bytes=lambda m: scorer_entry(m.scorer).state_bytes(m),
+                  fsdp_refusal=_adaptive_fsdp_refusal),
+)}
+
+
+def add_strategy(entry: StrategyEntry) -> None:
+    """Make ``entry`` a masking.strategy: the config accepts its name, training builds it, and budgets, memory
+    estimates, launches, reports and the model card ask its entry."""
+    add_entry(STRATEGY_ENTRIES, choices.STRATEGIES, entry, "masking.strategy")
+
+
+def strategy_entry(name: str) -> StrategyEntry:
+    """The entry of masking.strategy ``name``."""
+    return entry_named(STRATEGY_ENTRIES, name, "masking.strategy")
+
+
 def build_strategy(cfg: MaskingConfig, info: TokenInfo | None = None, vocab_size: int | None = None, token_counts=None):
     """The strategy cfg.strategy names. vocab_size: the tokenizer's (unpadded); token_counts: (V,) corpus counts or None."""
-    if cfg.strategy in choices.UNIFORM_STRATEGIES:
-        return UniformStrategy(cfg, vocab_size, token_counts)
-    if cfg.strategy == choices.ADAPTIVE:
-        if info is None or vocab_size is None:
-            raise ValueError("build_strategy needs info= and vocab_size= for the adaptive strategy")
-        if token_counts is None and (cfg.scorer == choices.FREQUENCY or cfg.frequency_neutral):
-            raise ValueError("the frequency scorer and frequency_neutral need token_counts= (the corpus's token counts)")
-        return AdaptiveStrategy(cfg, info, vocab_size, token_counts)
-    raise UserError(f"masking.strategy={cfg.strategy!r} is unknown; choose {choices.listed(choices.STRATEGIES)}")
-
-
-def mask_batch(
-    batch: dict, *, seed: int, epoch_key: int, rate, info: TokenInfo, corruption: Corruption,
-    weights=None, groups=None, whole_word: bool = False, continuation: torch.Tensor | None = None,
-) -> dict:
-    """A copy of ``batch`` with masked ``input_ids`` and ``labels`` (original ids, -100 elsewhere).
-
-    groups: (B, T) long or None; each group keeps its proportional share of the targets
-    (strategy.selection_groups: frequency-neutral ADM).
-    whole_word: select whole words; "##" pieces come from batch["is_continuation"] (B, T) if
-    present, else from ``continuation``, the (V,) per-id table of select.continuation_table.
-    """
-    example_ids = batch["example_ids"]  # (B,)
-    epoch_keys = torch.full_like(example_ids, epoch_key)
-    is_continuation = None
-    if whole_word:
-        is_continuation = batch.get("is_continuation")
-        if is_continuation is None:
-            if continuation is None:
-                raise ValueError("whole_word masking needs batch['is_continuation'] or continuation=continuation_table(vocab)")
-            is_continuation = continuation.to(batch["input_ids"].device)[batch["input_ids"]]  # (B, T)
-    masked, labels, _ = select_and_corrupt(
-        batch["input_ids"], example_ids, epoch_keys,
-        seed=seed, rate=rate, info=info, corruption=corruption, weights=weights, is_continuation=is_continuation,
-        groups=groups,
-    )
-    return {**batch, "input_ids": masked, "labels": labels}
+    return strategy_entry(cfg.strategy).build(cfg, info, vocab_size, token_counts)

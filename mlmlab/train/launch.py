@@ -17,6 +17,7 @@ from accelerate.utils import DistributedDataParallelKwargs, DistributedType, Ini
 from mlmlab import choices
 from mlmlab.config import Config
 from mlmlab.errors import UserError
+from mlmlab.masking.strategies import strategy_entry
 from mlmlab.train.mfu import peak_matmul_flops
 from mlmlab.utils.devices import available_cores, cpu_features, describe_cpu, has_bf16_units
 from mlmlab.utils.progress import say_once
@@ -155,12 +156,8 @@ def check_fsdp(accelerator: Accelerator, cfg: Config) -> None:
     if not accelerator.is_fsdp2:
         raise UserError("FSDP version 1 is not supported; set fsdp_version: 2 in the accelerate config "
                         "(FSDP_VERSION=2)")
-    masking = cfg.masking
-    if masking.strategy == choices.ADAPTIVE and masking.scorer in choices.MODEL_SCORERS:
-        # Model scorers call the encoder's parts directly, outside the wrapped forward that gathers them.
-        raise UserError(f"masking.scorer={masking.scorer} needs the whole model on each process, which FSDP "
-                        f"shards; under FSDP use scorer {choices.listed(choices.LOSS_SCORERS + choices.DATA_SCORERS)}, "
-                        "or launch with DDP")
+    if refusal := strategy_entry(cfg.masking.strategy).fsdp_refusal(cfg.masking):
+        raise UserError(refusal)
     if cfg.train.compile:  # the fused levers run sharded (tests/test_distributed.py); compiling was never tried
         raise UserError("train.compile with FSDP is untested; set train.compile=false or launch with DDP")
 

@@ -15,7 +15,8 @@ is per process):
 - the MLM logits of the selected positions (the mask rate at its highest times the
   sequence length, per sequence) over the padded vocabulary, and their fp32 log-softmax,
   both kept for backward;
-- ADM's context scorer: its table, a float32 value and an int64 count per bucket.
+- what the masking strategy keeps beside the model, as its entry counts it (ADM's context
+  scorer: its table, a float32 value and an int64 count per bucket).
 
 Attention scores (eager attention), temporaries and the allocator's slack come on top, so
 a run this estimate refuses cannot fit; one it lets through may still not.
@@ -25,15 +26,14 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
-from mlmlab import choices
 from mlmlab.config import Config, ModelConfig
 from mlmlab.errors import UserError
 from mlmlab.masking.schedules import rate_at
+from mlmlab.masking.strategies import strategy_entry
 from mlmlab.model import build_model, padded_vocab_size
 from mlmlab.utils.devices import memory_capacity
 
 OPTIMIZER_BYTES_PER_PARAMETER = 16  # fp32 weight, gradient, exp_avg, exp_avg_sq
-CONTEXT_BYTES_PER_BUCKET = 12  # masking/scorers.py's context table: float32 value + int64 count
 GB = 1e9
 
 
@@ -47,14 +47,12 @@ def training_bytes(cfg: Config, vocab_size: int, bytes_per_value: int, weight_sh
     vocab = padded_vocab_size(vocab_size, m.pad_vocab_multiple)
     parameters = parameter_count(m, vocab_size)
     selected = max(rate_at(cfg.masking, 0.0), rate_at(cfg.masking, 1.0)) * t  # the schedule's highest rate
-    parts = {
+    return {
         "weights and AdamW state": OPTIMIZER_BYTES_PER_PARAMETER * parameters // weight_shards,
         "activations": cfg.train.batch_size * t * layers * (8 * h + 2 * i) * bytes_per_value,
         "MLM logits": int(cfg.train.batch_size * selected * vocab * (bytes_per_value + 4)),
+        **strategy_entry(cfg.masking.strategy).state_bytes(cfg.masking),
     }
-    if cfg.masking.strategy == choices.ADAPTIVE and cfg.masking.scorer == choices.CONTEXT:
-        parts["context table"] = CONTEXT_BYTES_PER_BUCKET * cfg.masking.context_buckets
-    return parts
 
 
 def parameter_count(cfg: ModelConfig, vocab_size: int) -> int:

@@ -18,6 +18,7 @@ from mlmlab.architectures import saved_architecture
 from mlmlab.config import Config, flat_keys, to_dict
 from mlmlab.data.tokenizer import folder_vocab_size
 from mlmlab.masking.evaluation import EVAL_RATE
+from mlmlab.masking.strategies import strategy_entry
 from mlmlab.model_folder import VOCAB_HASH_KEY, read_config, saved_weight_shapes
 from mlmlab.train.checkpoint import MODEL_DIR, read_progress
 from mlmlab.utils import jsonio
@@ -144,14 +145,10 @@ def _masking(cfg: Config) -> str:
     lines = [f"- objective: `{objective}` ({pairs})",
              f"- masking strategy: `{m.strategy}`; {m.rate:.0%} of the eligible tokens selected per sequence "
              f"({m.mask_prob:.0%} [MASK], {m.random_prob:.0%} random token, {kept:.0%} unchanged)"
-             + (", whole words" if m.whole_word else "")
-             + (f", {m.dupe_factor} fixed masks per example" if m.strategy == choices.STATIC else ""),
+             + (", whole words" if m.whole_word else ""),
              f"- mask rate schedule: `{m.rate_schedule}`"
-             + (f" from {m.rate_start:.0%}" if m.rate_schedule == choices.LINEAR_DECAY else "")]
-    if m.strategy == choices.ADAPTIVE:
-        lines.append(f"- adaptive masking: scorer `{m.scorer}`, schedule `{m.adapt_schedule}`, a_max {m.a_max}, "
-                     f"floor {m.floor}, normalize `{m.normalize}`, scored every {m.score_every} step(s)"
-                     + (", frequency-neutral" if m.frequency_neutral else ""))
+             + (f" from {m.rate_start:.0%}" if m.rate_schedule == choices.LINEAR_DECAY else ""),
+             *strategy_entry(m.strategy).card_lines(m)]
     return "## Objective and masking\n\n" + "\n".join(lines)
 
 

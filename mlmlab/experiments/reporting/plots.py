@@ -5,9 +5,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mlmlab import choices
 from mlmlab.experiments.reporting.curves import flops_seen, mask_share_keys, mean_curve, progress_of, sequences_seen
 from mlmlab.experiments.reporting.measures import by_seed, downstream_metrics, loss_metric, run_points
+from mlmlab.masking.strategies import STRATEGY_ENTRIES
 
 BUCKETS_PNG = "perplexity_buckets.png"
 CURVES_PNG = "loss_curves.png"
@@ -17,8 +17,10 @@ SCORES_PNG = "glue_vs_mlm_loss.png"
 PLOTS = (BUCKETS_PNG, CURVES_PNG, MASK_SHARE_PNG, ADAPT_FACTOR_PNG, SCORES_PNG)  # every file a report may write
 
 
-def is_adaptive(rows: list[dict]) -> bool:
-    return (rows[0].get("config") or {}).get("masking", {}).get("strategy") == choices.ADAPTIVE
+def scored(rows: list[dict]) -> bool:
+    """Whether the arm's masking strategy weights by a scorer (its entry says; unknown here: no)."""
+    entry = STRATEGY_ENTRIES.get((rows[0].get("config") or {}).get("masking", {}).get("strategy"))
+    return entry is not None and entry.scored
 
 
 def write_plots(groups, baseline, metrics, curves, out: Path) -> list[str]:
@@ -32,7 +34,7 @@ def write_plots(groups, baseline, metrics, curves, out: Path) -> list[str]:
     images = [bucket_bars(plt, groups, [m for m in metrics if m.label.startswith("ppl") or m.label == "perplexity"], out)]
     if curves:
         images.append(loss_curves(plt, curves, out))
-        adaptive = {arm: runs for arm, runs in curves.items() if is_adaptive(groups[arm])}
+        adaptive = {arm: runs for arm, runs in curves.items() if scored(groups[arm])}
         if adaptive:
             if mask_share_keys(adaptive):  # uniform masking's shares are the corpus's: nothing to plot without ADM
                 baseline_runs = {baseline: curves[baseline]} if baseline in curves else {}

@@ -33,6 +33,7 @@ from mlmlab.experiments.reporting.statistics import (
 )
 from mlmlab.experiments.results import read_rows
 from mlmlab.experiments.study import load_study
+from mlmlab.masking.strategies import STRATEGY_ENTRIES
 from mlmlab.train.metrics import METRICS_FILE, metrics_lines
 from mlmlab.utils import markdown
 
@@ -174,14 +175,8 @@ def masking_label(row: dict) -> str:
     m = (row.get("config") or {}).get("masking", {})
     if not m:
         return "?"
-    if m["strategy"] == choices.ADAPTIVE:
-        label = f"ADM {m['scorer']}, a={m['a_max']:g}·{m['adapt_schedule']}"
-        if m["scorer"] in choices.MODEL_SCORERS:  # the cost controls apply to model passes only
-            label += f", every {m['score_every']} steps" if m["score_every"] > 1 else ""
-            label += f", {m['score_fraction']:g} of rows" if m["score_fraction"] < 1 else ""
-        label += ", frequency-neutral" if m.get("frequency_neutral") else ""  # absent from older results
-    else:
-        label = m["strategy"]
+    entry = STRATEGY_ENTRIES.get(m["strategy"])  # None: a strategy registered where the study ran, not here
+    label = entry.label(m) if entry else m["strategy"]
     start = m["rate_start"] if m["rate_schedule"] == choices.LINEAR_DECAY else m["rate"]
     label += f", rate {m['rate']:g}" if start == m["rate"] else f", rate {start:g}→{m['rate']:g}"
     architecture = (row["config"].get("model") or {}).get("architecture", choices.BERT)  # absent from older results
