@@ -26,31 +26,101 @@ from mlmlab.errors import UserError
 PRESET_DIR = Path(__file__).parent / "configs"
 
 
+@dataclass(frozen=True)
+class Allowed:
+    """The values a number may take: an interval, finite whatever its bounds.
+
+    A check written ``x < 0`` lets NaN through (every comparison with NaN is false): NaN mask
+    probabilities trained a model to copy its input, and a NaN weight decay wrote NaN weights.
+    """
+
+    low: float
+    high: float = math.inf  # inf: no upper bound (the value must still be finite)
+    low_open: bool = False
+    high_open: bool = False
+    why: str = ""  # said in the refusal when the range is not self-explanatory
+
+    def admits(self, value) -> bool:
+        if not (isinstance(value, int) or math.isfinite(value)):  # a huge int has no float, and needs none
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def describe(self, value) -> str:
+        if self.high == math.inf:
+            text = "positive" if (self.low, self.low_open) == (0, True) else f"at least {self.low:g}"
+            text += "" if isinstance(value, int) else " and finite"
+        else:
+            text = f"within {'[('[self.low_open]}{self.low:g}, {self.high:.10g}{'])'[self.high_open]}"
+        return f"{text} ({self.why})" if self.why else text
+
+
+def check_range(key: str, value, allowed: Allowed, example) -> None:
+    """A one-line UserError naming ``key``, its value and what is allowed, unless ``allowed`` admits it."""
+    if value is not None and not allowed.admits(value):
+        raise UserError(f"{key}={value!r} must be {allowed.describe(value)}; use e.g. {key}={example}")
+
+
+PROBABILITY = Allowed(0.0, 1.0)
+RATE = Allowed(0.0, 1.0, low_open=True, high_open=True)
+FRACTION = Allowed(0.0, 1.0, low_open=True)  # (0, 1]: a share of something, all of it allowed
+BELOW_ONE = Allowed(0.0, 1.0, high_open=True)  # [0, 1): dropout 1 would zero every activation, a beta 1 never forget
+POSITIVE = Allowed(0.0, low_open=True)
+NON_NEGATIVE = Allowed(0.0)
+# numpy's legacy seeding (accelerate's and transformers' set_seed) takes only 32-bit seeds, and the masks'
+# counter-based hash (seeding.py) folds a seed to 32 bits: a larger one would repeat a smaller one's masks.
+SEEDS = Allowed(0, 2**32 - 1, why="seeds are 32-bit")
+
+
+def at_least(least: int) -> Allowed:
+    return Allowed(least)
+
+
+# Every number of the config is declared with its allowed values. Counts and sizes out of range fail deep
+# inside training (a division by zero, a deleted checkpoint); a negative learning rate ascends the loss; a NaN
+# anywhere trains something other than asked, silently.
+def ranged(default, allowed: Allowed, example=None):
+    """A numeric field with the values it may take, and the value a refusal suggests instead (default: ``default``)."""
+    return field(default=default, metadata={"range": (allowed, default if example is None else example)})
+
+
+def declared_ranges(cfg: "Config") -> list[tuple[str, object, Allowed, object]]:
+    """(dotted key, value, allowed values, example) of every numeric field of ``cfg``, in declaration order."""
+    found = []
+    for section in dataclasses.fields(cfg):
+        values = getattr(cfg, section.name)
+        found += [(f"{section.name}.{key.name}", getattr(values, key.name), *key.metadata["range"])
+                  for key in dataclasses.fields(values) if "range" in key.metadata]
+    return found
+
+
 @dataclass
 class ModelConfig:
     # "bert": the seed's BertForPreTraining; "roberta": transformers' RobertaForMaskedLM (MLM only, no NSP head);
     # "modernbert": transformers' ModernBertForMaskedLM (MLM only, no NSP head)
     architecture: str = choices.BERT
-    hidden_size: int = 128  # tiny by default: runs on a laptop CPU in minutes
-    num_layers: int = 2  # encoder layers (BERT-base: 12)
-    num_heads: int = 2  # attention heads; hidden_size must be divisible by it
-    intermediate_size: int = 512  # 4x hidden, as in BERT
-    max_position_embeddings: int = 512  # tokens; longer ones are refused (RoBERTa's config.json adds pad id + 1 rows)
+    hidden_size: int = ranged(128, at_least(1))  # tiny by default: runs on a laptop CPU in minutes
+    num_layers: int = ranged(2, at_least(1))  # encoder layers (BERT-base: 12)
+    num_heads: int = ranged(2, at_least(1))  # attention heads; hidden_size must be divisible by it
+    intermediate_size: int = ranged(512, at_least(1))  # 4x hidden, as in BERT
+    # tokens; longer ones are refused (RoBERTa's config.json adds pad id + 1 rows)
+    max_position_embeddings: int = ranged(512, at_least(1))
     # Hidden states (BERT's hidden_dropout_prob, 0.1); also attention's unless set below. Off by
     # default, as cramming pretrains: in studies/dropout-wp8k (tiny, 9,000 steps, 3 seeds) no dropout
     # reached a lower held-out loss than BERT's 0.1, at +28% tokens/s at mini (README, Throughput).
-    dropout: float = 0.0
+    dropout: float = ranged(0.0, BELOW_ONE, example=0.1)
     # Attention probabilities (attention_probs_dropout_prob); null: model.dropout. 0 lets torch's
     # SDPA take its fused kernel on CPU: +15% tokens/s at mini (benchmarks/throughput.py).
-    attention_dropout: float | None = None
+    attention_dropout: float | None = ranged(None, BELOW_ONE, example=0.1)
     attention: str = "sdpa"  # "sdpa" measured faster than "eager" (benchmarks/throughput.py)
-    pad_vocab_multiple: int = 64  # matmul-friendly vocab size; padded ids are never targets
+    pad_vocab_multiple: int = ranged(64, at_least(1))  # matmul-friendly vocab size; padded ids are never targets
     # modernbert only (defaults: the published ModernBERT's). Local layers attend within this window
     # (local_attention // 2 tokens each side); layers 0, n, 2n, ... attend globally; RoPE bases of each.
-    local_attention: int = 128
-    global_attention_every: int = 3
-    rope_theta_global: float = 160000.0
-    rope_theta_local: float = 10000.0
+    local_attention: int = ranged(128, at_least(2))
+    global_attention_every: int = ranged(3, at_least(1))
+    rope_theta_global: float = ranged(160000.0, POSITIVE)
+    rope_theta_local: float = ranged(10000.0, POSITIVE)
 
 
 @dataclass
@@ -66,37 +136,49 @@ class DataConfig:
     # a tokenizer folder (tokenizer.json, or vocab.json + merges.txt), a vocab.txt, or a bundled one by name
     # (sample-bpe-8k: byte-level BPE on the sample); empty: bundled bert-base-uncased vocab
     tokenizer: str = ""
-    max_seq_length: int = 128  # tokens per instance, [CLS] and [SEP] included (BERT: 128, then 512 for the last 10%)
+    # tokens per instance, [CLS] and [SEP] included (BERT: 128, then 512 for the last 10%)
+    max_seq_length: int = ranged(128, at_least(8))
     objective: str = choices.NSP  # "nsp": sentence pairs + NSP loss; "mlm": packed full sentences, no NSP
-    short_seq_prob: float = 0.1  # google-research/bert: share of instances with a shorter target length
-    prepare_seed: int = 12345  # NSP pair sampling; part of the prepared dataset's hash
-    prepare_workers: int = 0  # processes preparing a dataset not yet prepared; 0: every core this process may use
-    loader_workers: int = 1  # DataLoader worker processes that prefetch batches
-    bucket_batches: int = 50  # sort each run of this many batches by length (less padding); 0: plain shuffle
+    # google-research/bert: share of instances with a shorter target length
+    short_seq_prob: float = ranged(0.1, PROBABILITY)
+    prepare_seed: int = ranged(12345, SEEDS)  # NSP pair sampling; part of the prepared dataset's hash
+    # processes preparing a dataset not yet prepared; 0: every core this process may use
+    prepare_workers: int = ranged(0, at_least(0), example=2)
+    loader_workers: int = ranged(1, at_least(0))  # DataLoader worker processes that prefetch batches
+    # sort each run of this many batches by length (less padding); 0: plain shuffle
+    bucket_batches: int = ranged(50, at_least(0))
 
 
 @dataclass
 class MaskingConfig:
     strategy: str = choices.DYNAMIC  # "static" (BERT), "dynamic" (RoBERTa), "adaptive" (ADM)
-    rate: float = 0.15  # share of eligible positions selected per sequence
-    mask_prob: float = 0.8  # of the selected: shown as [MASK]
-    random_prob: float = 0.1  # of the selected: shown as a random ordinary token; the rest unchanged
-    dupe_factor: int = 10  # static only: number of distinct masks cycled over epochs
-    seed: int = 0  # masks are a function of (seed, example, epoch, position)
+    rate: float = ranged(0.15, RATE)  # share of eligible positions selected per sequence
+    mask_prob: float = ranged(0.8, PROBABILITY)  # of the selected: shown as [MASK]
+    # of the selected: shown as a random ordinary token; the rest unchanged
+    random_prob: float = ranged(0.1, PROBABILITY)
+    dupe_factor: int = ranged(10, at_least(1))  # static only: number of distinct masks cycled over epochs
+    seed: int = ranged(0, SEEDS)  # masks are a function of (seed, example, epoch, position)
     mask_unk: bool = False  # whether [UNK] may be selected (it carries no learnable identity)
     whole_word: bool = False  # select whole words (the tokenizer's ##, Ġ or ▁ tells where one begins), any strategy
     rate_schedule: str = choices.CONSTANT  # "constant" (rate) or "linear_decay" from rate_start to rate (Ankner et al. 2024)
-    rate_start: float = 0.30  # linear_decay only: the mask rate at step 0
+    rate_start: float = ranged(0.30, RATE)  # linear_decay only: the mask rate at step 0
     scorer: str = choices.ENTROPY  # adaptive: entropy (seed's), max_prob, grad_norm, loss_ema (~free), context, frequency (control)
     adapt_schedule: str = choices.QUADRATIC  # adaptive: shape of a(progress); the seed's is progress ** 2
-    a_max: float = 1.0  # adaptive: a = a_max * f(progress); lower keeps some uniform masking at the end
-    floor: float = 0.1  # adaptive: least weight of any eligible position (the seed's 0.1), so none starves
+    # adaptive: a = a_max * f(progress); lower keeps some uniform masking at the end
+    a_max: float = ranged(1.0, PROBABILITY)
+    # adaptive: least weight of any eligible position (the seed's 0.1), so none starves
+    floor: float = ranged(0.1, POSITIVE)
     normalize: str = choices.MEAN  # adaptive: "mean" scales scores to mean 1 per sequence; "raw" is the seed's formula
-    score_every: int = 1  # adaptive, model scorers: score every K-th step, uniform masks between (cost control)
-    score_fraction: float = 1.0  # adaptive, model scorers: each sequence is scored with this chance (per example)
-    score_chunk: int = 2048  # entropy/max_prob: positions projected onto the vocabulary at once (memory cap)
-    ema_decay: float = 0.95  # loss_ema/context: weight of the old running loss at each update of an entry
-    context_buckets: int = 1048576  # context: hashed (left, token, right) loss table size; collisions share entries
+    # adaptive, model scorers: score every K-th step, uniform masks between (cost control)
+    score_every: int = ranged(1, at_least(1))
+    # adaptive, model scorers: each sequence is scored with this chance (per example)
+    score_fraction: float = ranged(1.0, FRACTION, example=0.25)
+    # entropy/max_prob: positions projected onto the vocabulary at once (memory cap)
+    score_chunk: int = ranged(2048, at_least(1))
+    # loss_ema/context: weight of the old running loss at each update of an entry
+    ema_decay: float = ranged(0.95, BELOW_ONE)
+    # context: hashed (left, token, right) loss table size; collisions share entries
+    context_buckets: int = ranged(1048576, at_least(1))
     # Frequency-rank cut-offs of the per-bucket figures: the masked share while training and
     # held-out perplexity at each evaluation. Default: the 1k most frequent ids, the next 9k, the rest.
     freq_buckets: str = "1000,10000"
@@ -113,39 +195,43 @@ class MaskingConfig:
 
 @dataclass
 class TrainConfig:
-    batch_size: int = 32  # global batch per optimizer step = batch_size * grad_accum * processes
-    grad_accum: int = 1  # micro-batches whose gradients are summed into one optimizer step
+    batch_size: int = ranged(32, at_least(1))  # global batch per optimizer step = batch_size * grad_accum * processes
+    grad_accum: int = ranged(1, at_least(1))  # micro-batches whose gradients are summed into one optimizer step
     # ModernBERT's batch-size warmup: over these first steps a step takes batch_warmup_start micro-batches, then one
     # more at a time up to grad_accum - 1, each count for an equal share of the steps (its recipe gives every batch
     # size the same number of updates); then grad_accum. 0: off. The data is not skipped: a smaller step reads less
-    batch_warmup_steps: int = 0
-    batch_warmup_start: int = 1  # micro-batches per step when the batch warmup starts (per process)
-    lr: float = 1e-3  # small models tolerate a high LR (cramming, academic-budget-bert)
+    batch_warmup_steps: int = ranged(0, at_least(0), example=1000)
+    # micro-batches per step when the batch warmup starts (per process)
+    batch_warmup_start: int = ranged(1, at_least(1))
+    lr: float = ranged(1e-3, POSITIVE)  # small models tolerate a high LR (cramming, academic-budget-bert)
     # "adamw" (torch's, fused), or "stable-adamw": AdamW whose step shrinks per tensor when that tensor's gradient
     # spikes past its running scale (ModernBERT's optimizer; mlmlab/train/stable_adamw.py)
     optimizer: str = choices.ADAMW
-    weight_decay: float = 0.01  # decoupled (AdamW); never on bias or LayerNorm
-    adam_beta1: float = 0.9  # AdamW's first-moment decay (BERT's)
-    adam_beta2: float = 0.98  # RoBERTa's value, more stable than 0.999 with large LR
-    adam_eps: float = 1e-6  # as BERT and RoBERTa
+    weight_decay: float = ranged(0.01, NON_NEGATIVE)  # decoupled (AdamW); never on bias or LayerNorm
+    adam_beta1: float = ranged(0.9, BELOW_ONE)  # AdamW's first-moment decay (BERT's)
+    adam_beta2: float = ranged(0.98, BELOW_ONE)  # RoBERTa's value, more stable than 0.999 with large LR
+    adam_eps: float = ranged(1e-6, POSITIVE)  # as BERT and RoBERTa
     # LR rises linearly from 0 to lr over these steps. A step budget must leave steps after them (warmup_steps <
     # max_steps, or 0): otherwise the LR would still be rising at the end and never decay, so the run is refused,
     # not silently trained. Under max_minutes it is not checked: how many steps the time holds is known only after.
-    warmup_steps: int = 100
-    decay_fraction: float = 0.2  # LR decays to 0 over this last share of the budget; 1.0: BERT's decay after warmup
+    warmup_steps: int = ranged(100, at_least(0))
+    # LR decays to 0 over this last share of the budget; 1.0: BERT's decay after warmup
+    decay_fraction: float = ranged(0.2, FRACTION)
     lr_schedule: str = choices.LINEAR  # the decay's shape: "linear" (BERT's; warmup-stable-decay), "cosine" (the seed's RoBERTa), "1-sqrt" (ModernBERT's)
-    max_steps: int = 1000  # optimizer steps of the run: the budget, unless max_minutes is set
-    max_minutes: float = 0.0  # > 0: a wall-clock budget instead of max_steps; LR and masking schedules follow it
-    max_grad_norm: float = 1.0  # gradients are clipped to this global norm (BERT's 1.0); 0: not clipped, norm still logged
-    log_every: int = 20  # steps between records in metrics.jsonl (and TensorBoard)
-    eval_every: int = 200  # steps between held-out evaluations; 0 disables
-    eval_batches: int = 20  # held-out batches per evaluation (fixed masks, same every time)
+    max_steps: int = ranged(1000, at_least(1))  # optimizer steps of the run: the budget, unless max_minutes is set
+    # > 0: a wall-clock budget instead of max_steps; LR and masking schedules follow it
+    max_minutes: float = ranged(0.0, NON_NEGATIVE, example=60)
+    # gradients are clipped to this global norm (BERT's 1.0); 0: not clipped, norm still logged
+    max_grad_norm: float = ranged(1.0, NON_NEGATIVE)
+    log_every: int = ranged(20, at_least(1))  # steps between records in metrics.jsonl (and TensorBoard)
+    eval_every: int = ranged(200, at_least(0))  # steps between held-out evaluations; 0 disables
+    eval_batches: int = ranged(20, at_least(1))  # held-out batches per evaluation (fixed masks, same every time)
     # Sequences per held-out batch, not train.batch_size: arms of a study that differ in batch size
     # must evaluate the same sequences (eval_batches of them are the first in a fixed order)
-    eval_batch_size: int = 32
-    save_every: int = 200  # steps between checkpoints; the final one is always written
-    keep_last: int = 2  # newest checkpoints kept on disk; 0 keeps every one
-    seed: int = 0  # model initialisation, dropout and data order
+    eval_batch_size: int = ranged(32, at_least(1))
+    save_every: int = ranged(200, at_least(0))  # steps between checkpoints; the final one is always written
+    keep_last: int = ranged(2, at_least(0))  # newest checkpoints kept on disk; 0 keeps every one
+    seed: int = ranged(0, SEEDS)  # model initialisation, dropout and data order
     precision: str = choices.AUTO  # "auto": bf16 autocast on CUDA and on CPUs with AMX, else fp32 (train/launch.py)
     compile: bool = False  # torch.compile the encoder (static shapes) and MLM head; 0.97-1.05x on a 2-core CPU
     # The MLM decoder and its cross-entropy chunk by chunk, gradients in the forward (mlmlab/head_loss.py): the
@@ -159,7 +245,7 @@ class TrainConfig:
     # torch's deterministic kernels (torch.use_deterministic_algorithms): on a GPU float atomics otherwise vary the last
     # bits from run to run, so a resume ends close to, not equal to, the uninterrupted run. CPU kernels are already
     deterministic: bool = False
-    max_bad_steps: int = 5  # consecutive non-finite losses (each skipped) before training aborts
+    max_bad_steps: int = ranged(5, at_least(1))  # consecutive non-finite losses (each skipped) before training aborts
     out_dir: str = ""  # empty: runs/<hash of the resolved config>, so a rerun resumes the same run
     # A model folder to start from, weights only (a HuggingFace BertForPreTraining or BertForMaskedLM folder, or an
     # mlmlab model/): continued pretraining, BERT's phase 2. Optimizer, step and schedules start fresh. Empty: fresh weights
@@ -179,8 +265,8 @@ class Config:
 
 def validate(cfg: Config) -> None:
     """Refuse values that cannot train, with a message that says what to change."""
-    for key, allowed, example in _RANGES:
-        check_range(key, _dotted(cfg, key), allowed, example)
+    for key, value, allowed, example in declared_ranges(cfg):
+        check_range(key, value, allowed, example)
     m = cfg.masking
     if m.mask_prob + m.random_prob > 1.0:
         raise UserError(f"masking.mask_prob + masking.random_prob = {m.mask_prob + m.random_prob:g} exceeds 1 (they "
@@ -262,89 +348,6 @@ def _check_frequency_neutral(m: MaskingConfig) -> None:
     if m.whole_word:  # the quotas count tokens, but whole-word selection takes words whose pieces span buckets
         raise UserError("masking.frequency_neutral=true does not combine with masking.whole_word=true; "
                         "set one of them to false")
-
-
-@dataclass(frozen=True)
-class Allowed:
-    """The values a number may take: an interval, finite whatever its bounds.
-
-    A check written ``x < 0`` lets NaN through (every comparison with NaN is false): NaN mask
-    probabilities trained a model to copy its input, and a NaN weight decay wrote NaN weights.
-    """
-
-    low: float
-    high: float = math.inf  # inf: no upper bound (the value must still be finite)
-    low_open: bool = False
-    high_open: bool = False
-    why: str = ""  # said in the refusal when the range is not self-explanatory
-
-    def admits(self, value) -> bool:
-        if not (isinstance(value, int) or math.isfinite(value)):  # a huge int has no float, and needs none
-            return False
-        above = value > self.low if self.low_open else value >= self.low
-        below = value < self.high if self.high_open else value <= self.high
-        return above and below
-
-    def describe(self, value) -> str:
-        if self.high == math.inf:
-            text = "positive" if (self.low, self.low_open) == (0, True) else f"at least {self.low:g}"
-            text += "" if isinstance(value, int) else " and finite"
-        else:
-            text = f"within {'[('[self.low_open]}{self.low:g}, {self.high:.10g}{'])'[self.high_open]}"
-        return f"{text} ({self.why})" if self.why else text
-
-
-def check_range(key: str, value, allowed: Allowed, example) -> None:
-    """A one-line UserError naming ``key``, its value and what is allowed, unless ``allowed`` admits it."""
-    if value is not None and not allowed.admits(value):
-        raise UserError(f"{key}={value!r} must be {allowed.describe(value)}; use e.g. {key}={example}")
-
-
-PROBABILITY = Allowed(0.0, 1.0)
-RATE = Allowed(0.0, 1.0, low_open=True, high_open=True)
-FRACTION = Allowed(0.0, 1.0, low_open=True)  # (0, 1]: a share of something, all of it allowed
-BELOW_ONE = Allowed(0.0, 1.0, high_open=True)  # [0, 1): dropout 1 would zero every activation, a beta 1 never forget
-POSITIVE = Allowed(0.0, low_open=True)
-NON_NEGATIVE = Allowed(0.0)
-# numpy's legacy seeding (accelerate's and transformers' set_seed) takes only 32-bit seeds, and the masks'
-# counter-based hash (seeding.py) folds a seed to 32 bits: a larger one would repeat a smaller one's masks.
-SEEDS = Allowed(0, 2**32 - 1, why="seeds are 32-bit")
-
-
-def at_least(least: int) -> Allowed:
-    return Allowed(least)
-
-
-# Every number of the config: (key, allowed values, an example to write instead). Counts and sizes
-# out of range fail deep inside training (a division by zero, a deleted checkpoint); a negative
-# learning rate ascends the loss; a NaN anywhere trains something other than asked, silently.
-_RANGES = (
-    ("model.hidden_size", at_least(1), 128), ("model.num_layers", at_least(1), 2), ("model.num_heads", at_least(1), 2),
-    ("model.intermediate_size", at_least(1), 512), ("model.max_position_embeddings", at_least(1), 512),
-    ("model.dropout", BELOW_ONE, 0.1), ("model.attention_dropout", BELOW_ONE, 0.1), ("model.pad_vocab_multiple", at_least(1), 64),
-    ("model.local_attention", at_least(2), 128), ("model.global_attention_every", at_least(1), 3),
-    ("model.rope_theta_global", POSITIVE, 160000.0), ("model.rope_theta_local", POSITIVE, 10000.0),
-    ("data.max_seq_length", at_least(8), 128), ("data.short_seq_prob", PROBABILITY, 0.1), ("data.prepare_seed", SEEDS, 12345),
-    ("data.prepare_workers", at_least(0), 2), ("data.loader_workers", at_least(0), 1), ("data.bucket_batches", at_least(0), 50),
-    ("masking.rate", RATE, 0.15), ("masking.mask_prob", PROBABILITY, 0.8), ("masking.random_prob", PROBABILITY, 0.1),
-    ("masking.dupe_factor", at_least(1), 10), ("masking.seed", SEEDS, 0), ("masking.rate_start", RATE, 0.3),
-    ("masking.a_max", PROBABILITY, 1.0), ("masking.floor", POSITIVE, 0.1),  # positive: every eligible position can be drawn
-    ("masking.score_every", at_least(1), 1), ("masking.score_fraction", FRACTION, 0.25), ("masking.score_chunk", at_least(1), 2048),
-    ("masking.ema_decay", BELOW_ONE, 0.95), ("masking.context_buckets", at_least(1), 1048576),
-    ("train.batch_size", at_least(1), 32), ("train.grad_accum", at_least(1), 1), ("train.lr", POSITIVE, 1e-3),
-    ("train.batch_warmup_steps", at_least(0), 1000), ("train.batch_warmup_start", at_least(1), 1),
-    ("train.weight_decay", NON_NEGATIVE, 0.01), ("train.adam_beta1", BELOW_ONE, 0.9), ("train.adam_beta2", BELOW_ONE, 0.98),
-    ("train.adam_eps", POSITIVE, 1e-6), ("train.warmup_steps", at_least(0), 100), ("train.decay_fraction", FRACTION, 0.2),
-    ("train.max_steps", at_least(1), 1000), ("train.max_minutes", NON_NEGATIVE, 60), ("train.max_grad_norm", NON_NEGATIVE, 1.0),
-    ("train.log_every", at_least(1), 20), ("train.eval_every", at_least(0), 200), ("train.eval_batches", at_least(1), 20),
-    ("train.eval_batch_size", at_least(1), 32), ("train.save_every", at_least(0), 200), ("train.keep_last", at_least(0), 2),
-    ("train.seed", SEEDS, 0), ("train.max_bad_steps", at_least(1), 5),
-)
-
-
-def _dotted(cfg: Config, key: str):
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)
 
 
 def _check_choice(key: str, value: str, names: tuple[str, ...]) -> None:
