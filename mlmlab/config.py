@@ -309,34 +309,13 @@ def _check_batch_warmup(t: "TrainConfig") -> None:
                         f"{t.max_steps // 10}, or raise train.max_steps")
 
 
-# model.* settings only ModernBERT reads: with BERT or RoBERTa they would be ignored without a word.
-_MODERNBERT_ONLY = ("local_attention", "global_attention_every", "rope_theta_global", "rope_theta_local")
-
-
 def _check_architecture(cfg: Config) -> None:
-    model = cfg.model
-    _check_choice("model.architecture", model.architecture, choices.ARCHITECTURES)
-    if model.architecture in (choices.BERT, choices.ROBERTA):
-        changed = [name for name in _MODERNBERT_ONLY if getattr(model, name) != getattr(ModelConfig, name)]
-        if changed:
-            named = {choices.BERT: "BERT", choices.ROBERTA: "RoBERTa"}[model.architecture]
-            raise UserError(f"model.{changed[0]} applies to model.architecture={choices.MODERNBERT} only ({named} has "
-                            f"learned positions and global attention in every layer); drop it or set "
-                            f"model.architecture={choices.MODERNBERT}")
-    if model.architecture == choices.BERT:
-        return
-    if model.architecture == choices.ROBERTA:
-        if cfg.data.objective == choices.NSP:
-            raise UserError(f"data.objective={choices.NSP} needs an NSP head, which RoBERTa does not have (it "
-                            f"drops NSP and trains MLM on full sentences); set data.objective={choices.MLM}, or "
-                            f"model.architecture={choices.BERT}")
-        return
-    if cfg.data.objective == choices.NSP:
-        raise UserError(f"data.objective={choices.NSP} needs an NSP head, which ModernBERT does not have (its published "
-                        f"recipe trains MLM only); set data.objective={choices.MLM}, or model.architecture={choices.BERT}")
-    if (model.hidden_size // model.num_heads) % 2:
-        raise UserError(f"ModernBERT's rotary positions rotate pairs of dimensions, so model.hidden_size / "
-                        f"model.num_heads = {model.hidden_size // model.num_heads} must be even; change either")
+    _check_choice("model.architecture", cfg.model.architecture, choices.ARCHITECTURES)
+    # What each architecture asks of a config is on its adapter. architectures.py reads ModelConfig from this
+    # module, so it is imported when a config is checked, not when this module is.
+    from mlmlab.architectures import check_config
+
+    check_config(cfg)
 
 
 def _check_frequency_neutral(m: MaskingConfig) -> None:
