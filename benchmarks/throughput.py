@@ -61,8 +61,9 @@ from mlmlab.cli import MALLOC_TUNING, reexec_with_malloc_tuning
 from mlmlab.config import load_config
 from mlmlab.data.loader import epoch_plans
 from mlmlab.model import IGNORE_INDEX
+from mlmlab.train.launch import matmul_dtype
 from mlmlab.train.loop import Trainer
-from mlmlab.train.mfu import matmul_dtype, peak_matmul_flops, peak_matmul_size, training_flops
+from mlmlab.train.mfu import peak_matmul_flops, peak_matmul_size, training_flops
 from mlmlab.train.stable_adamw import StableAdamW
 from mlmlab.utils.devices import clock, describe_cpu
 

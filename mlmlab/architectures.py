@@ -14,10 +14,15 @@ so masking, resume and studies are the same code for every architecture. An adap
 - which parts a folder may lack when a run starts from it (a BertForMaskedLM's pooler and NSP head), and
   which it may hold that the model has not (a released RoBERTa's unused pooler);
 - how many position rows precede the first token's (``position_offset``: RoBERTa's positions start past
-  the padding id, so config.json's max_position_embeddings is the model.* setting plus that offset).
+  the padding id, so config.json's max_position_embeddings is the model.* setting plus that offset);
+- what it is to the rest of mlmlab: its label, whether it has an NSP head, the model.* settings only it
+  reads and what else a config must satisfy for it (``check_config``, called by config validation), its
+  forward matmul FLOPs (``forward_flops``: flops.py's count for MFU and budgets), and its model card's text.
 
 An architecture's name is transformers' model_type, so a saved config.json says which one it is.
 """
+
+import math
 
 import torch
 from torch import nn
@@ -42,10 +47,14 @@ class Bert:
     """BertForPreTraining: encoder ``bert``, MLM head ``cls.predictions``, NSP head ``cls.seq_relationship``."""
 
     name = choices.BERT
+    label = "BERT"
+    loaded_by = "`BertForPreTraining` (with the NSP head)"  # besides the Auto classes, in the model card
+    positions = "learned positions and global attention in every layer"  # why another's attention settings do not apply
     model_class = BertForPreTraining
     layer_class = "BertLayer"  # accelerate's default FSDP wrapping shards per module of this class
     has_nsp = True
     settings = _SHAPE  # config.json entry -> the model.* setting that sets it
+    own_settings = ()  # model.* settings no other architecture reads
     as_built = {"hidden_act": "gelu", "type_vocab_size": 2, "layer_norm_eps": 1e-12, "tie_word_embeddings": True,
                 "position_embedding_type": "absolute"}
     optional_parts = {"bert.pooler.": "pooler", "cls.seq_relationship.": "NSP head"}  # a BertForMaskedLM has neither
@@ -54,6 +63,21 @@ class Bert:
     @staticmethod
     def position_offset(saved: dict) -> int:
         return 0
+
+    @staticmethod
+    def forward_flops(cfg: ModelConfig, seq):
+        """L * T * (8 H^2 + 4 H I + 4 T H): Q, K, V and output projections; the FFN; QK^T and AV."""
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        return cfg.num_layers * seq * (8 * h * h + 4 * h * i + 4 * seq * h)
+
+    @staticmethod
+    def check(cfg: ModelConfig) -> None:
+        """What a model section must satisfy beyond the ranges of its numbers: nothing more for BERT."""
+
+    @staticmethod
+    def described(saved: dict) -> str:
+        """The model card's sentence on the classes, from the folder's config.json."""
+        return "`BertForPreTraining`: encoder, MLM head (tied to the input embeddings) and NSP head."
 
     @staticmethod
     def config(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> BertConfig:
@@ -103,14 +127,19 @@ class ModernBert:
     """
 
     name = choices.MODERNBERT
+    label = "ModernBERT"
+    loaded_by = "`ModernBertForMaskedLM`"
+    positions = "rotary positions and local attention in most layers"
     model_class = ModernBertForMaskedLM
     layer_class = "ModernBertEncoderLayer"
     has_nsp = False
+    without_nsp = "its published recipe trains MLM only"  # why it has no NSP head
     # Tuples are paths into nested entries. global_attn_every_n_layers: transformers builds layer_types from
     # it and keeps it in config.json.
     settings = {**_SHAPE, "local_attention": "local_attention", "global_attn_every_n_layers": "global_attention_every",
                 ("rope_parameters", "full_attention", "rope_theta"): "rope_theta_global",
                 ("rope_parameters", "sliding_attention", "rope_theta"): "rope_theta_local"}
+    own_settings = tuple(setting for setting in settings.values() if setting not in _SHAPE.values())
     as_built = {"hidden_activation": "gelu", "norm_eps": 1e-5, "norm_bias": False, "attention_bias": False,
                 "mlp_bias": False, "decoder_bias": True, "classifier_activation": "gelu", "tie_word_embeddings": True}
     optional_parts = {}
@@ -119,6 +148,32 @@ class ModernBert:
     @staticmethod
     def position_offset(saved: dict) -> int:
         return 0
+
+    @staticmethod
+    def forward_flops(cfg: ModelConfig, seq):
+        """L * T * (8 H^2 + 6 H I) + 4 H * (attended pairs of every layer): its GeGLU MLP has three H x I
+        matrices (two in, one out); a global layer attends T^2 (query, key) pairs, a local one only the pairs
+        at most local_attention // 2 apart."""
+        h, i, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
+        global_layers = math.ceil(layers / cfg.global_attention_every)  # layers 0, n, 2n, ...
+        local_pairs = local_attention_pairs(seq, cfg.local_attention // 2)
+        pairs = global_layers * seq * seq + (layers - global_layers) * local_pairs
+        return layers * seq * (8 * h * h + 6 * h * i) + 4 * h * pairs
+
+    @staticmethod
+    def check(cfg: ModelConfig) -> None:
+        if (cfg.hidden_size // cfg.num_heads) % 2:
+            raise UserError(f"ModernBERT's rotary positions rotate pairs of dimensions, so model.hidden_size / "
+                            f"model.num_heads = {cfg.hidden_size // cfg.num_heads} must be even; change either")
+
+    @staticmethod
+    def described(saved: dict) -> str:
+        rope = saved["rope_parameters"]
+        return ("`ModernBertForMaskedLM`: a pre-norm encoder with rotary positions, GeGLU feed-forward and no biases "
+                f"but the decoder's; layers 0, {saved['global_attn_every_n_layers']}, ... attend to the whole sequence "
+                f"(RoPE base {rope['full_attention']['rope_theta']:,.0f}), the others to {saved['local_attention'] // 2} "
+                f"tokens either side (RoPE base {rope['sliding_attention']['rope_theta']:,.0f}); MLM head tied to the "
+                "input embeddings; no NSP head.")
 
     @staticmethod
     def config(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> ModernBertConfig:
@@ -184,10 +239,17 @@ class Roberta:
     """
 
     name = choices.ROBERTA
+    label = "RoBERTa"
+    loaded_by = "`RobertaForMaskedLM`"
+    positions = Bert.positions
     model_class = RobertaForMaskedLM
     layer_class = "RobertaLayer"
     has_nsp = False
+    without_nsp = "it drops NSP and trains MLM on full sentences"
     settings = _SHAPE
+    own_settings = ()
+    forward_flops = Bert.forward_flops  # BERT's encoder
+    check = Bert.check
     as_built = {"hidden_act": "gelu", "type_vocab_size": 1, "layer_norm_eps": 1e-5, "tie_word_embeddings": True,
                 "position_embedding_type": "absolute"}
     optional_parts = {}
@@ -197,6 +259,11 @@ class Roberta:
     def position_offset(saved: dict) -> int:
         """Position rows before the first token's: ids start at pad_token_id + 1."""
         return (saved.get("pad_token_id") or 0) + 1
+
+    @staticmethod
+    def described(saved: dict) -> str:
+        return ("`RobertaForMaskedLM`: BERT's post-LayerNorm encoder with one token type and learned positions "
+                "counted from past the padding id; MLM head tied to the input embeddings; no NSP head.")
 
     @staticmethod
     def config(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> RobertaConfig:
@@ -240,6 +307,32 @@ def architecture_named(name: str):
         raise UserError(f"model_type {name!r} is not an architecture mlmlab trains; it trains "
                         f"{choices.listed(ADAPTERS)}")
     return ADAPTERS[name]
+
+
+def check_config(cfg) -> None:
+    """A config's model section and objective against its architecture (named already checked), each refused in one line."""
+    architecture = architecture_named(cfg.model.architecture)
+    for other in ADAPTERS.values():
+        changed = [name for name in other.own_settings if getattr(cfg.model, name) != getattr(ModelConfig, name)]
+        if changed and other is not architecture:
+            raise UserError(f"model.{changed[0]} applies to model.architecture={other.name} only ({architecture.label} "
+                            f"has {architecture.positions}); drop it or set model.architecture={other.name}")
+    if cfg.data.objective == choices.NSP and not architecture.has_nsp:
+        raise UserError(f"data.objective={choices.NSP} needs an NSP head, which {architecture.label} does not have "
+                        f"({architecture.without_nsp}); set data.objective={choices.MLM}, or "
+                        f"model.architecture={choices.BERT}")
+    architecture.check(cfg.model)
+
+
+def local_attention_pairs(seq, reach: int):
+    """(query, key) pairs of a sequence of ``seq`` tokens at most ``reach`` positions apart.
+
+    Each distance d = 1..m (m = min(reach, seq - 1)) has seq - d pairs in either direction,
+    besides the seq pairs of a token with itself: seq + 2 (m seq - m (m + 1) / 2).
+    """
+    gap = seq - 1
+    nearest = (gap + reach - abs(gap - reach)) / 2  # min(seq - 1, reach), for numbers, arrays and tensors alike
+    return seq + 2 * nearest * seq - nearest * (nearest + 1)
 
 
 def architecture_of(model):

@@ -26,246 +26,6 @@ from mlmlab.errors import UserError
 PRESET_DIR = Path(__file__).parent / "configs"
 
 
-@dataclass
-class ModelConfig:
-    # "bert": the seed's BertForPreTraining; "roberta": transformers' RobertaForMaskedLM (MLM only, no NSP head);
-    # "modernbert": transformers' ModernBertForMaskedLM (MLM only, no NSP head)
-    architecture: str = choices.BERT
-    hidden_size: int = 128  # tiny by default: runs on a laptop CPU in minutes
-    num_layers: int = 2  # encoder layers (BERT-base: 12)
-    num_heads: int = 2  # attention heads; hidden_size must be divisible by it
-    intermediate_size: int = 512  # 4x hidden, as in BERT
-    max_position_embeddings: int = 512  # tokens; longer ones are refused (RoBERTa's config.json adds pad id + 1 rows)
-    # Hidden states (BERT's hidden_dropout_prob, 0.1); also attention's unless set below. Off by
-    # default, as cramming pretrains: in studies/dropout-wp8k (tiny, 9,000 steps, 3 seeds) no dropout
-    # reached a lower held-out loss than BERT's 0.1, at +28% tokens/s at mini (README, Throughput).
-    dropout: float = 0.0
-    # Attention probabilities (attention_probs_dropout_prob); null: model.dropout. 0 lets torch's
-    # SDPA take its fused kernel on CPU: +15% tokens/s at mini (benchmarks/throughput.py).
-    attention_dropout: float | None = None
-    attention: str = "sdpa"  # "sdpa" measured faster than "eager" (benchmarks/throughput.py)
-    pad_vocab_multiple: int = 64  # matmul-friendly vocab size; padded ids are never targets
-    # modernbert only (defaults: the published ModernBERT's). Local layers attend within this window
-    # (local_attention // 2 tokens each side); layers 0, n, 2n, ... attend globally; RoPE bases of each.
-    local_attention: int = 128
-    global_attention_every: int = 3
-    rope_theta_global: float = 160000.0
-    rope_theta_local: float = 10000.0
-
-
-@dataclass
-class DataConfig:
-    # Files (text, WikiExtractor, JSONL; .gz ok; .parquet/.arrow), folders of them (recursive) or folders written
-    # by datasets' save_to_disk; empty: the sample bundled with the package
-    corpus: list[str] = field(default_factory=list)
-    valid_corpus: list[str] = field(default_factory=list)  # as corpus; empty: the bundled validation sample
-    text_column: str = "text"  # JSONL and tables: the field holding the text
-    # as text_column, for valid_corpus (a JSONL training file's "body" beside a held-out one's "text"); empty: text_column
-    valid_text_column: str = ""
-    id_column: str = ""  # JSONL and tables: consecutive records with the same value here form one document; empty: one record, one document
-    # a tokenizer folder (tokenizer.json, or vocab.json + merges.txt), a vocab.txt, or a bundled one by name
-    # (sample-bpe-8k: byte-level BPE on the sample); empty: bundled bert-base-uncased vocab
-    tokenizer: str = ""
-    max_seq_length: int = 128  # tokens per instance, [CLS] and [SEP] included (BERT: 128, then 512 for the last 10%)
-    objective: str = choices.NSP  # "nsp": sentence pairs + NSP loss; "mlm": packed full sentences, no NSP
-    short_seq_prob: float = 0.1  # google-research/bert: share of instances with a shorter target length
-    prepare_seed: int = 12345  # NSP pair sampling; part of the prepared dataset's hash
-    prepare_workers: int = 0  # processes preparing a dataset not yet prepared; 0: every core this process may use
-    loader_workers: int = 1  # DataLoader worker processes that prefetch batches
-    bucket_batches: int = 50  # sort each run of this many batches by length (less padding); 0: plain shuffle
-
-
-@dataclass
-class MaskingConfig:
-    strategy: str = choices.DYNAMIC  # "static" (BERT), "dynamic" (RoBERTa), "adaptive" (ADM)
-    rate: float = 0.15  # share of eligible positions selected per sequence
-    mask_prob: float = 0.8  # of the selected: shown as [MASK]
-    random_prob: float = 0.1  # of the selected: shown as a random ordinary token; the rest unchanged
-    dupe_factor: int = 10  # static only: number of distinct masks cycled over epochs
-    seed: int = 0  # masks are a function of (seed, example, epoch, position)
-    mask_unk: bool = False  # whether [UNK] may be selected (it carries no learnable identity)
-    whole_word: bool = False  # select whole words (the tokenizer's ##, Ġ or ▁ tells where one begins), any strategy
-    rate_schedule: str = choices.CONSTANT  # "constant" (rate) or "linear_decay" from rate_start to rate (Ankner et al. 2024)
-    rate_start: float = 0.30  # linear_decay only: the mask rate at step 0
-    scorer: str = choices.ENTROPY  # adaptive: entropy (seed's), max_prob, grad_norm, loss_ema (~free), context, frequency (control)
-    adapt_schedule: str = choices.QUADRATIC  # adaptive: shape of a(progress); the seed's is progress ** 2
-    a_max: float = 1.0  # adaptive: a = a_max * f(progress); lower keeps some uniform masking at the end
-    floor: float = 0.1  # adaptive: least weight of any eligible position (the seed's 0.1), so none starves
-    normalize: str = choices.MEAN  # adaptive: "mean" scales scores to mean 1 per sequence; "raw" is the seed's formula
-    score_every: int = 1  # adaptive, model scorers: score every K-th step, uniform masks between (cost control)
-    score_fraction: float = 1.0  # adaptive, model scorers: each sequence is scored with this chance (per example)
-    score_chunk: int = 2048  # entropy/max_prob: positions projected onto the vocabulary at once (memory cap)
-    ema_decay: float = 0.95  # loss_ema/context: weight of the old running loss at each update of an entry
-    context_buckets: int = 1048576  # context: hashed (left, token, right) loss table size; collisions share entries
-    # Frequency-rank cut-offs of the per-bucket figures: the masked share while training and
-    # held-out perplexity at each evaluation. Default: the 1k most frequent ids, the next 9k, the rest.
-    freq_buckets: str = "1000,10000"
-    # adaptive: draw each frequency bucket's share of the k targets as uniform masking would
-    # (k * n_b / n per sequence, randomised rounding) and let the weights choose only within a
-    # bucket: a control that cannot shift the target prior between frequent and rare ids.
-    frequency_neutral: bool = False
-
-    @property
-    def freq_cuts(self) -> tuple[int, ...]:
-        """``freq_buckets`` as increasing ranks, or a UserError naming the key."""
-        return frequency_cuts(self.freq_buckets, "masking.freq_buckets")
-
-
-@dataclass
-class TrainConfig:
-    # Sequences per micro-batch on each process: the global batch per optimizer step is batch_size * grad_accum *
-    # processes. `pretrain --processes N` instead keeps it as the global batch and gives each process batch_size / N
-    batch_size: int = 32
-    grad_accum: int = 1  # micro-batches whose gradients are summed into one optimizer step
-    # ModernBERT's batch-size warmup: over these first steps a step takes batch_warmup_start micro-batches, then one
-    # more at a time up to grad_accum - 1, each count for an equal share of the steps (its recipe gives every batch
-    # size the same number of updates); then grad_accum. 0: off. The data is not skipped: a smaller step reads less
-    batch_warmup_steps: int = 0
-    batch_warmup_start: int = 1  # micro-batches per step when the batch warmup starts (per process)
-    lr: float = 1e-3  # small models tolerate a high LR (cramming, academic-budget-bert)
-    # "adamw" (torch's, fused), or "stable-adamw": AdamW whose step shrinks per tensor when that tensor's gradient
-    # spikes past its running scale (ModernBERT's optimizer; mlmlab/train/stable_adamw.py)
-    optimizer: str = choices.ADAMW
-    weight_decay: float = 0.01  # decoupled (AdamW); never on bias or LayerNorm
-    adam_beta1: float = 0.9  # AdamW's first-moment decay (BERT's)
-    adam_beta2: float = 0.98  # RoBERTa's value, more stable than 0.999 with large LR
-    adam_eps: float = 1e-6  # as BERT and RoBERTa
-    # LR rises linearly from 0 to lr over these steps. A step budget must leave steps after them (warmup_steps <
-    # max_steps, or 0): otherwise the LR would still be rising at the end and never decay, so the run is refused,
-    # not silently trained. Under max_minutes it is not checked: how many steps the time holds is known only after.
-    warmup_steps: int = 100
-    decay_fraction: float = 0.2  # LR decays to 0 over this last share of the budget; 1.0: BERT's decay after warmup
-    lr_schedule: str = choices.LINEAR  # the decay's shape: "linear" (BERT's; warmup-stable-decay), "cosine" (the seed's RoBERTa), "1-sqrt" (ModernBERT's)
-    max_steps: int = 1000  # optimizer steps of the run: the budget, unless max_minutes is set
-    max_minutes: float = 0.0  # > 0: a wall-clock budget instead of max_steps; LR and masking schedules follow it
-    max_grad_norm: float = 1.0  # gradients are clipped to this global norm (BERT's 1.0); 0: not clipped, norm still logged
-    log_every: int = 20  # steps between records in metrics.jsonl (and TensorBoard)
-    eval_every: int = 200  # steps between held-out evaluations; 0 disables
-    eval_batches: int = 20  # held-out batches per evaluation (fixed masks, same every time)
-    # Sequences per held-out batch, not train.batch_size: arms of a study that differ in batch size
-    # must evaluate the same sequences (eval_batches of them are the first in a fixed order)
-    eval_batch_size: int = 32
-    save_every: int = 200  # steps between checkpoints; the final one is always written
-    keep_last: int = 2  # newest checkpoints kept on disk; 0 keeps every one
-    seed: int = 0  # model initialisation, dropout and data order
-    precision: str = choices.AUTO  # "auto": bf16 autocast on CUDA and on CPUs with AMX, else fp32 (train/launch.py)
-    compile: bool = False  # torch.compile the encoder (static shapes) and MLM head; 0.97-1.05x on a 2-core CPU
-    # The MLM decoder and its cross-entropy chunk by chunk, gradients in the forward (mlmlab/head_loss.py): the
-    # same loss to float tolerance without the (M, V) logits in memory three times. null (auto): off. Its CPU wins
-    # were glibc's page faults on the eager head's (M, V) blocks; with those gone the eager head is 1.03-1.11x faster
-    # there (docs/benchmarks.md). On an H200: 0.94x the eager head (one run)
-    fused_head: bool | None = None
-    # BERT's attention projects Q, K and V with one matmul over its three weights, concatenated (mlmlab/fused_qkv.py):
-    # the same weights and checkpoints; ModernBERT's is fused already
-    fused_qkv: bool = False
-    # torch's deterministic kernels (torch.use_deterministic_algorithms): on a GPU float atomics otherwise vary the last
-    # bits from run to run, so a resume ends close to, not equal to, the uninterrupted run. CPU kernels are already
-    deterministic: bool = False
-    max_bad_steps: int = 5  # consecutive non-finite losses (each skipped) before training aborts
-    out_dir: str = ""  # empty: runs/<hash of the resolved config>, so a rerun resumes the same run
-    # A model folder to start from, weights only (a HuggingFace BertForPreTraining or BertForMaskedLM folder, or an
-    # mlmlab model/): continued pretraining, BERT's phase 2. Optimizer, step and schedules start fresh. Empty: fresh weights
-    init: str = ""
-
-
-@dataclass
-class Config:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    masking: MaskingConfig = field(default_factory=MaskingConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-
-    def __post_init__(self):
-        validate(self)
-
-
-def validate(cfg: Config) -> None:
-    """Refuse values that cannot train, with a message that says what to change."""
-    for key, allowed, example in _RANGES:
-        check_range(key, _dotted(cfg, key), allowed, example)
-    m = cfg.masking
-    if m.mask_prob + m.random_prob > 1.0:
-        raise UserError(f"masking.mask_prob + masking.random_prob = {m.mask_prob + m.random_prob:g} exceeds 1 (they "
-                        "share the selected positions); use e.g. masking.mask_prob=0.8 masking.random_prob=0.1")
-    _check_choice("masking.strategy", m.strategy, choices.STRATEGIES)
-    _check_choice("masking.rate_schedule", m.rate_schedule, choices.RATE_SCHEDULES)
-    _check_choice("masking.scorer", m.scorer, choices.SCORERS)
-    _check_choice("masking.adapt_schedule", m.adapt_schedule, choices.ADAPT_SCHEDULES)
-    _check_choice("masking.normalize", m.normalize, choices.NORMALIZATIONS)
-    m.freq_cuts  # parsing it is the check: a bad value raises the one-line UserError
-    _check_frequency_neutral(m)
-    _check_choice("data.objective", cfg.data.objective, choices.OBJECTIVES)
-    if not cfg.data.text_column:
-        raise UserError("data.text_column is empty; name the field that holds the text, e.g. data.text_column=text")
-    if cfg.data.max_seq_length > cfg.model.max_position_embeddings:
-        raise UserError(
-            f"data.max_seq_length={cfg.data.max_seq_length} exceeds model.max_position_embeddings="
-            f"{cfg.model.max_position_embeddings}; lower the first or raise the second"
-        )
-    if cfg.model.hidden_size % cfg.model.num_heads:
-        raise UserError(f"model.hidden_size={cfg.model.hidden_size} is not divisible by model.num_heads={cfg.model.num_heads}")
-    _check_architecture(cfg)
-    _check_choice("train.precision", cfg.train.precision, choices.PRECISIONS)
-    _check_choice("train.lr_schedule", cfg.train.lr_schedule, choices.LR_SCHEDULES)
-    _check_choice("train.optimizer", cfg.train.optimizer, choices.OPTIMIZERS)
-    _check_batch_warmup(cfg.train)
-
-
-def _check_batch_warmup(t: "TrainConfig") -> None:
-    if not t.batch_warmup_steps:
-        return
-    if t.batch_warmup_start >= t.grad_accum:
-        raise UserError(f"train.batch_warmup_steps grows the step from train.batch_warmup_start={t.batch_warmup_start} "
-                        f"micro-batches to train.grad_accum={t.grad_accum}, so it needs more micro-batches than it starts "
-                        f"with; e.g. train.batch_size={max(t.batch_size // 4, 1)} train.grad_accum={4 * t.grad_accum} keeps "
-                        f"the batch, or train.batch_warmup_steps=0")
-    if t.max_minutes == 0 and t.batch_warmup_steps >= t.max_steps:
-        raise UserError(f"train.batch_warmup_steps={t.batch_warmup_steps} takes all of train.max_steps={t.max_steps}: "
-                        f"the batch would never reach its full size; set e.g. train.batch_warmup_steps="
-                        f"{t.max_steps // 10}, or raise train.max_steps")
-
-
-# model.* settings only ModernBERT reads: with BERT or RoBERTa they would be ignored without a word.
-_MODERNBERT_ONLY = ("local_attention", "global_attention_every", "rope_theta_global", "rope_theta_local")
-
-
-def _check_architecture(cfg: Config) -> None:
-    model = cfg.model
-    _check_choice("model.architecture", model.architecture, choices.ARCHITECTURES)
-    if model.architecture in (choices.BERT, choices.ROBERTA):
-        changed = [name for name in _MODERNBERT_ONLY if getattr(model, name) != getattr(ModelConfig, name)]
-        if changed:
-            named = {choices.BERT: "BERT", choices.ROBERTA: "RoBERTa"}[model.architecture]
-            raise UserError(f"model.{changed[0]} applies to model.architecture={choices.MODERNBERT} only ({named} has "
-                            f"learned positions and global attention in every layer); drop it or set "
-                            f"model.architecture={choices.MODERNBERT}")
-    if model.architecture == choices.BERT:
-        return
-    if model.architecture == choices.ROBERTA:
-        if cfg.data.objective == choices.NSP:
-            raise UserError(f"data.objective={choices.NSP} needs an NSP head, which RoBERTa does not have (it "
-                            f"drops NSP and trains MLM on full sentences); set data.objective={choices.MLM}, or "
-                            f"model.architecture={choices.BERT}")
-        return
-    if cfg.data.objective == choices.NSP:
-        raise UserError(f"data.objective={choices.NSP} needs an NSP head, which ModernBERT does not have (its published "
-                        f"recipe trains MLM only); set data.objective={choices.MLM}, or model.architecture={choices.BERT}")
-    if (model.hidden_size // model.num_heads) % 2:
-        raise UserError(f"ModernBERT's rotary positions rotate pairs of dimensions, so model.hidden_size / "
-                        f"model.num_heads = {model.hidden_size // model.num_heads} must be even; change either")
-
-
-def _check_frequency_neutral(m: MaskingConfig) -> None:
-    if not m.frequency_neutral:
-        return
-    if m.strategy != choices.ADAPTIVE:
-        raise UserError(f"masking.frequency_neutral=true re-weights ADM only; set masking.strategy={choices.ADAPTIVE} "
-                        "or masking.frequency_neutral=false")
-    if m.whole_word:  # the quotas count tokens, but whole-word selection takes words whose pieces span buckets
-        raise UserError("masking.frequency_neutral=true does not combine with masking.whole_word=true; "
-                        "set one of them to false")
-
-
 @dataclass(frozen=True)
 class Allowed:
     """The values a number may take: an interval, finite whatever its bounds.
@@ -317,36 +77,258 @@ def at_least(least: int) -> Allowed:
     return Allowed(least)
 
 
-# Every number of the config: (key, allowed values, an example to write instead). Counts and sizes
-# out of range fail deep inside training (a division by zero, a deleted checkpoint); a negative
-# learning rate ascends the loss; a NaN anywhere trains something other than asked, silently.
-_RANGES = (
-    ("model.hidden_size", at_least(1), 128), ("model.num_layers", at_least(1), 2), ("model.num_heads", at_least(1), 2),
-    ("model.intermediate_size", at_least(1), 512), ("model.max_position_embeddings", at_least(1), 512),
-    ("model.dropout", BELOW_ONE, 0.1), ("model.attention_dropout", BELOW_ONE, 0.1), ("model.pad_vocab_multiple", at_least(1), 64),
-    ("model.local_attention", at_least(2), 128), ("model.global_attention_every", at_least(1), 3),
-    ("model.rope_theta_global", POSITIVE, 160000.0), ("model.rope_theta_local", POSITIVE, 10000.0),
-    ("data.max_seq_length", at_least(8), 128), ("data.short_seq_prob", PROBABILITY, 0.1), ("data.prepare_seed", SEEDS, 12345),
-    ("data.prepare_workers", at_least(0), 2), ("data.loader_workers", at_least(0), 1), ("data.bucket_batches", at_least(0), 50),
-    ("masking.rate", RATE, 0.15), ("masking.mask_prob", PROBABILITY, 0.8), ("masking.random_prob", PROBABILITY, 0.1),
-    ("masking.dupe_factor", at_least(1), 10), ("masking.seed", SEEDS, 0), ("masking.rate_start", RATE, 0.3),
-    ("masking.a_max", PROBABILITY, 1.0), ("masking.floor", POSITIVE, 0.1),  # positive: every eligible position can be drawn
-    ("masking.score_every", at_least(1), 1), ("masking.score_fraction", FRACTION, 0.25), ("masking.score_chunk", at_least(1), 2048),
-    ("masking.ema_decay", BELOW_ONE, 0.95), ("masking.context_buckets", at_least(1), 1048576),
-    ("train.batch_size", at_least(1), 32), ("train.grad_accum", at_least(1), 1), ("train.lr", POSITIVE, 1e-3),
-    ("train.batch_warmup_steps", at_least(0), 1000), ("train.batch_warmup_start", at_least(1), 1),
-    ("train.weight_decay", NON_NEGATIVE, 0.01), ("train.adam_beta1", BELOW_ONE, 0.9), ("train.adam_beta2", BELOW_ONE, 0.98),
-    ("train.adam_eps", POSITIVE, 1e-6), ("train.warmup_steps", at_least(0), 100), ("train.decay_fraction", FRACTION, 0.2),
-    ("train.max_steps", at_least(1), 1000), ("train.max_minutes", NON_NEGATIVE, 60), ("train.max_grad_norm", NON_NEGATIVE, 1.0),
-    ("train.log_every", at_least(1), 20), ("train.eval_every", at_least(0), 200), ("train.eval_batches", at_least(1), 20),
-    ("train.eval_batch_size", at_least(1), 32), ("train.save_every", at_least(0), 200), ("train.keep_last", at_least(0), 2),
-    ("train.seed", SEEDS, 0), ("train.max_bad_steps", at_least(1), 5),
-)
+# Every number of the config is declared with its allowed values. Counts and sizes out of range fail deep
+# inside training (a division by zero, a deleted checkpoint); a negative learning rate ascends the loss; a NaN
+# anywhere trains something other than asked, silently.
+def ranged(default, allowed: Allowed, example=None):
+    """A numeric field with the values it may take, and the value a refusal suggests instead (default: ``default``)."""
+    return field(default=default, metadata={"range": (allowed, default if example is None else example)})
 
 
-def _dotted(cfg: Config, key: str):
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)
+def declared_ranges(cfg: "Config") -> list[tuple[str, object, Allowed, object]]:
+    """(dotted key, value, allowed values, example) of every numeric field of ``cfg``, in declaration order."""
+    found = []
+    for section in dataclasses.fields(cfg):
+        values = getattr(cfg, section.name)
+        found += [(f"{section.name}.{key.name}", getattr(values, key.name), *key.metadata["range"])
+                  for key in dataclasses.fields(values) if "range" in key.metadata]
+    return found
+
+
+@dataclass
+class ModelConfig:
+    # "bert": the seed's BertForPreTraining; "roberta": transformers' RobertaForMaskedLM (MLM only, no NSP head);
+    # "modernbert": transformers' ModernBertForMaskedLM (MLM only, no NSP head)
+    architecture: str = choices.BERT
+    hidden_size: int = ranged(128, at_least(1))  # tiny by default: runs on a laptop CPU in minutes
+    num_layers: int = ranged(2, at_least(1))  # encoder layers (BERT-base: 12)
+    num_heads: int = ranged(2, at_least(1))  # attention heads; hidden_size must be divisible by it
+    intermediate_size: int = ranged(512, at_least(1))  # 4x hidden, as in BERT
+    # tokens; longer ones are refused (RoBERTa's config.json adds pad id + 1 rows)
+    max_position_embeddings: int = ranged(512, at_least(1))
+    # Hidden states (BERT's hidden_dropout_prob, 0.1); also attention's unless set below. Off by
+    # default, as cramming pretrains: in studies/dropout-wp8k (tiny, 9,000 steps, 3 seeds) no dropout
+    # reached a lower held-out loss than BERT's 0.1, at +28% tokens/s at mini (README, Throughput).
+    dropout: float = ranged(0.0, BELOW_ONE, example=0.1)
+    # Attention probabilities (attention_probs_dropout_prob); null: model.dropout. 0 lets torch's
+    # SDPA take its fused kernel on CPU: +15% tokens/s at mini (benchmarks/throughput.py).
+    attention_dropout: float | None = ranged(None, BELOW_ONE, example=0.1)
+    attention: str = "sdpa"  # "sdpa" measured faster than "eager" (benchmarks/throughput.py)
+    pad_vocab_multiple: int = ranged(64, at_least(1))  # matmul-friendly vocab size; padded ids are never targets
+    # modernbert only (defaults: the published ModernBERT's). Local layers attend within this window
+    # (local_attention // 2 tokens each side); layers 0, n, 2n, ... attend globally; RoPE bases of each.
+    local_attention: int = ranged(128, at_least(2))
+    global_attention_every: int = ranged(3, at_least(1))
+    rope_theta_global: float = ranged(160000.0, POSITIVE)
+    rope_theta_local: float = ranged(10000.0, POSITIVE)
+
+
+@dataclass
+class DataConfig:
+    # Files (text, WikiExtractor, JSONL; .gz ok; .parquet/.arrow), folders of them (recursive) or folders written
+    # by datasets' save_to_disk; empty: the sample bundled with the package
+    corpus: list[str] = field(default_factory=list)
+    valid_corpus: list[str] = field(default_factory=list)  # as corpus; empty: the bundled validation sample
+    text_column: str = "text"  # JSONL and tables: the field holding the text
+    # as text_column, for valid_corpus (a JSONL training file's "body" beside a held-out one's "text"); empty: text_column
+    valid_text_column: str = ""
+    id_column: str = ""  # JSONL and tables: consecutive records with the same value here form one document; empty: one record, one document
+    # a tokenizer folder (tokenizer.json, or vocab.json + merges.txt), a vocab.txt, or a bundled one by name
+    # (sample-bpe-8k: byte-level BPE on the sample); empty: bundled bert-base-uncased vocab
+    tokenizer: str = ""
+    # tokens per instance, [CLS] and [SEP] included (BERT: 128, then 512 for the last 10%)
+    max_seq_length: int = ranged(128, at_least(8))
+    objective: str = choices.NSP  # "nsp": sentence pairs + NSP loss; "mlm": packed full sentences, no NSP
+    # google-research/bert: share of instances with a shorter target length
+    short_seq_prob: float = ranged(0.1, PROBABILITY)
+    prepare_seed: int = ranged(12345, SEEDS)  # NSP pair sampling; part of the prepared dataset's hash
+    # processes preparing a dataset not yet prepared; 0: every core this process may use
+    prepare_workers: int = ranged(0, at_least(0), example=2)
+    loader_workers: int = ranged(1, at_least(0))  # DataLoader worker processes that prefetch batches
+    # sort each run of this many batches by length (less padding); 0: plain shuffle
+    bucket_batches: int = ranged(50, at_least(0))
+
+
+@dataclass
+class MaskingConfig:
+    strategy: str = choices.DYNAMIC  # "static" (BERT), "dynamic" (RoBERTa), "adaptive" (ADM)
+    rate: float = ranged(0.15, RATE)  # share of eligible positions selected per sequence
+    mask_prob: float = ranged(0.8, PROBABILITY)  # of the selected: shown as [MASK]
+    # of the selected: shown as a random ordinary token; the rest unchanged
+    random_prob: float = ranged(0.1, PROBABILITY)
+    dupe_factor: int = ranged(10, at_least(1))  # static only: number of distinct masks cycled over epochs
+    seed: int = ranged(0, SEEDS)  # masks are a function of (seed, example, epoch, position)
+    mask_unk: bool = False  # whether [UNK] may be selected (it carries no learnable identity)
+    whole_word: bool = False  # select whole words (the tokenizer's ##, Ġ or ▁ tells where one begins), any strategy
+    rate_schedule: str = choices.CONSTANT  # "constant" (rate) or "linear_decay" from rate_start to rate (Ankner et al. 2024)
+    rate_start: float = ranged(0.30, RATE)  # linear_decay only: the mask rate at step 0
+    scorer: str = choices.ENTROPY  # adaptive: entropy (seed's), max_prob, grad_norm, loss_ema (~free), context, frequency (control)
+    adapt_schedule: str = choices.QUADRATIC  # adaptive: shape of a(progress); the seed's is progress ** 2
+    # adaptive: a = a_max * f(progress); lower keeps some uniform masking at the end
+    a_max: float = ranged(1.0, PROBABILITY)
+    # adaptive: least weight of any eligible position (the seed's 0.1), so none starves
+    floor: float = ranged(0.1, POSITIVE)
+    normalize: str = choices.MEAN  # adaptive: "mean" scales scores to mean 1 per sequence; "raw" is the seed's formula
+    # adaptive, model scorers: score every K-th step, uniform masks between (cost control)
+    score_every: int = ranged(1, at_least(1))
+    # adaptive, model scorers: each sequence is scored with this chance (per example)
+    score_fraction: float = ranged(1.0, FRACTION, example=0.25)
+    # entropy/max_prob: positions projected onto the vocabulary at once (memory cap)
+    score_chunk: int = ranged(2048, at_least(1))
+    # loss_ema/context: weight of the old running loss at each update of an entry
+    ema_decay: float = ranged(0.95, BELOW_ONE)
+    # context: hashed (left, token, right) loss table size; collisions share entries
+    context_buckets: int = ranged(1048576, at_least(1))
+    # Frequency-rank cut-offs of the per-bucket figures: the masked share while training and
+    # held-out perplexity at each evaluation. Default: the 1k most frequent ids, the next 9k, the rest.
+    freq_buckets: str = "1000,10000"
+    # adaptive: draw each frequency bucket's share of the k targets as uniform masking would
+    # (k * n_b / n per sequence, randomised rounding) and let the weights choose only within a
+    # bucket: a control that cannot shift the target prior between frequent and rare ids.
+    frequency_neutral: bool = False
+
+    @property
+    def freq_cuts(self) -> tuple[int, ...]:
+        """``freq_buckets`` as increasing ranks, or a UserError naming the key."""
+        return frequency_cuts(self.freq_buckets, "masking.freq_buckets")
+
+
+@dataclass
+class TrainConfig:
+    # Sequences per micro-batch on each process: the global batch per optimizer step is batch_size * grad_accum *
+    # processes. `pretrain --processes N` instead keeps it as the global batch and gives each process batch_size / N
+    batch_size: int = ranged(32, at_least(1))
+    grad_accum: int = ranged(1, at_least(1))  # micro-batches whose gradients are summed into one optimizer step
+    # ModernBERT's batch-size warmup: over these first steps a step takes batch_warmup_start micro-batches, then one
+    # more at a time up to grad_accum - 1, each count for an equal share of the steps (its recipe gives every batch
+    # size the same number of updates); then grad_accum. 0: off. The data is not skipped: a smaller step reads less
+    batch_warmup_steps: int = ranged(0, at_least(0), example=1000)
+    # micro-batches per step when the batch warmup starts (per process)
+    batch_warmup_start: int = ranged(1, at_least(1))
+    lr: float = ranged(1e-3, POSITIVE)  # small models tolerate a high LR (cramming, academic-budget-bert)
+    # "adamw" (torch's, fused), or "stable-adamw": AdamW whose step shrinks per tensor when that tensor's gradient
+    # spikes past its running scale (ModernBERT's optimizer; mlmlab/train/stable_adamw.py)
+    optimizer: str = choices.ADAMW
+    weight_decay: float = ranged(0.01, NON_NEGATIVE)  # decoupled (AdamW); never on bias or LayerNorm
+    adam_beta1: float = ranged(0.9, BELOW_ONE)  # AdamW's first-moment decay (BERT's)
+    adam_beta2: float = ranged(0.98, BELOW_ONE)  # RoBERTa's value, more stable than 0.999 with large LR
+    adam_eps: float = ranged(1e-6, POSITIVE)  # as BERT and RoBERTa
+    # LR rises linearly from 0 to lr over these steps. A step budget must leave steps after them (warmup_steps <
+    # max_steps, or 0): otherwise the LR would still be rising at the end and never decay, so the run is refused,
+    # not silently trained. Under max_minutes it is not checked: how many steps the time holds is known only after.
+    warmup_steps: int = ranged(100, at_least(0))
+    # LR decays to 0 over this last share of the budget; 1.0: BERT's decay after warmup
+    decay_fraction: float = ranged(0.2, FRACTION)
+    lr_schedule: str = choices.LINEAR  # the decay's shape: "linear" (BERT's; warmup-stable-decay), "cosine" (the seed's RoBERTa), "1-sqrt" (ModernBERT's)
+    max_steps: int = ranged(1000, at_least(1))  # optimizer steps of the run: the budget, unless max_minutes is set
+    # > 0: a wall-clock budget instead of max_steps; LR and masking schedules follow it
+    max_minutes: float = ranged(0.0, NON_NEGATIVE, example=60)
+    # gradients are clipped to this global norm (BERT's 1.0); 0: not clipped, norm still logged
+    max_grad_norm: float = ranged(1.0, NON_NEGATIVE)
+    log_every: int = ranged(20, at_least(1))  # steps between records in metrics.jsonl (and TensorBoard)
+    eval_every: int = ranged(200, at_least(0))  # steps between held-out evaluations; 0 disables
+    eval_batches: int = ranged(20, at_least(1))  # held-out batches per evaluation (fixed masks, same every time)
+    # Sequences per held-out batch, not train.batch_size: arms of a study that differ in batch size
+    # must evaluate the same sequences (eval_batches of them are the first in a fixed order)
+    eval_batch_size: int = ranged(32, at_least(1))
+    save_every: int = ranged(200, at_least(0))  # steps between checkpoints; the final one is always written
+    keep_last: int = ranged(2, at_least(0))  # newest checkpoints kept on disk; 0 keeps every one
+    seed: int = ranged(0, SEEDS)  # model initialisation, dropout and data order
+    precision: str = choices.AUTO  # "auto": bf16 autocast on CUDA and on CPUs with AMX, else fp32 (train/launch.py)
+    compile: bool = False  # torch.compile the encoder (static shapes) and MLM head; 0.97-1.05x on a 2-core CPU
+    # The MLM decoder and its cross-entropy chunk by chunk, gradients in the forward (mlmlab/head_loss.py): the
+    # same loss to float tolerance without the (M, V) logits in memory three times. null (auto): off. Its CPU wins
+    # were glibc's page faults on the eager head's (M, V) blocks; with those gone the eager head is 1.03-1.11x faster
+    # there (docs/benchmarks.md). On an H200: 0.94x the eager head (one run)
+    fused_head: bool | None = None
+    # BERT's attention projects Q, K and V with one matmul over its three weights, concatenated (mlmlab/fused_qkv.py):
+    # the same weights and checkpoints; ModernBERT's is fused already
+    fused_qkv: bool = False
+    # torch's deterministic kernels (torch.use_deterministic_algorithms): on a GPU float atomics otherwise vary the last
+    # bits from run to run, so a resume ends close to, not equal to, the uninterrupted run. CPU kernels are already
+    deterministic: bool = False
+    max_bad_steps: int = ranged(5, at_least(1))  # consecutive non-finite losses (each skipped) before training aborts
+    out_dir: str = ""  # empty: runs/<hash of the resolved config>, so a rerun resumes the same run
+    # A model folder to start from, weights only (a HuggingFace BertForPreTraining or BertForMaskedLM folder, or an
+    # mlmlab model/): continued pretraining, BERT's phase 2. Optimizer, step and schedules start fresh. Empty: fresh weights
+    init: str = ""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self):
+        validate(self)
+
+
+def validate(cfg: Config) -> None:
+    """Refuse values that cannot train, with a message that says what to change."""
+    for key, value, allowed, example in declared_ranges(cfg):
+        check_range(key, value, allowed, example)
+    m = cfg.masking
+    if m.mask_prob + m.random_prob > 1.0:
+        raise UserError(f"masking.mask_prob + masking.random_prob = {m.mask_prob + m.random_prob:g} exceeds 1 (they "
+                        "share the selected positions); use e.g. masking.mask_prob=0.8 masking.random_prob=0.1")
+    _check_choice("masking.strategy", m.strategy, choices.STRATEGIES)
+    _check_choice("masking.rate_schedule", m.rate_schedule, choices.RATE_SCHEDULES)
+    _check_choice("masking.scorer", m.scorer, choices.SCORERS)
+    _check_choice("masking.adapt_schedule", m.adapt_schedule, choices.ADAPT_SCHEDULES)
+    _check_choice("masking.normalize", m.normalize, choices.NORMALIZATIONS)
+    m.freq_cuts  # parsing it is the check: a bad value raises the one-line UserError
+    _check_frequency_neutral(m)
+    _check_choice("data.objective", cfg.data.objective, choices.OBJECTIVES)
+    if not cfg.data.text_column:
+        raise UserError("data.text_column is empty; name the field that holds the text, e.g. data.text_column=text")
+    if cfg.data.max_seq_length > cfg.model.max_position_embeddings:
+        raise UserError(
+            f"data.max_seq_length={cfg.data.max_seq_length} exceeds model.max_position_embeddings="
+            f"{cfg.model.max_position_embeddings}; lower the first or raise the second"
+        )
+    if cfg.model.hidden_size % cfg.model.num_heads:
+        raise UserError(f"model.hidden_size={cfg.model.hidden_size} is not divisible by model.num_heads={cfg.model.num_heads}")
+    _check_architecture(cfg)
+    _check_choice("train.precision", cfg.train.precision, choices.PRECISIONS)
+    _check_choice("train.lr_schedule", cfg.train.lr_schedule, choices.LR_SCHEDULES)
+    _check_choice("train.optimizer", cfg.train.optimizer, choices.OPTIMIZERS)
+    _check_batch_warmup(cfg.train)
+
+
+def _check_batch_warmup(t: "TrainConfig") -> None:
+    if not t.batch_warmup_steps:
+        return
+    if t.batch_warmup_start >= t.grad_accum:
+        raise UserError(f"train.batch_warmup_steps grows the step from train.batch_warmup_start={t.batch_warmup_start} "
+                        f"micro-batches to train.grad_accum={t.grad_accum}, so it needs more micro-batches than it starts "
+                        f"with; e.g. train.batch_size={max(t.batch_size // 4, 1)} train.grad_accum={4 * t.grad_accum} keeps "
+                        f"the batch, or train.batch_warmup_steps=0")
+    if t.max_minutes == 0 and t.batch_warmup_steps >= t.max_steps:
+        raise UserError(f"train.batch_warmup_steps={t.batch_warmup_steps} takes all of train.max_steps={t.max_steps}: "
+                        f"the batch would never reach its full size; set e.g. train.batch_warmup_steps="
+                        f"{t.max_steps // 10}, or raise train.max_steps")
+
+
+def _check_architecture(cfg: Config) -> None:
+    _check_choice("model.architecture", cfg.model.architecture, choices.ARCHITECTURES)
+    # What each architecture asks of a config is on its adapter. architectures.py reads ModelConfig from this
+    # module, so it is imported when a config is checked, not when this module is.
+    from mlmlab.architectures import check_config
+
+    check_config(cfg)
+
+
+def _check_frequency_neutral(m: MaskingConfig) -> None:
+    if not m.frequency_neutral:
+        return
+    if m.strategy != choices.ADAPTIVE:
+        raise UserError(f"masking.frequency_neutral=true re-weights ADM only; set masking.strategy={choices.ADAPTIVE} "
+                        "or masking.frequency_neutral=false")
+    if m.whole_word:  # the quotas count tokens, but whole-word selection takes words whose pieces span buckets
+        raise UserError("masking.frequency_neutral=true does not combine with masking.whole_word=true; "
+                        "set one of them to false")
 
 
 def _check_choice(key: str, value: str, names: tuple[str, ...]) -> None:

@@ -13,10 +13,9 @@ PACKAGE = ROOT / "mlmlab"
 # Bottom up, as docs/architecture.md's layer map draws them. A module may import from its own layer or below, function-local imports included.
 LAYERS = [
     ("mlmlab.errors", "mlmlab.choices", "mlmlab.utils", "mlmlab"),
-    ("mlmlab.config",),
+    ("mlmlab.config", "mlmlab.architectures"),  # config validation asks the architecture's adapter
     ("mlmlab.data",),
-    ("mlmlab.model", "mlmlab.model_folder", "mlmlab.architectures", "mlmlab.flops", "mlmlab.head_loss",
-     "mlmlab.fused_qkv"),
+    ("mlmlab.model", "mlmlab.model_folder", "mlmlab.flops", "mlmlab.head_loss", "mlmlab.fused_qkv"),
     ("mlmlab.masking",),
     ("mlmlab.train",),
     ("mlmlab.evaluate",),

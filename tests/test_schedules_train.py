@@ -247,8 +247,8 @@ def test_auto_precision_is_bf16_on_cpus_with_amx_and_fp32_on_others(tmp_path, mo
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for amx, expected in ((True, "bf16"), (False, "no")):
         monkeypatch.setattr(launch, "cpu_features", lambda amx=amx: {**cpu_features(), "amx_bf16": amx})
-        assert launch.mixed_precision("auto") == expected
-        assert (launch.mixed_precision("fp32"), launch.mixed_precision("bf16")) == ("no", "bf16")
+        assert launch.resolve_precision("auto").accelerate == expected
+        assert (launch.resolve_precision("fp32").accelerate, launch.resolve_precision("bf16").accelerate) == ("no", "bf16")
     monkeypatch.setattr(launch, "cpu_features", lambda: {**cpu_features(), "amx_bf16": True})
     on_amx = small_trainer(tmp_path, "amx", "train.precision=auto")
     assert on_amx.precision == "bf16" and matmul_dtypes(on_amx) == {torch.bfloat16}

@@ -7,6 +7,7 @@ is refused in one line.
 
 import os
 import sys
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -23,11 +24,33 @@ from mlmlab.utils.devices import available_cores, cpu_features, describe_cpu, ha
 from mlmlab.utils.progress import say_once
 
 
-def mixed_precision(precision: str) -> str:
-    """accelerate's name for train.precision; "auto" resolved by ``auto_precision``."""
-    if precision == choices.AUTO:
-        return auto_precision()
-    return {choices.FP32: "no"}.get(precision, precision)
+@dataclass(frozen=True)
+class Precision:
+    """One training precision under the three names it goes by."""
+
+    name: str  # train.precision's (fp32, bf16, fp16): what the run's log says
+    accelerate: str  # accelerate's mixed_precision, an Accelerator's and so a Trainer's ("no" is fp32)
+    dtype: torch.dtype  # what the matmuls run in: the MFU peak's dtype, a value's bytes in the memory estimate
+
+
+PRECISIONS = (Precision(choices.FP32, "no", torch.float32), Precision(choices.BF16, "bf16", torch.bfloat16),
+              Precision(choices.FP16, "fp16", torch.float16))
+
+
+def resolve_precision(setting: str) -> Precision:
+    """train.precision's Precision, "auto" resolved by ``auto_precision``."""
+    name = auto_precision() if setting == choices.AUTO else setting
+    return next(precision for precision in PRECISIONS if precision.name == name)
+
+
+def accelerated(mixed_precision: str) -> Precision:
+    """The Precision of accelerate's ``mixed_precision`` ("no", "bf16", "fp16")."""
+    return next(precision for precision in PRECISIONS if precision.accelerate == mixed_precision)
+
+
+def matmul_dtype(mixed_precision: str) -> torch.dtype:
+    """The dtype the matmuls run in under accelerate's ``mixed_precision`` (a Trainer's ``precision``)."""
+    return accelerated(mixed_precision).dtype
 
 
 def auto_precision() -> str:
@@ -38,8 +61,8 @@ def auto_precision() -> str:
     and ended where fp32 does (studies/precision-bf16-cpu); without bf16 units it is slower.
     """
     if torch.cuda.is_available():
-        return "bf16" if torch.cuda.is_bf16_supported() else "no"
-    return "bf16" if cpu_features()["amx_bf16"] else "no"
+        return choices.BF16 if torch.cuda.is_bf16_supported() else choices.FP32
+    return choices.BF16 if cpu_features()["amx_bf16"] else choices.FP32
 
 
 # How long a process waits for the others at a collective. The first is the main process preparing the
@@ -54,10 +77,10 @@ def make_accelerator(cfg: Config) -> Accelerator:
     # The mlm objective leaves the NSP head without gradients, which DDP must be told about.
     ddp_kwargs = DistributedDataParallelKwargs(find_unused_parameters=cfg.data.objective == choices.MLM)
     # cpu=True is what makes accelerate run several CPU processes (gloo) under torchrun.
-    precision = mixed_precision(cfg.train.precision)
-    release_other_precision(precision)
+    precision = resolve_precision(cfg.train.precision)
+    release_other_precision(precision.accelerate)
     handlers = [ddp_kwargs, InitProcessGroupKwargs(timeout=PROCESS_GROUP_TIMEOUT)]
-    accelerator = Accelerator(mixed_precision=precision, kwargs_handlers=handlers, cpu=not torch.cuda.is_available())
+    accelerator = Accelerator(mixed_precision=precision.accelerate, kwargs_handlers=handlers, cpu=not torch.cuda.is_available())
     if accelerator.device.type == "cuda":
         use_tf32(cfg.train.precision != choices.FP32)
     use_deterministic(cfg.train.deterministic)
@@ -95,7 +118,7 @@ def say_precision(accelerator: Accelerator, cfg: Config) -> None:
     """Which precision this run trains in on which device (hosts of one machine type differ in bf16 units),
     and what bf16 costs on a CPU that has none. Said once the run's refusals are past, so a refusal stays
     the one line on stderr."""
-    used = {"no": choices.FP32}.get(accelerator.mixed_precision, accelerator.mixed_precision)
+    used = accelerated(accelerator.mixed_precision).name
     on_gpu = accelerator.device.type == "cuda"
     where = (f"{torch.cuda.get_device_name(accelerator.device)}, TF32 matmuls "
              + ("on" if torch.backends.cuda.matmul.allow_tf32 else "off")) if on_gpu else describe_cpu()

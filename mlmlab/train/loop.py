@@ -40,11 +40,11 @@ from mlmlab.train import checkpoint
 from mlmlab.train.checkpointer import Checkpointer, resume_notes
 from mlmlab.train.init import initial_model, resolve_init
 from mlmlab.train.launch import (
-    concat_over_processes, fused_head_on, make_accelerator, say_precision, sum_over_processes,
+    concat_over_processes, fused_head_on, make_accelerator, matmul_dtype, say_precision, sum_over_processes,
 )
 from mlmlab.train.memory import refuse_unfitting
 from mlmlab.train.metrics import MetricsWriter
-from mlmlab.train.mfu import MeasuredPeak, matmul_dtype, rates, training_flops
+from mlmlab.train.mfu import MeasuredPeak, rates, training_flops
 from mlmlab.train.model_card import export_model_folder
 from mlmlab.train.optim import (
     build_optimizer, learning_rate, micro_batches_at, refuse_warmup_without_decay, set_lr, training_progress, work_done,

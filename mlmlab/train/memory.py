@@ -31,6 +31,7 @@ from mlmlab.errors import UserError
 from mlmlab.masking.schedules import rate_at
 from mlmlab.masking.strategies import strategy_entry
 from mlmlab.model import build_model, padded_vocab_size
+from mlmlab.train.launch import accelerated
 from mlmlab.utils.devices import memory_capacity
 
 OPTIMIZER_BYTES_PER_PARAMETER = 16  # fp32 weight, gradient, exp_avg, exp_avg_sq
@@ -70,7 +71,8 @@ def refuse_unfitting(cfg: Config, vocab_size: int, accelerator: Accelerator) -> 
         return
     limit, where = capacity
     sharded = accelerator.distributed_type == DistributedType.FSDP
-    parts = training_bytes(cfg, vocab_size, bytes_per_value=2 if accelerator.mixed_precision in ("bf16", "fp16") else 4,
+    value_bytes = accelerated(accelerator.mixed_precision).dtype.itemsize  # 2 under bf16/fp16 autocast, else 4
+    parts = training_bytes(cfg, vocab_size, bytes_per_value=value_bytes,
                            weight_shards=accelerator.num_processes if sharded else 1)
     need = sum(parts.values())
     if need > limit:

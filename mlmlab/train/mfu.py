@@ -16,11 +16,6 @@ from mlmlab.flops import TRAINING_PASSES, encoder_forward_flops, head_flops
 from mlmlab.utils.devices import clock
 
 
-def matmul_dtype(mixed_precision: str) -> torch.dtype:
-    """The dtype the matmuls run in under accelerate's ``mixed_precision`` ("no", "bf16", "fp16")."""
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision, torch.float32)
-
-
 def peak_matmul_size(device: torch.device | str) -> int:
     """The largest square matmul a peak measurement grows to.
 

@@ -48,21 +48,14 @@ def card_text(folder: Path, cfg: Config, state: dict, evaluation: dict, data: di
     return "\n\n".join(sections) + "\n"
 
 
-# Per architecture (model_type): its name, the classes besides the Auto ones that load the folder.
-_NAMES = {choices.BERT: ("BERT", "`BertForPreTraining` (with the NSP head)"),
-          choices.ROBERTA: ("RoBERTa", "`RobertaForMaskedLM`"),
-          choices.MODERNBERT: ("ModernBERT", "`ModernBertForMaskedLM`")}
-
-
 def _header(model: dict, cfg: Config, parameters: int) -> str:
     objective = "masked language modelling and next sentence prediction" if cfg.data.objective == choices.NSP \
         else "masked language modelling"
-    kind = saved_architecture(model).name
-    name = _NAMES[kind][0]
+    architecture = saved_architecture(model)
     return ("---\nlibrary_name: transformers\npipeline_tag: fill-mask\n"
-            f"tags: [{kind}, fill-mask, mlmlab]\n---\n\n"
-            f"# {name} L{model['num_hidden_layers']}/H{model['hidden_size']}, pretrained with mlmlab\n\n"
-            f"A {name} encoder of {parameters / 1e6:.1f}M parameters, pretrained by {objective} "
+            f"tags: [{architecture.name}, fill-mask, mlmlab]\n---\n\n"
+            f"# {architecture.label} L{model['num_hidden_layers']}/H{model['hidden_size']}, pretrained with mlmlab\n\n"
+            f"A {architecture.label} encoder of {parameters / 1e6:.1f}M parameters, pretrained by {objective} "
             f"({'from the weights of ' + cfg.train.init if cfg.train.init else 'from random initialisation'}).")
 
 
@@ -78,7 +71,7 @@ def _usage(model: dict, tokenizer_settings: dict) -> str:
     return ("## Use it\n\n```python\nfrom transformers import pipeline\n\n"
             "fill = pipeline(\"fill-mask\", model=\"path/to/this/folder\")\n"
             f"print(fill(\"The capital of France is {mask}.\"))\n```\n\n"
-            f"`AutoModelForMaskedLM`, {_NAMES[saved_architecture(model).name][1]} and "
+            f"`AutoModelForMaskedLM`, {saved_architecture(model).loaded_by} and "
             "`AutoModelForSequenceClassification` (to fine-tune; `mlmlab glue` does) load this folder.")
 
 
@@ -87,21 +80,7 @@ def _architecture(model: dict, parameters: int) -> str:
             "|---|---|---|---|---|---|---|\n"
             f"| {model['num_hidden_layers']} | {model['hidden_size']} | {model['num_attention_heads']} | "
             f"{model['intermediate_size']} | {model['max_position_embeddings']} | {model['vocab_size']:,} | "
-            f"{parameters:,} |\n\n{_classes(model)}")
-
-
-def _classes(model: dict) -> str:
-    if saved_architecture(model).name == choices.BERT:
-        return "`BertForPreTraining`: encoder, MLM head (tied to the input embeddings) and NSP head."
-    if saved_architecture(model).name == choices.ROBERTA:
-        return ("`RobertaForMaskedLM`: BERT's post-LayerNorm encoder with one token type and learned positions "
-                "counted from past the padding id; MLM head tied to the input embeddings; no NSP head.")
-    rope = model["rope_parameters"]
-    return ("`ModernBertForMaskedLM`: a pre-norm encoder with rotary positions, GeGLU feed-forward and no biases but "
-            f"the decoder's; layers 0, {model['global_attn_every_n_layers']}, ... attend to the whole sequence (RoPE "
-            f"base {rope['full_attention']['rope_theta']:,.0f}), the others to {model['local_attention'] // 2} tokens "
-            f"either side (RoPE base {rope['sliding_attention']['rope_theta']:,.0f}); MLM head tied to the input "
-            "embeddings; no NSP head.")
+            f"{parameters:,} |\n\n{saved_architecture(model).described(model)}")
 
 
 _KINDS = {"WordPiece": "WordPiece", "BPE": "Byte-level BPE", "Unigram": "Unigram (SentencePiece-style)"}
