@@ -22,7 +22,10 @@ so masking, resume and studies are the same code for every architecture. An adap
 An architecture's name is transformers' model_type, so a saved config.json says which one it is.
 """
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -30,8 +33,10 @@ from transformers import (BertConfig, BertForPreTraining, ModernBertConfig, Mode
                           RobertaForMaskedLM)
 
 from mlmlab import choices
-from mlmlab.config import ModelConfig
 from mlmlab.errors import UserError
+
+if TYPE_CHECKING:  # annotations only: config.py asks the adapters to check a config, so no import back at run time
+    from mlmlab.config import ModelConfig
 
 # The model.* settings of the encoder's shape, as config.json names them in both libraries' configs.
 _SHAPE = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size", "num_attention_heads": "num_heads",
@@ -313,7 +318,7 @@ def check_config(cfg) -> None:
     """A config's model section and objective against its architecture (named already checked), each refused in one line."""
     architecture = architecture_named(cfg.model.architecture)
     for other in ADAPTERS.values():
-        changed = [name for name in other.own_settings if getattr(cfg.model, name) != getattr(ModelConfig, name)]
+        changed = [name for name in other.own_settings if getattr(cfg.model, name) != getattr(type(cfg.model), name)]
         if changed and other is not architecture:
             raise UserError(f"model.{changed[0]} applies to model.architecture={other.name} only ({architecture.label} "
                             f"has {architecture.positions}); drop it or set model.architecture={other.name}")

@@ -313,8 +313,8 @@ def _check_batch_warmup(t: "TrainConfig") -> None:
 
 def _check_architecture(cfg: Config) -> None:
     _check_choice("model.architecture", cfg.model.architecture, choices.ARCHITECTURES)
-    # What each architecture asks of a config is on its adapter. architectures.py reads ModelConfig from this
-    # module, so it is imported when a config is checked, not when this module is.
+    # What each architecture asks of a config is on its adapter. Imported here, not at the top, so that reading a
+    # config does not load transformers' model classes until one is checked.
     from mlmlab.architectures import check_config
 
     check_config(cfg)

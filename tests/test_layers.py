@@ -45,8 +45,10 @@ def module_name(path: Path) -> str:
 
 def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
     """(line, module) of every mlmlab import anywhere in the file; ``from mlmlab import x`` names mlmlab.x."""
-    found = []
+    found, type_only = [], type_checking_imports(tree)
     for node in ast.walk(tree):
+        if node in type_only:
+            continue
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names if alias.name.startswith("mlmlab")]
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mlmlab"):
@@ -55,6 +57,13 @@ def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
             else:
                 found.append((node.lineno, node.module))
     return found
+
+
+def type_checking_imports(tree: ast.AST) -> set[ast.AST]:
+    """Imports under ``if TYPE_CHECKING:``: they serve annotations only and never run, so they bind no layers."""
+    return {node for block in ast.walk(tree)
+            if isinstance(block, ast.If) and ast.unparse(block.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+            for statement in block.body for node in ast.walk(statement)}
 
 
 SOURCES = sorted(PACKAGE.rglob("*.py"))
@@ -139,3 +148,9 @@ def test_choice_names_are_spelled_only_in_choices(path):
     spelled = [f"line {line}: {value!r}" for line, value in string_constants(ast.parse(path.read_text()))
                if value in CHOICE_NAMES and (relative, value) not in NOT_CHOICES]
     assert not spelled, f"{relative} spells choice names instead of importing them from mlmlab.choices: {spelled}"
+
+
+def test_imports_for_annotations_only_bind_no_layers():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mlmlab.cli import Thing\n"
+                     "from mlmlab.config import Config\n")
+    assert [module for _, module in imported_modules(tree)] == ["mlmlab.config"]
