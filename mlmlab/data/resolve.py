@@ -101,7 +101,7 @@ def prepared_folder(corpus: list) -> Path | None:
 def _corpora_and_settings(data: DataConfig, model_dir: str) -> tuple[dict, dict]:
     """({"train": paths, "valid": paths}, {"train": prepare's settings, "valid": ...}) of a config's data section.
 
-    A mixture's "train" paths are all its sources' (``train_sources`` parts them); with data.valid_fraction, "valid"
+    A mixture's "train" paths are all its sources' (``_train_sources`` parts them); with data.valid_fraction, "valid"
     is the same paths, read for their held-out documents, and "train" for every other.
     """
     train = list(data.corpus) or [SAMPLE_TRAIN]
@@ -113,7 +113,7 @@ def _corpora_and_settings(data: DataConfig, model_dir: str) -> tuple[dict, dict]
                              "split": _document_split(data, split)} for split in corpora}
 
 
-def train_sources(data: DataConfig, corpus: list) -> list[list]:
+def _train_sources(data: DataConfig, corpus: list) -> list[list]:
     """The training corpus as the sources it is drawn from: each of a mixture's, else the whole of it as one."""
     return [[path] for path in corpus] if isinstance(data.corpus, dict) else [corpus]
 
@@ -143,7 +143,7 @@ def prepare_datasets(data: DataConfig, model_dir: str = "", show_progress: bool 
     """(train store, valid TokenStore, tokenizer) for a config's data section, preparing what is missing; the train
     store of a mixture is a MixedStore of its sources' TokenStores."""
     corpora, settings = _corpora_and_settings(data, model_dir)
-    parts = [(source, "train") for source in train_sources(data, corpora["train"])] + [(corpora["valid"], "valid")]
+    parts = [(source, "train") for source in _train_sources(data, corpora["train"])] + [(corpora["valid"], "valid")]
     for corpus, split in parts:  # all, before minutes of preparing the first
         if not prepared_folder(corpus):
             refuse_missing_fields(corpus, settings[split]["columns"], COLUMN_KEYS[split])
@@ -200,7 +200,7 @@ def _require_build_settings(store: TokenStore, settings: dict) -> None:
 def dataset_hashes(data: DataConfig, model_dir: str = "") -> dict:
     """{"train": hash, "valid": hash} of the datasets ``prepare_datasets`` would give, without preparing them."""
     corpora, settings = _corpora_and_settings(data, model_dir)
-    sources = [_dataset_hash(source, settings["train"]) for source in train_sources(data, corpora["train"])]
+    sources = [_dataset_hash(source, settings["train"]) for source in _train_sources(data, corpora["train"])]
     train = mixture_hash(sources, list(data.corpus.values())) if isinstance(data.corpus, dict) else sources[0]
     return {"train": train[:16], "valid": _dataset_hash(corpora["valid"], settings["valid"])[:16]}
 
