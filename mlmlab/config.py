@@ -126,9 +126,14 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     # Files (text, WikiExtractor, JSONL; .gz ok; .parquet/.arrow), folders of them (recursive) or folders written
-    # by datasets' save_to_disk; empty: the sample bundled with the package
-    corpus: list[str] = field(default_factory=list)
+    # by datasets' save_to_disk; empty: the sample bundled with the package. A mapping {source: weight} of two or
+    # more is a mixture: each epoch draws from each source its weight's share of the examples (docs/data.md)
+    corpus: list[str] | dict[str, float] = field(default_factory=list)
     valid_corpus: list[str] = field(default_factory=list)  # as corpus; empty: the bundled validation sample
+    # > 0: hold out this share of the training corpus's documents (by a hash of each one's text) as the held-out
+    # set instead of valid_corpus; 0: valid_corpus
+    valid_fraction: float = ranged(0.0, Allowed(0.0, 0.5, why="a held-out split larger than the training side is a mistake"),
+                                   example=0.02)
     text_column: str = "text"  # JSONL and tables: the field holding the text
     # as text_column, for valid_corpus (a JSONL training file's "body" beside a held-out one's "text"); empty: text_column
     valid_text_column: str = ""
@@ -281,6 +286,8 @@ def validate(cfg: Config) -> None:
     m.freq_cuts  # parsing it is the check: a bad value raises the one-line UserError
     _check_frequency_neutral(m)
     _check_choice("data.objective", cfg.data.objective, choices.OBJECTIVES)
+    _check_held_out(cfg.data)
+    _check_mixture(cfg.data.corpus)
     if not cfg.data.text_column:
         raise UserError("data.text_column is empty; name the field that holds the text, e.g. data.text_column=text")
     if cfg.data.max_seq_length > cfg.model.max_position_embeddings:
@@ -318,6 +325,28 @@ def _check_architecture(cfg: Config) -> None:
     from mlmlab.architectures import check_config
 
     check_config(cfg)
+
+
+def _check_held_out(data: DataConfig) -> None:
+    if not data.valid_fraction:
+        return
+    for key in ("valid_corpus", "valid_text_column"):
+        if getattr(data, key):
+            raise UserError(f"data.valid_fraction holds out documents of data.corpus, data.{key} names another "
+                            f"held-out set; set one of them (data.{key}= or data.valid_fraction=0)")
+
+
+def _check_mixture(corpus) -> None:
+    """A mixture's weights: two sources or more, each weight positive and finite."""
+    if not isinstance(corpus, dict):
+        return
+    if len(corpus) < 2:
+        raise UserError(f"data.corpus={corpus!r} is a mixture of one source; give two or more with weights, e.g. "
+                        "data.corpus='{domain/: 0.8, wiki/: 0.2}', or the source alone: data.corpus=[domain/]")
+    for source, weight in corpus.items():
+        if not POSITIVE.admits(weight):
+            raise UserError(f"data.corpus gives {source} the weight {weight!r}; a weight is a share of the draws, "
+                            "positive and finite, e.g. data.corpus='{domain/: 0.8, wiki/: 0.2}'")
 
 
 def _check_frequency_neutral(m: MaskingConfig) -> None:
@@ -479,6 +508,8 @@ def _coerce(key: str, hint, value):
         if value is None:
             return None
         hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    if isinstance(hint, types.UnionType):  # list[str] | dict[str, float]: the first form that takes the value
+        return _first_form(key, typing.get_args(hint), value)
     if hint is float and isinstance(value, (int, str)) and not isinstance(value, bool):
         try:  # YAML 1.1 reads "3e-4" (no dot) as a string
             return float(value)
@@ -488,6 +519,19 @@ def _coerce(key: str, hint, value):
         value = [value] if isinstance(value, str) else value
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return value
+    elif typing.get_origin(hint) is dict:
+        if isinstance(value, dict):
+            key_type, value_type = typing.get_args(hint)
+            return {_coerce(key, key_type, k): _coerce(key, value_type, v) for k, v in value.items()}
     elif isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
         return value
     raise UserError(f"config key '{key}' expects {getattr(hint, '__name__', hint)}, got {value!r}")
+
+
+def _first_form(key: str, forms: tuple, value):
+    for form in forms:
+        try:
+            return _coerce(key, form, value)
+        except UserError:
+            pass
+    raise UserError(f"config key '{key}' expects {' or '.join(map(str, forms))}, got {value!r}")

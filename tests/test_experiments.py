@@ -244,7 +244,8 @@ def test_presets_load_and_validate_every_arm():
         if name == "roberta-base-adm":  # its own test above
             continue
         study = study_file.load_study(name)
-        assert len(study.seeds) >= 3 and study.baseline in [arm.name for arm in study.arms]
+        least_seeds = 2 if name == "quick-compare" else 3  # a study to copy, in minutes: its file says a real one needs more
+        assert len(study.seeds) >= least_seeds and study.baseline in [arm.name for arm in study.arms]
         runner.plan_runs(study)
 
 

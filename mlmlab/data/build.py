@@ -36,6 +36,7 @@ from mlmlab.data.corpus import document_sentences, named_files, read_paragraph_d
 from mlmlab.data.hashing import BuildConfig, dataset_hash
 from mlmlab.data.instances import IS_NEXT, NO_NSP_LABEL, RANDOM_NEXT, create_mlm_blocks, create_nsp_instances
 from mlmlab.data.records import Columns
+from mlmlab.data.split import DocumentSplit, split_documents
 from mlmlab.data.store import FORMAT_VERSION, SHARD_FIELDS, TokenStore
 from mlmlab.data.tokenizer import load_tokenizer, vocab_hash
 from mlmlab.errors import UserError
@@ -125,12 +126,14 @@ def prepare(
     docs_per_shard: int = 2000,
     columns: Columns = Columns(),
     unk_marker: str = "",
+    split: DocumentSplit | None = None,
     show_progress: bool = False,
 ) -> Path:
     """Build (or reuse) the prepared dataset for these inputs and settings; return its folder.
 
     ``columns``: the text and document-id fields of JSONL and table inputs. ``unk_marker``:
     the corpus's own word for an unknown word (WikiText's ``<unk>``), encoded as the [UNK] id.
+    ``split``: only the corpus's documents on one side of its held-out split (data/split.py); None: every one.
     ``show_progress``: a bar of the documents read on stderr, and a line saying what is prepared into the cache.
     """
     config = _validated_config(objective, max_seq_length, short_seq_prob, seed, docs_per_shard)
@@ -138,7 +141,7 @@ def prepare(
     paths = resolve_paths(corpus_paths)
     tokenizer_dir = Path(tokenizer_dir)
     tokenizer = load_tokenizer(tokenizer_dir)
-    digest = dataset_hash(paths, tokenizer_dir, config, columns, unk_marker)
+    digest = dataset_hash(paths, tokenizer_dir, config, columns, unk_marker, split)
     target = Path(out_dir) if out_dir is not None else cache_root() / digest[:16]
     if _holds_dataset(target, digest):
         log.info("reusing prepared dataset %s", target)
@@ -147,17 +150,17 @@ def prepare(
     say(f"preparing {named_files(paths)} into {target} (the cache; MLMLAB_CACHE moves it)",
         show_progress and out_dir is None)
     with building(target) as staging, progress_bar("prepare", None, show_progress, unit="doc") as bar:
-        _build(paths, columns, unk_marker, tokenizer, tokenizer_dir, config, digest, staging, num_workers, bar)
+        _build(paths, columns, unk_marker, split, tokenizer, tokenizer_dir, config, digest, staging, num_workers, bar)
     _holds_dataset(target, digest)  # refuses a different dataset that a concurrent writer published there
     return target
 
 
 def prepared_hash(corpus_paths, tokenizer_dir: str | Path, max_seq_length: int, objective: str = choices.NSP,
                   short_seq_prob: float = 0.1, seed: int = 12345, docs_per_shard: int = 2000,
-                  columns: Columns = Columns(), unk_marker: str = "") -> str:
+                  columns: Columns = Columns(), unk_marker: str = "", split: DocumentSplit | None = None) -> str:
     """The hash ``prepare`` would give these inputs and settings, without preparing anything."""
     config = _validated_config(objective, max_seq_length, short_seq_prob, seed, docs_per_shard)
-    return dataset_hash(resolve_paths(corpus_paths), Path(tokenizer_dir), config, columns, unk_marker)
+    return dataset_hash(resolve_paths(corpus_paths), Path(tokenizer_dir), config, columns, unk_marker, split)
 
 
 def _validated_config(objective, max_seq_length, short_seq_prob, seed, docs_per_shard) -> BuildConfig:
@@ -201,14 +204,14 @@ def _holds_dataset(target: Path, digest: str) -> bool:
     return False
 
 
-def _build(paths, columns, unk_marker, tokenizer, tokenizer_dir, config, digest, staging: Path,
+def _build(paths, columns, unk_marker, split, tokenizer, tokenizer_dir, config, digest, staging: Path,
            num_workers: int, bar) -> None:
     shutil.copytree(tokenizer_dir, staging / "tokenizer")
     vocab_size = len(tokenizer)
     spec = _ShardSpec(config, str(staging), tokenizer.cls_token_id, tokenizer.sep_token_id, vocab_size)
     initargs = (tokenizer.backend_tokenizer.to_str(), unk_marker, tokenizer.unk_token_id)
     with _worker_pool(num_workers, initargs) as pool:
-        chunks = _counted(_chunks(paths, columns, config.docs_per_shard), bar)
+        chunks = _counted(_chunks(paths, columns, split, config.docs_per_shard), bar)
         totals = _accumulate(_built_shards(pool, chunks, spec, pieces=num_workers), vocab_size, bar)
     if totals["num_instances"] == 0:
         raise UserError(
@@ -224,6 +227,7 @@ def _build(paths, columns, unk_marker, tokenizer, tokenizer_dir, config, digest,
         "corpus": [str(p.resolve()) for p in paths],
         **({} if columns.is_default else {"columns": asdict(columns)}),
         **({"unk_marker": unk_marker} if unk_marker else {}),
+        **({"split": asdict(split)} if split else {}),
         "vocab_size": vocab_size,
         "vocab_hash": vocab_hash(tokenizer.get_vocab()),
         "token_dtype": _token_dtype(vocab_size).__name__,
@@ -265,8 +269,10 @@ def lost_text_warning(meta: dict) -> str | None:
     return f"mlmlab: warning: only {token_use(meta)}; {'; '.join(causes) or 'instances were truncated'}"
 
 
-def _chunks(paths, columns, docs_per_shard: int) -> Iterator[_Chunk]:
+def _chunks(paths, columns, split: DocumentSplit | None, docs_per_shard: int) -> Iterator[_Chunk]:
     documents = read_paragraph_documents(paths, columns)
+    if split is not None:
+        documents = split_documents(documents, split)
     first_doc = 0
     for index in count():
         paragraph_docs = list(islice(documents, docs_per_shard))

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mlmlab.data.records import Columns
+from mlmlab.data.split import DocumentSplit
 from mlmlab.data.store import FORMAT_VERSION
 from mlmlab.utils.files import file_sha256
 
@@ -23,12 +24,13 @@ class BuildConfig:
 
 
 def dataset_hash(paths: list[Path], tokenizer_dir: Path, config: BuildConfig, columns: Columns = Columns(),
-                 unk_marker: str = "") -> str:
-    """sha256 over format version, config, corpus contents, how it is read (if not the default) and tokenizer files.
+                 unk_marker: str = "", split: DocumentSplit | None = None) -> str:
+    """sha256 over format version, config, corpus contents, how it is read (if not the default), the side of a
+    held-out split (if any) and tokenizer files.
 
     A folder given as the corpus hashes as the files in it, in the order they are read: the
-    same as naming those files. Default columns and no unk marker add nothing, so the hashes
-    of every corpus prepared before either could be chosen are unchanged.
+    same as naming those files. Default columns, no unk marker and no split add nothing, so the
+    hashes of every corpus prepared before any of them could be chosen are unchanged.
     """
     digest = hashlib.sha256(json.dumps({"format": FORMAT_VERSION, **asdict(config)}, sort_keys=True).encode())
     for path in paths:
@@ -37,6 +39,8 @@ def dataset_hash(paths: list[Path], tokenizer_dir: Path, config: BuildConfig, co
         digest.update(json.dumps({"columns": asdict(columns)}, sort_keys=True).encode())
     if unk_marker:
         digest.update(json.dumps({"unk_marker": unk_marker}).encode())
+    if split is not None:
+        digest.update(json.dumps({"split": asdict(split)}, sort_keys=True).encode())
     digest.update(_tokenizer_sha256(tokenizer_dir).encode())
     return digest.hexdigest()
 

@@ -1,10 +1,11 @@
 """Batches from a prepared TokenStore: a deterministic order, padding only, stateful.
 
 The loader never masks (masking needs the current model, so it runs in the training
-step). The order of epoch e is a permutation drawn from a generator keyed by
-(seed, e), split into global batches; rank r of w takes every w-th example of each
-global batch. Where the loop stands is just (epoch, batches done in that epoch), so
-resuming needs no iterator state: the same batches follow.
+step). The order of epoch e is a permutation of its examples (every example once, or a
+mixture's draws: data/mixture.py) drawn from a generator keyed by (seed, e), split into
+global batches; rank r of w takes every w-th example of each global batch. Where the
+loop stands is just (epoch, batches done in that epoch), so resuming needs no iterator
+state: the same batches follow.
 """
 
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from mlmlab.data.mixture import MixedStore
 from mlmlab.errors import UserError
 from mlmlab.utils.signals import ignore_stop_signals
 
@@ -130,5 +132,12 @@ def epoch_plans(store, *, global_batch: int, seed: int, start: LoaderPosition, b
     """
     epoch, first = start.epoch, start.for_global_batch(global_batch).batch
     while True:
-        yield epoch, first, epoch_batches(len(store), global_batch, seed, epoch, store.lengths, bucket_batches)[first:]
+        examples = epoch_examples(store, seed, epoch)  # (N,)
+        positions = epoch_batches(len(examples), global_batch, seed, epoch, store.lengths[examples], bucket_batches)
+        yield epoch, first, examples[positions[first:]]
         epoch, first = epoch + 1, 0
+
+
+def epoch_examples(store, seed: int, epoch: int) -> np.ndarray:
+    """(N,) the example ids epoch ``epoch`` reads, before shuffling: a mixture's draws, else every example once."""
+    return store.epoch_examples(seed, epoch) if isinstance(store, MixedStore) else np.arange(len(store))

@@ -6,18 +6,25 @@ tokenizers live in the cache, in folders named by a hash of what made them.
 """
 
 import hashlib
+import logging
 import shutil
 from pathlib import Path
+
+from accelerate import PartialState
 
 from mlmlab.config import DataConfig
 from mlmlab.data.build import cache_root, prepare, prepared_hash
 from mlmlab.data.corpus import is_prepared_dataset, refuse_missing_fields
+from mlmlab.data.mixture import MixedStore, mixture_hash
 from mlmlab.data.records import Columns
+from mlmlab.data.split import DocumentSplit
 from mlmlab.data.store import TokenStore
 from mlmlab.data.tokenizer import adopt_bpe_files, adopt_vocab, load_tokenizer, refuse_incomplete_bpe, vocab_hash
 from mlmlab.data.wikitext import UNK_MARKER, is_wikitext, write_plain
 from mlmlab.errors import UserError
 from mlmlab.utils.files import building, file_sha256
+
+log = logging.getLogger(__name__)
 
 SAMPLE_DIR = Path(__file__).resolve().parent.parent / "resources" / "sample"
 SAMPLE_TRAIN = SAMPLE_DIR / "train.txt.gz"
@@ -92,12 +99,33 @@ def prepared_folder(corpus: list) -> Path | None:
 
 
 def _corpora_and_settings(data: DataConfig, model_dir: str) -> tuple[dict, dict]:
-    """({"train": paths, "valid": paths}, {"train": prepare's settings, "valid": ...}) of a config's data section."""
-    corpora = {"train": data.corpus or [SAMPLE_TRAIN], "valid": data.valid_corpus or [SAMPLE_VALID]}
-    shared = dict(tokenizer_dir=_tokenizer_dir(data, model_dir, corpora["train"]), max_seq_length=data.max_seq_length,
+    """({"train": paths, "valid": paths}, {"train": prepare's settings, "valid": ...}) of a config's data section.
+
+    A mixture's "train" paths are all its sources' (``_train_sources`` parts them); with data.valid_fraction, "valid"
+    is the same paths, read for their held-out documents, and "train" for every other.
+    """
+    train = list(data.corpus) or [SAMPLE_TRAIN]
+    corpora = {"train": train, "valid": train if data.valid_fraction else data.valid_corpus or [SAMPLE_VALID]}
+    shared = dict(tokenizer_dir=_tokenizer_dir(data, model_dir, train), max_seq_length=data.max_seq_length,
                   objective=data.objective, short_seq_prob=data.short_seq_prob, seed=data.prepare_seed)
     text_columns = {"train": data.text_column, "valid": data.valid_text_column or data.text_column}
-    return corpora, {split: {**shared, "columns": Columns(text_columns[split], data.id_column)} for split in corpora}
+    return corpora, {split: {**shared, "columns": Columns(text_columns[split], data.id_column),
+                             "split": _document_split(data, split)} for split in corpora}
+
+
+def _train_sources(data: DataConfig, corpus: list) -> list[list]:
+    """The training corpus as the sources it is drawn from: each of a mixture's, else the whole of it as one."""
+    return [[path] for path in corpus] if isinstance(data.corpus, dict) else [corpus]
+
+
+def _document_split(data: DataConfig, split: str) -> DocumentSplit | None:
+    """Which side of data.valid_fraction's split a corpus is read for; None without one."""
+    if not data.valid_fraction:
+        return None
+    if any(prepared_folder([path]) for path in data.corpus):
+        raise UserError("data.valid_fraction splits corpus text by documents, and a prepared folder is no longer "
+                        "text; give the text it was prepared from, or a held-out set as data.valid_corpus")
+    return DocumentSplit(data.valid_fraction, held_out=split == "valid")
 
 
 def _tokenizer_dir(data: DataConfig, model_dir: str, train_corpus: list) -> Path:
@@ -112,19 +140,25 @@ def _tokenizer_dir(data: DataConfig, model_dir: str, train_corpus: list) -> Path
 
 
 def prepare_datasets(data: DataConfig, model_dir: str = "", show_progress: bool = False):
-    """(train TokenStore, valid TokenStore, tokenizer) for a config's data section, preparing what is missing."""
+    """(train store, valid TokenStore, tokenizer) for a config's data section, preparing what is missing; the train
+    store of a mixture is a MixedStore of its sources' TokenStores."""
     corpora, settings = _corpora_and_settings(data, model_dir)
-    for split, corpus in corpora.items():  # both, before minutes of preparing the first
+    parts = [(source, "train") for source in _train_sources(data, corpora["train"])] + [(corpora["valid"], "valid")]
+    for corpus, split in parts:  # all, before minutes of preparing the first
         if not prepared_folder(corpus):
             refuse_missing_fields(corpus, settings[split]["columns"], COLUMN_KEYS[split])
+    if data.corpus and not (data.valid_corpus or data.valid_fraction) and PartialState().is_main_process:
+        log.warning("mlmlab: warning: held-out figures come from the sample bundled with mlmlab (Wikipedia), not from "
+                    "data.corpus; set data.valid_corpus=FILES, or data.valid_fraction=0.02 to hold out 2% of its documents")
     workers = data.prepare_workers or None  # None: every core
-    train, valid = (_token_store(corpora[split], settings[split], workers, show_progress)
-                    for split in ("train", "valid"))
+    stores = [_token_store(corpus, settings[split], workers, show_progress) for corpus, split in parts]
     tokenizer_dir = settings["train"]["tokenizer_dir"]
     tokenizer = load_tokenizer(tokenizer_dir)
     expected = vocab_hash(tokenizer.get_vocab())
-    for store in (train, valid):
+    for store in stores:
         require_vocab(store, expected, f"data.tokenizer ({tokenizer_dir})")
+    *sources, valid = stores
+    train = MixedStore(sources, list(data.corpus.values())) if isinstance(data.corpus, dict) else sources[0]
     return train, valid, tokenizer
 
 
@@ -166,9 +200,11 @@ def _require_build_settings(store: TokenStore, settings: dict) -> None:
 def dataset_hashes(data: DataConfig, model_dir: str = "") -> dict:
     """{"train": hash, "valid": hash} of the datasets ``prepare_datasets`` would give, without preparing them."""
     corpora, settings = _corpora_and_settings(data, model_dir)
-    return {split: _dataset_hash(paths, settings[split]) for split, paths in corpora.items()}
+    sources = [_dataset_hash(source, settings["train"]) for source in _train_sources(data, corpora["train"])]
+    train = mixture_hash(sources, list(data.corpus.values())) if isinstance(data.corpus, dict) else sources[0]
+    return {"train": train[:16], "valid": _dataset_hash(corpora["valid"], settings["valid"])[:16]}
 
 
 def _dataset_hash(corpus: list, settings: dict) -> str:
     folder = prepared_folder(corpus)
-    return (TokenStore(folder).meta["hash"] if folder else prepared_hash(corpus, **settings))[:16]
+    return TokenStore(folder).meta["hash"] if folder else prepared_hash(corpus, **settings)

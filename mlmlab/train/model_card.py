@@ -108,7 +108,7 @@ def _data(cfg: Config, data: dict) -> str:
 
 
 def _data_row(name: str, setting: list[str], meta: dict | None) -> str:
-    files = meta["corpus"] if meta else (setting or ["the sample bundled with mlmlab"])
+    files = meta["corpus"] if meta else (list(setting) or ["the sample bundled with mlmlab"])  # a mixture: its sources
     shown = ", ".join(f"`{Path(f).name}`" for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
     if not meta:
         return f"| {name} | {shown} | ? | ? | ? | ? (the prepared data was not at hand at export) |"
