@@ -3,7 +3,8 @@
 Two independent 1-thread runs side by side trained 1.32-1.43x the tokens/s of one 2-thread run
 (``benchmarks/parallel_runs.sh``, tiny, 2026-12-02), 1.03x for an ADM run of the 8k vocabulary
 (2026-12-04, after glibc's page faults were fixed): whether a step keeps two threads busy depends on
-the model and the host. DDP splits one run the same way at the cost of a gradient all-reduce per step. Arms, each the same
+the model and the host. DDP splits one run the same way at the cost of a gradient all-reduce per step. Arms, each the
+same
 config, data and global batch (``train.batch_size`` is split over the DDP processes):
 
 - ``threads``: ``mlmlab pretrain``, one process, torch's default threads (one per core);
@@ -32,18 +33,32 @@ from mlmlab.utils.devices import available_cores, describe_cpu
 def run_arm(arm: str, args, out_dir: Path) -> float:
     """Train one short run of ``arm``; its median tokens/s after the warm-up."""
     processes = args.processes if arm == "ddp" else 1  # --processes splits the batch and shares out the cores
-    command = [sys.executable, "-m", "mlmlab.cli", "pretrain", "--config", args.config, "--no-progress",
-               "--processes", str(processes), f"train.max_steps={args.steps}", "train.eval_every=0",
-               "train.save_every=0", f"train.log_every={args.log_every}", f"train.out_dir={out_dir}", *args.set,
-               f"train.batch_size={args.batch_size}"]
+    command = [
+        sys.executable,
+        "-m",
+        "mlmlab.cli",
+        "pretrain",
+        "--config",
+        args.config,
+        "--no-progress",
+        "--processes",
+        str(processes),
+        f"train.max_steps={args.steps}",
+        "train.eval_every=0",
+        "train.save_every=0",
+        f"train.log_every={args.log_every}",
+        f"train.out_dir={out_dir}",
+        *args.set,
+        f"train.batch_size={args.batch_size}",
+    ]
     env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
-    done = subprocess.run(command, env={**env, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(
+        command, env={**env, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     if done.returncode:
         sys.exit(f"the {arm} arm failed ({' '.join(command)}):\n{done.stderr[-3000:]}")
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    return statistics.median(row["tokens_per_s"] for row in rows
-                             if "tokens_per_s" in row and row["step"] > args.warmup)
+    return statistics.median(row["tokens_per_s"] for row in rows if "tokens_per_s" in row and row["step"] > args.warmup)
 
 
 def main() -> None:
@@ -69,8 +84,10 @@ def main() -> None:
                 speeds[arm].append(speed)
                 print(f"round {round_ + 1} {arm}: {speed:,.0f} tokens/s", flush=True)
     threads, ddp = statistics.median(speeds["threads"]), statistics.median(speeds["ddp"])
-    print(f"{args.config}: {args.processes} DDP processes x {max(cores // args.processes, 1)} thread(s) "
-          f"vs 1 process x {cores} threads: {ddp / threads:.2f}x ({ddp:,.0f} vs {threads:,.0f} tokens/s)")
+    print(
+        f"{args.config}: {args.processes} DDP processes x {max(cores // args.processes, 1)} thread(s) "
+        f"vs 1 process x {cores} threads: {ddp / threads:.2f}x ({ddp:,.0f} vs {threads:,.0f} tokens/s)"
+    )
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 from mlmlab import choices  # noqa: E402
 from mlmlab.config import MaskingConfig, ModelConfig  # noqa: E402
 from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer  # noqa: E402
-from mlmlab.masking.select import Corruption, mask_batch, token_info_for  # noqa: E402
 from mlmlab.masking.scorers import scorer_names  # noqa: E402
+from mlmlab.masking.select import Corruption, mask_batch, token_info_for  # noqa: E402
 from mlmlab.masking.strategies import build_strategy  # noqa: E402
 from mlmlab.masking.variants import READS_LOSSES, READS_MODEL  # noqa: E402
 from mlmlab.model import build_model, pretraining_loss  # noqa: E402
@@ -63,9 +63,13 @@ def real_batch(tokenizer, batch_size: int, offset: int = 0) -> dict:
     text = lines[offset : offset + batch_size]
     enc = tokenizer(text, truncation=True, max_length=SEQ, padding="max_length", return_tensors="pt")
     n = len(text)
-    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
-            "token_type_ids": torch.zeros_like(enc["input_ids"]), "example_ids": torch.arange(offset, offset + n),
-            "next_sentence_label": torch.zeros(n, dtype=torch.long)}
+    return {
+        "input_ids": enc["input_ids"],
+        "attention_mask": enc["attention_mask"],
+        "token_type_ids": torch.zeros_like(enc["input_ids"]),
+        "example_ids": torch.arange(offset, offset + n),
+        "next_sentence_label": torch.zeros(n, dtype=torch.long),
+    }
 
 
 def median_seconds(fn, reps: int) -> float:
@@ -84,7 +88,9 @@ def bench_mask_time(tokenizer, reps: int) -> None:
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, seed=0)
     examples = [{"input_ids": row[row != tokenizer.pad_token_id].tolist()} for row in batch["input_ids"]]
     arms = {
-        "mlmlab mask_batch": lambda: mask_batch(batch, seed=0, epoch_key=1, rate=0.15, info=info, corruption=Corruption()),
+        "mlmlab mask_batch": lambda: mask_batch(
+            batch, seed=0, epoch_key=1, rate=0.15, info=info, corruption=Corruption()
+        ),
         "HF torch_mask_tokens": lambda: collator.torch_mask_tokens(batch["input_ids"].clone()),
         "HF collator(examples)": lambda: collator(examples),
     }
@@ -119,8 +125,9 @@ def bench_overhead(tokenizer, size: str, arms: dict, rounds: int) -> None:
             batch = batches[counter["step"] % len(batches)]
             counter["step"] += 1
             weights = strategy.weights(bert, batch, 1.0, step=step)  # a = a_max: full ADM
-            masked = mask_batch(batch, seed=0, epoch_key=counter["step"], rate=0.15, info=info,
-                                corruption=Corruption(), weights=weights)
+            masked = mask_batch(
+                batch, seed=0, epoch_key=counter["step"], rate=0.15, info=info, corruption=Corruption(), weights=weights
+            )
             result = pretraining_loss(bert, masked)
             result["loss"].backward()
             optimizer.step()
@@ -136,8 +143,10 @@ def bench_overhead(tokenizer, size: str, arms: dict, rounds: int) -> None:
         for name in arms:
             times[name].append(block(name))
     base = statistics.median(times[choices.DYNAMIC])
-    print(f"\n[2] step time, {size} ({SIZES[size].num_layers}L/H{SIZES[size].hidden_size}), "
-          f"batch {BATCH} x seq {SEQ}, vocab {vocab}, median of {rounds} interleaved blocks")
+    print(
+        f"\n[2] step time, {size} ({SIZES[size].num_layers}L/H{SIZES[size].hidden_size}), "
+        f"batch {BATCH} x seq {SEQ}, vocab {vocab}, median of {rounds} interleaved blocks"
+    )
     for name, values in times.items():
         m = statistics.median(values)
         print(f"  {name:28s} {m * 1e3:8.1f} ms/step   overhead vs dynamic {100 * (m / base - 1):+6.1f}%")
@@ -167,12 +176,16 @@ print(chunked, rss() - base, float((a - b).abs().max()))
 
 
 def bench_peak_memory() -> None:
-    out = subprocess.run([sys.executable, "-c", _PEAK.format(root=str(ROOT))], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _PEAK.format(root=str(ROOT))], capture_output=True, text=True, check=True
+    )
     chunked, naive, diff = map(float, out.stdout.split()[-3:])
     print("\n[3] entropy scorer peak RSS above baseline, mini, batch 64 x seq 128, vocab 30522")
     print(f"  chunked (2048 positions)  {chunked:8.0f} MiB")
-    print(f"  naive full softmax        {naive:8.0f} MiB   ratio naive/chunked {naive / max(chunked, 1):.1f}x"
-          f"   max |diff| {diff:.1e}")
+    print(
+        f"  naive full softmax        {naive:8.0f} MiB   ratio naive/chunked {naive / max(chunked, 1):.1f}x"
+        f"   max |diff| {diff:.1e}"
+    )
 
 
 def main() -> None:
@@ -188,8 +201,10 @@ def main() -> None:
         tiny_arms = {
             choices.DYNAMIC: MaskingConfig(strategy=choices.DYNAMIC),
             **{scorer: MaskingConfig(**adm, scorer=scorer) for scorer in scorer_names(READS_LOSSES)},
-            **{f"{choices.ENTROPY} every {k}": MaskingConfig(**adm, scorer=choices.ENTROPY, score_every=k)
-               for k in COST_CONTROL_EVERY},
+            **{
+                f"{choices.ENTROPY} every {k}": MaskingConfig(**adm, scorer=choices.ENTROPY, score_every=k)
+                for k in COST_CONTROL_EVERY
+            },
             **{f"{scorer} every step": MaskingConfig(**adm, scorer=scorer) for scorer in scorer_names(READS_MODEL)},
         }
         bench_overhead(tokenizer, "tiny", tiny_arms, args.rounds)

@@ -83,8 +83,10 @@ def main(argv=None) -> None:
     print(f"{describe_cpu()}; {available_cores()} cores for this process (prepare's default worker count)")
     tokenizer_dir = tokenizer_dir_for(args.tokenizer)
     with tempfile.TemporaryDirectory() as scratch:
-        arms = {"tokenizer": tokenizer_arm(tokenizer_dir, args.corpus),
-                "prepare": prepare_arm(tokenizer_dir, args.corpus, args.objective, Path(scratch))}
+        arms = {
+            "tokenizer": tokenizer_arm(tokenizer_dir, args.corpus),
+            "prepare": prepare_arm(tokenizer_dir, args.corpus, args.objective, Path(scratch)),
+        }
         for work in arms.values():  # warm-up: page cache, allocator, tokenizer threads
             work()
         measured = {name: [] for name in arms}
@@ -99,8 +101,10 @@ def main(argv=None) -> None:
         wall = statistics.median(result[1] for result in results)
         busy = statistics.median(result[2] for result in results)
         rates[name] = results[0][0] / wall
-        print(f"{name:<10} {rates[name]:>12,.0f} wordpieces/s  (median of {args.rounds}: {wall:.2f} s, "
-              f"cores busy {busy:.1f})")
+        print(
+            f"{name:<10} {rates[name]:>12,.0f} wordpieces/s  (median of {args.rounds}: {wall:.2f} s, "
+            f"cores busy {busy:.1f})"
+        )
     print(f"prepare vs tokenizer: {rates['prepare'] / rates['tokenizer']:.2f}")
 
 

@@ -4,7 +4,8 @@ The arms are throughput.py's: by default its same-recipe pair (hf-sparse-recipe 
 mlmlab-as-shipped, both at mlmlab's defaults), so a gap in its "vs hf-sparse, same recipe"
 line can be traced here; `--arms hf-sparse mlmlab` profiles the pair at transformers' defaults
 (dropout 0.1). For each: the operators it spends its CPU time in, and the time of mlmlab's
-phases outside the model (masking, the step's bookkeeping, gradient clipping, the optimizer), and how often a step reads a
+phases outside the model (masking, the step's bookkeeping, gradient clipping, the optimizer), and how often a step
+reads a
 tensor's value on the host; on a GPU also its kernels and the share of the wall time they kept it busy.
 The profiler sees this process only: a loader worker's time (mlmlab as shipped) is not in it;
 throughput.py's `--lever data.loader_workers=0` measures what the worker costs.
@@ -20,13 +21,12 @@ import sys
 import tempfile
 
 import torch
+from throughput import build_arms, describe_environment, time_arm
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from mlmlab.cli import reexec_with_malloc_tuning
 from mlmlab.utils.devices import clock
-from throughput import build_arms, describe_environment, time_arm
-
 
 SAME_RECIPE = ("hf-sparse-recipe", "mlmlab-as-shipped")
 
@@ -34,8 +34,11 @@ SAME_RECIPE = ("hf-sparse-recipe", "mlmlab-as-shipped")
 def label_phases(trainer) -> None:
     """Wrap mlmlab's phase methods in profiler ranges named "phase: ..." (each timed as a whole, operators
     inside included)."""
-    phases = {"masking": (trainer.masker, "mask_step"), "optimizer update": (trainer, "_apply_update"),
-              "strategy.observe": (trainer.masker.strategy, "observe")}
+    phases = {
+        "masking": (trainer.masker, "mask_step"),
+        "optimizer update": (trainer, "_apply_update"),
+        "strategy.observe": (trainer.masker.strategy, "observe"),
+    }
     for label, (owner, method) in phases.items():
         setattr(owner, method, _in_range(f"phase: {label}", getattr(owner, method)))
 
@@ -45,6 +48,7 @@ def _in_range(label: str, function):
     def wrapped(*args, **kwargs):
         with record_function(label):
             return function(*args, **kwargs)
+
     return wrapped
 
 
@@ -80,10 +84,17 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rows", type=int, default=20)
-    parser.add_argument("--arms", nargs="+", default=SAME_RECIPE,
-                        choices=("hf-naive", "hf-sparse", "mlmlab-unbucketed", "mlmlab", *SAME_RECIPE))
-    parser.add_argument("--no-malloc-tuning", action="store_true",
-                        help="profile without the glibc settings the mlmlab command and throughput.py apply")
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        default=SAME_RECIPE,
+        choices=("hf-naive", "hf-sparse", "mlmlab-unbucketed", "mlmlab", *SAME_RECIPE),
+    )
+    parser.add_argument(
+        "--no-malloc-tuning",
+        action="store_true",
+        help="profile without the glibc settings the mlmlab command and throughput.py apply",
+    )
     args = parser.parse_args(argv)
     if not args.no_malloc_tuning:  # else its page faults would be profiled that neither measures
         reexec_with_malloc_tuning([sys.executable, os.path.abspath(__file__), *sys.argv[1:]])

@@ -53,7 +53,11 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 from transformers import (
-    BertForMaskedLM, BertForPreTraining, DataCollatorForLanguageModeling, ModernBertConfig, ModernBertForMaskedLM,
+    BertForMaskedLM,
+    BertForPreTraining,
+    DataCollatorForLanguageModeling,
+    ModernBertConfig,
+    ModernBertForMaskedLM,
 )
 
 from mlmlab import choices
@@ -72,18 +76,42 @@ from mlmlab.utils.devices import clock, describe_cpu
 ANCHOR_SETTINGS = ["train.precision=fp32", "model.dropout=0.1", "model.attention_dropout=null"]
 # What the transformers arms take from the config: the model, the data and its order, the batch, the precision,
 # the optimizer's settings, the collator's corruption. They collate in the timed step, as a plain loop does.
-HF_APPLIES = ("model.", "data.", "train.batch_size", "train.seed", "train.precision", "train.lr", "train.weight_decay",
-              "train.adam_beta1", "train.adam_beta2", "train.adam_eps", "train.max_grad_norm", "train.optimizer",
-              "masking.rate", "masking.mask_prob", "masking.random_prob", "masking.whole_word")
+HF_APPLIES = (
+    "model.",
+    "data.",
+    "train.batch_size",
+    "train.seed",
+    "train.precision",
+    "train.lr",
+    "train.weight_decay",
+    "train.adam_beta1",
+    "train.adam_beta2",
+    "train.adam_eps",
+    "train.max_grad_norm",
+    "train.optimizer",
+    "masking.rate",
+    "masking.mask_prob",
+    "masking.random_prob",
+    "masking.whole_word",
+)
 HF_IGNORES = ("data.loader_workers",)
 PEAK_SECONDS = 2.0  # how long each precision's matmul peak is timed
 QUIET_STEPS = 20  # a compiled arm warms up until this many steps in a row compile no new graph
 
 
 def make_trainer(preset: str, args, run_dir: str, overrides=()) -> Trainer:
-    cfg = load_config(preset, [f"train.batch_size={args.batch_size}", f"data.max_seq_length={args.seq}",
-                               "train.max_steps=100000", "train.eval_every=0", "train.save_every=0",
-                               f"train.out_dir={run_dir}", *overrides])
+    cfg = load_config(
+        preset,
+        [
+            f"train.batch_size={args.batch_size}",
+            f"data.max_seq_length={args.seq}",
+            "train.max_steps=100000",
+            "train.eval_every=0",
+            "train.save_every=0",
+            f"train.out_dir={run_dir}",
+            *overrides,
+        ],
+    )
     return Trainer(cfg, evaluator=None, show_progress=False)
 
 
@@ -96,8 +124,13 @@ def not_applied_by_hf(overrides) -> list[str]:
 def planned_ids(trainer: Trainer):
     """The example ids of ``trainer.batches()``, batch by batch, without its loader."""
     cfg, store = trainer.cfg, trainer.train_store
-    plans = epoch_plans(store, global_batch=cfg.train.batch_size, seed=cfg.train.seed, start=trainer.state.position,
-                        bucket_batches=cfg.data.bucket_batches)
+    plans = epoch_plans(
+        store,
+        global_batch=cfg.train.batch_size,
+        seed=cfg.train.seed,
+        start=trainer.state.position,
+        bucket_batches=cfg.data.bucket_batches,
+    )
     return (ids for _, _, plan in plans for ids in plan)
 
 
@@ -112,13 +145,23 @@ class HFArm:
         self.model = self._model(trainer.model.config).to(self.device).train()
         self.model_config, self.store, self.batches = cfg.model, trainer.train_store, planned_ids(trainer)
         self.collator = DataCollatorForLanguageModeling(
-            trainer.tokenizer, mlm_probability=cfg.masking.rate, mask_replace_prob=cfg.masking.mask_prob,
-            random_replace_prob=cfg.masking.random_prob, whole_word_mask=cfg.masking.whole_word)
+            trainer.tokenizer,
+            mlm_probability=cfg.masking.rate,
+            mask_replace_prob=cfg.masking.mask_prob,
+            random_replace_prob=cfg.masking.random_prob,
+            whole_word_mask=cfg.masking.whole_word,
+        )
         train = cfg.train
-        # ModernBERT's recipe trains with StableAdamW (optimi's, in a hand-written loop): the anchor takes the same class
+        # ModernBERT's recipe trains with StableAdamW (optimi's, in a hand-written loop): the anchor takes the same
+        # class
         optimizer = StableAdamW if train.optimizer == choices.STABLE_ADAMW else partial(torch.optim.AdamW, fused=sparse)
-        self.optimizer = optimizer(self.model.parameters(), lr=train.lr, betas=(train.adam_beta1, train.adam_beta2),
-                                   eps=train.adam_eps, weight_decay=train.weight_decay)
+        self.optimizer = optimizer(
+            self.model.parameters(),
+            lr=train.lr,
+            betas=(train.adam_beta1, train.adam_beta2),
+            eps=train.adam_eps,
+            weight_decay=train.weight_decay,
+        )
         self.max_grad_norm, self.autocast = train.max_grad_norm, trainer.accelerator.autocast
 
     def _model(self, config):
@@ -157,8 +200,11 @@ class HFArm:
         selected = labels != IGNORE_INDEX  # (B, T)
         if isinstance(self.model, ModernBertForMaskedLM):
             return self.model(**batch).loss, int(selected.sum())
-        encoder = self.model.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                  token_type_ids=batch.get("token_type_ids"))
+        encoder = self.model.bert(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            token_type_ids=batch.get("token_type_ids"),
+        )
         logits = self.model.cls.predictions(encoder[0][selected])  # (M, V) of (B, T, H)
         loss = F.cross_entropy(logits.float(), labels[selected])
         if self.nsp:
@@ -208,12 +254,20 @@ def build_arms(preset: str, args, folder: str) -> tuple[dict, dict]:
     equal = make_trainer(preset, args, f"{folder}/equal", anchor)
     unbucketed = make_trainer(preset, args, f"{folder}/unbucketed", [*anchor, "data.bucket_batches=0"])
     shipped = make_trainer(preset, args, f"{folder}/shipped", args.set)
-    trainers = {"hf-naive": unbucketed, "hf-sparse": equal, "mlmlab-unbucketed": unbucketed, "mlmlab": equal,
-                "hf-sparse-recipe": shipped, "mlmlab-as-shipped": shipped}
+    trainers = {
+        "hf-naive": unbucketed,
+        "hf-sparse": equal,
+        "mlmlab-unbucketed": unbucketed,
+        "mlmlab": equal,
+        "hf-sparse-recipe": shipped,
+        "mlmlab-as-shipped": shipped,
+    }
     for index, lever in enumerate(args.lever):
         trainers[lever_arm(lever)] = make_trainer(preset, args, f"{folder}/lever{index}", [*args.set, *lever])
-    arms = {name: HFArm(trainer, sparse=name != "hf-naive").step if name.startswith("hf-") else mlmlab_step(trainer)
-            for name, trainer in trainers.items()}
+    arms = {
+        name: HFArm(trainer, sparse=name != "hf-naive").step if name.startswith("hf-") else mlmlab_step(trainer)
+        for name, trainer in trainers.items()
+    }
     return arms, trainers
 
 
@@ -221,20 +275,37 @@ def benchmark_preset(preset: str, args) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         arms, trainers = build_arms(preset, args, folder)
         device = trainers["mlmlab"].accelerator.device
-        warm_ups = {name: warm_up(step, args.warmup, trainers[name].cfg.train.compile, device) for name, step in arms.items()}
+        warm_ups = {
+            name: warm_up(step, args.warmup, trainers[name].cfg.train.compile, device) for name, step in arms.items()
+        }
         totals = {name: [0, 0, 0.0, 0.0] for name in arms}
         for _ in range(args.rounds):  # interleaved: every arm sees the same machine load
             for name, step in arms.items():
                 totals[name] = [a + b for a, b in zip(totals[name], time_arm(step, args.steps, device))]
         precisions = {name: trainer.precision for name, trainer in trainers.items()}
         # Longer than training's start-up timing and up to the largest size: the benchmark can afford it.
-        peaks = {precision: peak_matmul_flops(device, matmul_dtype(precision), seconds=PEAK_SECONDS, big_enough=0.1)
-                 for precision in set(precisions.values())}
+        peaks = {
+            precision: peak_matmul_flops(device, matmul_dtype(precision), seconds=PEAK_SECONDS, big_enough=0.1)
+            for precision in set(precisions.values())
+        }
         settings = {name: describe_settings(trainer) for name, trainer in trainers.items()}
-    return {"preset": preset, "device": str(device), "peaks": peaks, "settings": settings, "warm_ups": warm_ups,
-            "levers": args.lever,
-            "arms": {name: {"tokens_per_s": t[0] / t[3], "padding": 1 - t[0] / t[1], "precision": precisions[name],
-                            "mfu": t[2] / t[3] / peaks[precisions[name]]} for name, t in totals.items()}}
+    return {
+        "preset": preset,
+        "device": str(device),
+        "peaks": peaks,
+        "settings": settings,
+        "warm_ups": warm_ups,
+        "levers": args.lever,
+        "arms": {
+            name: {
+                "tokens_per_s": t[0] / t[3],
+                "padding": 1 - t[0] / t[1],
+                "precision": precisions[name],
+                "mfu": t[2] / t[3] / peaks[precisions[name]],
+            }
+            for name, t in totals.items()
+        },
+    }
 
 
 def describe_settings(trainer: Trainer) -> str:
@@ -249,30 +320,43 @@ def dtype_name(precision: str) -> str:
 
 
 def print_preset(result: dict) -> None:
-    peaks = ", ".join(f"{dtype_name(precision)} {peak / 1e12:.2f} TFLOP/s" for precision, peak in result["peaks"].items())
-    print(f"\n{result['preset']} on {result['device']}: measured matmul peak {peaks} "
-          f"(the fastest of {PEAK_SECONDS:.0f} s of matmuls up to {peak_matmul_size(result['device'])}^2)")
+    peaks = ", ".join(
+        f"{dtype_name(precision)} {peak / 1e12:.2f} TFLOP/s" for precision, peak in result["peaks"].items()
+    )
+    print(
+        f"\n{result['preset']} on {result['device']}: measured matmul peak {peaks} "
+        f"(the fastest of {PEAK_SECONDS:.0f} s of matmuls up to {peak_matmul_size(result['device'])}^2)"
+    )
     print(f"  {'arm':<24} {'tokens/s':>10} {'padding':>8} {'precision':>10} {'MFU (of measured matmul peak)':>30}")
     for name, arm in result["arms"].items():
-        print(f"  {name:<24} {arm['tokens_per_s']:>10.0f} {arm['padding']:>8.1%} {dtype_name(arm['precision']):>10} "
-              f"{arm['mfu']:>30.1%}", flush=True)
+        print(
+            f"  {name:<24} {arm['tokens_per_s']:>10.0f} {arm['padding']:>8.1%} {dtype_name(arm['precision']):>10} "
+            f"{arm['mfu']:>30.1%}",
+            flush=True,
+        )
 
 
 def print_verdicts(result: dict) -> None:
     """The same-recipe line (mlmlab's defaults for both) and the transformers-defaults line (dropout 0.1)."""
     arms, settings = result["arms"], result["settings"]
     threads = torch.get_num_threads()
-    where = f"{threads} thread{'s' if threads != 1 else ''}, {describe_cpu() if result['device'] == 'cpu' else result['device']}"
-    for mlmlab, anchor, name in (("mlmlab-as-shipped", "hf-sparse-recipe", "same recipe"),
-                                 ("mlmlab", "hf-sparse", "transformers' defaults")):
+    device = describe_cpu() if result["device"] == "cpu" else result["device"]
+    where = f"{threads} thread{'s' if threads != 1 else ''}, {device}"
+    for mlmlab, anchor, name in (
+        ("mlmlab-as-shipped", "hf-sparse-recipe", "same recipe"),
+        ("mlmlab", "hf-sparse", "transformers' defaults"),
+    ):
         ratio = arms[mlmlab]["tokens_per_s"] / arms[anchor]["tokens_per_s"]
         print(f"{result['preset']} vs hf-sparse, {name}: {ratio:.2f}x ({settings[mlmlab]}; {where})", flush=True)
     base_seconds, base_steps = result["warm_ups"]["mlmlab-as-shipped"]
     for lever in result["levers"]:
         ratio = arms[lever_arm(lever)]["tokens_per_s"] / arms["mlmlab-as-shipped"]["tokens_per_s"]
         seconds, steps = result["warm_ups"][lever_arm(lever)]
-        print(f"{result['preset']} lever {' '.join(lever)}: {ratio:.2f}x of mlmlab-as-shipped; its warm-up "
-              f"{seconds:.0f} s over {steps} steps (mlmlab-as-shipped: {base_seconds:.1f} s over {base_steps})", flush=True)
+        print(
+            f"{result['preset']} lever {' '.join(lever)}: {ratio:.2f}x of mlmlab-as-shipped; its warm-up "
+            f"{seconds:.0f} s over {steps} steps (mlmlab-as-shipped: {base_seconds:.1f} s over {base_steps})",
+            flush=True,
+        )
 
 
 def lever_arm(lever: list[str]) -> str:
@@ -294,13 +378,27 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per arm per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="config overrides for every arm (the HF arms copy mlmlab's model config)")
-    parser.add_argument("--lever", nargs="+", action="append", default=[], metavar="KEY=VALUE",
-                        help="an mlmlab+<lever> arm: mlmlab-as-shipped with these overrides too, A/B in the same run; "
-                             "repeat for more levers")
-    parser.add_argument("--no-malloc-tuning", action="store_true",
-                        help="measure without the glibc settings the mlmlab command applies (every arm alike)")
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config overrides for every arm (the HF arms copy mlmlab's model config)",
+    )
+    parser.add_argument(
+        "--lever",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an mlmlab+<lever> arm: mlmlab-as-shipped with these overrides too, A/B in the same run; "
+        "repeat for more levers",
+    )
+    parser.add_argument(
+        "--no-malloc-tuning",
+        action="store_true",
+        help="measure without the glibc settings the mlmlab command applies (every arm alike)",
+    )
     args = parser.parse_args(argv)
     if not args.no_malloc_tuning:
         reexec_with_malloc_tuning([sys.executable, os.path.abspath(__file__), *sys.argv[1:]])

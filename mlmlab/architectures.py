@@ -29,8 +29,14 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from transformers import (BertConfig, BertForPreTraining, ModernBertConfig, ModernBertForMaskedLM, RobertaConfig,
-                          RobertaForMaskedLM)
+from transformers import (
+    BertConfig,
+    BertForPreTraining,
+    ModernBertConfig,
+    ModernBertForMaskedLM,
+    RobertaConfig,
+    RobertaForMaskedLM,
+)
 
 from mlmlab import choices
 from mlmlab.errors import UserError
@@ -39,8 +45,13 @@ if TYPE_CHECKING:  # annotations only: config.py asks the adapters to check a co
     from mlmlab.config import ModelConfig
 
 # The model.* settings of the encoder's shape, as config.json names them in both libraries' configs.
-_SHAPE = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size", "num_attention_heads": "num_heads",
-          "intermediate_size": "intermediate_size", "max_position_embeddings": "max_position_embeddings"}
+_SHAPE = {
+    "num_hidden_layers": "num_layers",
+    "hidden_size": "hidden_size",
+    "num_attention_heads": "num_heads",
+    "intermediate_size": "intermediate_size",
+    "max_position_embeddings": "max_position_embeddings",
+}
 
 
 def attention_dropout(cfg: ModelConfig) -> float:
@@ -60,8 +71,13 @@ class Bert:
     has_nsp = True
     settings = _SHAPE  # config.json entry -> the model.* setting that sets it
     own_settings = ()  # model.* settings no other architecture reads
-    as_built = {"hidden_act": "gelu", "type_vocab_size": 2, "layer_norm_eps": 1e-12, "tie_word_embeddings": True,
-                "position_embedding_type": "absolute"}
+    as_built = {
+        "hidden_act": "gelu",
+        "type_vocab_size": 2,
+        "layer_norm_eps": 1e-12,
+        "tie_word_embeddings": True,
+        "position_embedding_type": "absolute",
+    }
     optional_parts = {"bert.pooler.": "pooler", "cls.seq_relationship.": "NSP head"}  # a BertForMaskedLM has neither
     unused_parts = ()
 
@@ -86,10 +102,16 @@ class Bert:
 
     @staticmethod
     def config(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> BertConfig:
-        return BertConfig(vocab_size=vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
-                          num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
-                          max_position_embeddings=cfg.max_position_embeddings,
-                          **Bert.dropout_settings(cfg.dropout, attention_dropout(cfg)), pad_token_id=pad_token_id)
+        return BertConfig(
+            vocab_size=vocab_size,
+            hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            intermediate_size=cfg.intermediate_size,
+            max_position_embeddings=cfg.max_position_embeddings,
+            **Bert.dropout_settings(cfg.dropout, attention_dropout(cfg)),
+            pad_token_id=pad_token_id,
+        )
 
     @staticmethod
     def dropout_settings(hidden: float, attention: float) -> dict:
@@ -98,8 +120,12 @@ class Bert:
 
     @staticmethod
     def encode(model, input_ids, attention_mask, token_type_ids, inputs_embeds=None) -> tuple:
-        out = model.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                         inputs_embeds=inputs_embeds)
+        out = model.bert(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            inputs_embeds=inputs_embeds,
+        )
         return out[0], out[1]  # (B, T, H), (B, H)
 
     @staticmethod
@@ -141,12 +167,24 @@ class ModernBert:
     without_nsp = "its published recipe trains MLM only"  # why it has no NSP head
     # Tuples are paths into nested entries. global_attn_every_n_layers: transformers builds layer_types from
     # it and keeps it in config.json.
-    settings = {**_SHAPE, "local_attention": "local_attention", "global_attn_every_n_layers": "global_attention_every",
-                ("rope_parameters", "full_attention", "rope_theta"): "rope_theta_global",
-                ("rope_parameters", "sliding_attention", "rope_theta"): "rope_theta_local"}
+    settings = {
+        **_SHAPE,
+        "local_attention": "local_attention",
+        "global_attn_every_n_layers": "global_attention_every",
+        ("rope_parameters", "full_attention", "rope_theta"): "rope_theta_global",
+        ("rope_parameters", "sliding_attention", "rope_theta"): "rope_theta_local",
+    }
     own_settings = tuple(setting for setting in settings.values() if setting not in _SHAPE.values())
-    as_built = {"hidden_activation": "gelu", "norm_eps": 1e-5, "norm_bias": False, "attention_bias": False,
-                "mlp_bias": False, "decoder_bias": True, "classifier_activation": "gelu", "tie_word_embeddings": True}
+    as_built = {
+        "hidden_activation": "gelu",
+        "norm_eps": 1e-5,
+        "norm_bias": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "decoder_bias": True,
+        "classifier_activation": "gelu",
+        "tie_word_embeddings": True,
+    }
     optional_parts = {}
     unused_parts = ()
 
@@ -168,39 +206,56 @@ class ModernBert:
     @staticmethod
     def check(cfg: ModelConfig) -> None:
         if (cfg.hidden_size // cfg.num_heads) % 2:
-            raise UserError(f"ModernBERT's rotary positions rotate pairs of dimensions, so model.hidden_size / "
-                            f"model.num_heads = {cfg.hidden_size // cfg.num_heads} must be even; change either")
+            raise UserError(
+                f"ModernBERT's rotary positions rotate pairs of dimensions, so model.hidden_size / "
+                f"model.num_heads = {cfg.hidden_size // cfg.num_heads} must be even; change either"
+            )
 
     @staticmethod
     def described(saved: dict) -> str:
         rope = saved["rope_parameters"]
-        return ("`ModernBertForMaskedLM`: a pre-norm encoder with rotary positions, GeGLU feed-forward and no biases "
-                f"but the decoder's; layers 0, {saved['global_attn_every_n_layers']}, ... attend to the whole sequence "
-                f"(RoPE base {rope['full_attention']['rope_theta']:,.0f}), the others to {saved['local_attention'] // 2} "
-                f"tokens either side (RoPE base {rope['sliding_attention']['rope_theta']:,.0f}); MLM head tied to the "
-                "input embeddings; no NSP head.")
+        return (
+            "`ModernBertForMaskedLM`: a pre-norm encoder with rotary positions, GeGLU feed-forward and no biases "
+            f"but the decoder's; layers 0, {saved['global_attn_every_n_layers']}, ... attend to the whole sequence "
+            f"(RoPE base {rope['full_attention']['rope_theta']:,.0f}), the others to {saved['local_attention'] // 2} "
+            f"tokens either side (RoPE base {rope['sliding_attention']['rope_theta']:,.0f}); MLM head tied to the "
+            "input embeddings; no NSP head."
+        )
 
     @staticmethod
     def config(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> ModernBertConfig:
         rope = {"full_attention": cfg.rope_theta_global, "sliding_attention": cfg.rope_theta_local}
         return ModernBertConfig(
-            vocab_size=vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
-            max_position_embeddings=cfg.max_position_embeddings, local_attention=cfg.local_attention,
+            vocab_size=vocab_size,
+            hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            intermediate_size=cfg.intermediate_size,
+            max_position_embeddings=cfg.max_position_embeddings,
+            local_attention=cfg.local_attention,
             global_attn_every_n_layers=cfg.global_attention_every,
             rope_parameters={layers: {"rope_type": "default", "rope_theta": theta} for layers, theta in rope.items()},
-            **ModernBert.dropout_settings(cfg.dropout, attention_dropout(cfg)), pad_token_id=pad_token_id,
+            **ModernBert.dropout_settings(cfg.dropout, attention_dropout(cfg)),
+            pad_token_id=pad_token_id,
             # The released ModernBERT folders' config.json pool by mean for classification (answerdotai's models and
             # their fine-tunes); transformers' default, "cls", would fine-tune ours (`mlmlab glue`) on another head.
             classifier_pooling="mean",
             # The defaults are ids of ModernBERT's own 50k vocabulary, outside ours; the model reads none of them.
-            bos_token_id=None, eos_token_id=None, cls_token_id=None, sep_token_id=None)
+            bos_token_id=None,
+            eos_token_id=None,
+            cls_token_id=None,
+            sep_token_id=None,
+        )
 
     @staticmethod
     def dropout_settings(hidden: float, attention: float) -> dict:
         """As BERT's: hidden states (embeddings, MLP and the classifier's input) and attention."""
-        return {"embedding_dropout": hidden, "mlp_dropout": hidden, "classifier_dropout": hidden,
-                "attention_dropout": attention}
+        return {
+            "embedding_dropout": hidden,
+            "mlp_dropout": hidden,
+            "classifier_dropout": hidden,
+            "attention_dropout": attention,
+        }
 
     @staticmethod
     def encode(model, input_ids, attention_mask, token_type_ids=None, inputs_embeds=None) -> tuple:
@@ -255,8 +310,13 @@ class Roberta:
     own_settings = ()
     forward_flops = Bert.forward_flops  # BERT's encoder
     check = Bert.check
-    as_built = {"hidden_act": "gelu", "type_vocab_size": 1, "layer_norm_eps": 1e-5, "tie_word_embeddings": True,
-                "position_embedding_type": "absolute"}
+    as_built = {
+        "hidden_act": "gelu",
+        "type_vocab_size": 1,
+        "layer_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+        "position_embedding_type": "absolute",
+    }
     optional_parts = {}
     unused_parts = ("roberta.pooler.",)  # released RoBERTa folders hold a pooler RobertaForMaskedLM does not read
 
@@ -267,18 +327,28 @@ class Roberta:
 
     @staticmethod
     def described(saved: dict) -> str:
-        return ("`RobertaForMaskedLM`: BERT's post-LayerNorm encoder with one token type and learned positions "
-                "counted from past the padding id; MLM head tied to the input embeddings; no NSP head.")
+        return (
+            "`RobertaForMaskedLM`: BERT's post-LayerNorm encoder with one token type and learned positions "
+            "counted from past the padding id; MLM head tied to the input embeddings; no NSP head."
+        )
 
     @staticmethod
     def config(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> RobertaConfig:
-        return RobertaConfig(vocab_size=vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
-                             num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
-                             max_position_embeddings=cfg.max_position_embeddings + pad_token_id + 1,
-                             type_vocab_size=1, layer_norm_eps=1e-5,
-                             **Bert.dropout_settings(cfg.dropout, attention_dropout(cfg)), pad_token_id=pad_token_id,
-                             # RoBERTa's defaults (0, 2) are ids of its own vocabulary; the model reads neither.
-                             bos_token_id=None, eos_token_id=None)
+        return RobertaConfig(
+            vocab_size=vocab_size,
+            hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            intermediate_size=cfg.intermediate_size,
+            max_position_embeddings=cfg.max_position_embeddings + pad_token_id + 1,
+            type_vocab_size=1,
+            layer_norm_eps=1e-5,
+            **Bert.dropout_settings(cfg.dropout, attention_dropout(cfg)),
+            pad_token_id=pad_token_id,
+            # RoBERTa's defaults (0, 2) are ids of its own vocabulary; the model reads neither.
+            bos_token_id=None,
+            eos_token_id=None,
+        )
 
     dropout_settings = Bert.dropout_settings
 
@@ -309,23 +379,29 @@ ADAPTERS = {adapter.name: adapter for adapter in (Bert, Roberta, ModernBert)}  #
 
 def architecture_named(name: str):
     if name not in ADAPTERS:
-        raise UserError(f"model_type {name!r} is not an architecture mlmlab trains; it trains "
-                        f"{choices.listed(ADAPTERS)}")
+        raise UserError(
+            f"model_type {name!r} is not an architecture mlmlab trains; it trains {choices.listed(ADAPTERS)}"
+        )
     return ADAPTERS[name]
 
 
 def check_config(cfg) -> None:
-    """A config's model section and objective against its architecture (named already checked), each refused in one line."""
+    """A config's model section and objective against its architecture (named already checked), each refused in one
+    line."""
     architecture = architecture_named(cfg.model.architecture)
     for other in ADAPTERS.values():
         changed = [name for name in other.own_settings if getattr(cfg.model, name) != getattr(type(cfg.model), name)]
         if changed and other is not architecture:
-            raise UserError(f"model.{changed[0]} applies to model.architecture={other.name} only ({architecture.label} "
-                            f"has {architecture.positions}); drop it or set model.architecture={other.name}")
+            raise UserError(
+                f"model.{changed[0]} applies to model.architecture={other.name} only ({architecture.label} "
+                f"has {architecture.positions}); drop it or set model.architecture={other.name}"
+            )
     if cfg.data.objective == choices.NSP and not architecture.has_nsp:
-        raise UserError(f"data.objective={choices.NSP} needs an NSP head, which {architecture.label} does not have "
-                        f"({architecture.without_nsp}); set data.objective={choices.MLM}, or "
-                        f"model.architecture={choices.BERT}")
+        raise UserError(
+            f"data.objective={choices.NSP} needs an NSP head, which {architecture.label} does not have "
+            f"({architecture.without_nsp}); set data.objective={choices.MLM}, or "
+            f"model.architecture={choices.BERT}"
+        )
     architecture.check(cfg.model)
 
 

@@ -86,6 +86,6 @@ BUDGETS = (TOKEN_MATCHED, COMPUTE_MATCHED)
 
 
 def listed(names) -> str:
-    """"a, b or c": how an error message offers the choices."""
+    """ "a, b or c": how an error message offers the choices."""
     names = list(names)
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"

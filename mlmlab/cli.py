@@ -38,8 +38,15 @@ def cmd_tokenizer(args) -> None:
             raise UserError("give --corpus PATH... to train a tokenizer, or --vocab FILE to adopt a vocab.txt")
         files = resolve_paths(args.corpus)
         lowercase = not args.cased if args.kind == choices.WORDPIECE else args.lowercase
-        out = train_tokenizer(files, args.vocab_size, args.out, lowercase=lowercase, columns=columns_of(args),
-                              show_progress=not args.no_progress, kind=args.kind)
+        out = train_tokenizer(
+            files,
+            args.vocab_size,
+            args.out,
+            lowercase=lowercase,
+            columns=columns_of(args),
+            show_progress=not args.no_progress,
+            kind=args.kind,
+        )
         source = f"trained on {named_files(files)}"
     print(f"tokenizer with {len(load_tokenizer(out))} tokens saved to {out}, {source}")
 
@@ -49,10 +56,18 @@ def cmd_prepare(args) -> None:
     from mlmlab.data.resolve import tokenizer_dir_for
     from mlmlab.data.store import TokenStore
 
-    out = prepare(args.corpus, tokenizer_dir=tokenizer_dir_for(args.tokenizer), max_seq_length=args.max_seq_length,
-                  objective=args.objective, short_seq_prob=args.short_seq_prob, seed=args.seed,
-                  out_dir=args.out, num_workers=args.workers, columns=columns_of(args),
-                  show_progress=not args.no_progress)
+    out = prepare(
+        args.corpus,
+        tokenizer_dir=tokenizer_dir_for(args.tokenizer),
+        max_seq_length=args.max_seq_length,
+        objective=args.objective,
+        short_seq_prob=args.short_seq_prob,
+        seed=args.seed,
+        out_dir=args.out,
+        num_workers=args.workers,
+        columns=columns_of(args),
+        show_progress=not args.no_progress,
+    )
     store = TokenStore(out)
     print(f"{len(store)} instances in {out}" + (f" ({use})" if (use := token_use(store.meta)) else ""))
 
@@ -60,19 +75,40 @@ def cmd_prepare(args) -> None:
 def cmd_dump(args) -> None:
     from mlmlab.show import dump_instances
 
-    for record in dump_instances(args.data, args.n, start=args.start, masked=args.masked, seed=args.mask_seed,
-                                 epoch=args.epoch, strategy=args.strategy, dupe_factor=args.dupe_factor,
-                                 whole_word=args.whole_word):
+    for record in dump_instances(
+        args.data,
+        args.n,
+        start=args.start,
+        masked=args.masked,
+        seed=args.mask_seed,
+        epoch=args.epoch,
+        strategy=args.strategy,
+        dupe_factor=args.dupe_factor,
+        whole_word=args.whole_word,
+    ):
         print(json.dumps(record, ensure_ascii=False))
 
 
 def cmd_mask(args) -> None:
     from mlmlab.show import mask_sentence
 
-    print(mask_sentence(args.text, tokenizer=args.tokenizer, data=args.data, model=args.model,
-                        progress=args.training_progress, seed=args.mask_seed, epoch=args.epoch, rate=args.rate,
-                        strategy=args.strategy, dupe_factor=args.dupe_factor, whole_word=args.whole_word,
-                        scorer=args.scorer, frequency_neutral=args.frequency_neutral))
+    print(
+        mask_sentence(
+            args.text,
+            tokenizer=args.tokenizer,
+            data=args.data,
+            model=args.model,
+            progress=args.training_progress,
+            seed=args.mask_seed,
+            epoch=args.epoch,
+            rate=args.rate,
+            strategy=args.strategy,
+            dupe_factor=args.dupe_factor,
+            whole_word=args.whole_word,
+            scorer=args.scorer,
+            frequency_neutral=args.frequency_neutral,
+        )
+    )
 
 
 def cmd_pretrain(args) -> None:
@@ -81,7 +117,6 @@ def cmd_pretrain(args) -> None:
     from mlmlab.evaluate.perplexity import evaluate_mlm
     from mlmlab.show import pretrain_summary
     from mlmlab.train.loop import Trainer
-
     from mlmlab.utils.files import require_output, write_text_atomically
 
     if args.json and args.json != "-":
@@ -120,10 +155,17 @@ def cmd_evaluate(args) -> None:
     # --json is this process's before it evaluates: a second evaluate into it is refused at once.
     json_lock = lock_beside(Path(args.json), f"--json {args.json}", "give --json another file") if args.json else None
     with json_lock or nullcontext():
-        report = evaluate_model(args.model, args.data, batch_size=args.batch_size, max_batches=args.max_batches,
-                                max_seq_length=args.max_seq_length, columns=columns_of(args),
-                                freq_cuts=frequency_cuts(args.freq_buckets, "--freq-buckets"),
-                                recalibrate=args.recalibrate, show_progress=not args.no_progress)
+        report = evaluate_model(
+            args.model,
+            args.data,
+            batch_size=args.batch_size,
+            max_batches=args.max_batches,
+            max_seq_length=args.max_seq_length,
+            columns=columns_of(args),
+            freq_cuts=frequency_cuts(args.freq_buckets, "--freq-buckets"),
+            recalibrate=args.recalibrate,
+            show_progress=not args.no_progress,
+        )
         if args.json:
             write_text_atomically(Path(args.json), jsonio.dumps(report, indent=1) + "\n")
     print(format_eval_table(report))
@@ -132,9 +174,16 @@ def cmd_evaluate(args) -> None:
 
 def glue_settings_of(args) -> GlueSettings:
     """The glue command's options as run_glue takes them."""
-    return GlueSettings(tasks="all" if args.task == ["all"] else args.task, seeds=tuple(args.seeds),
-                        learning_rates=args.lr, epochs=args.epochs, batch_size=args.batch_size,
-                        max_length=args.max_length, max_train_examples=args.max_train_examples, dropout=args.dropout)
+    return GlueSettings(
+        tasks="all" if args.task == ["all"] else args.task,
+        seeds=tuple(args.seeds),
+        learning_rates=args.lr,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        max_train_examples=args.max_train_examples,
+        dropout=args.dropout,
+    )
 
 
 def cmd_glue(args) -> None:
@@ -142,8 +191,15 @@ def cmd_glue(args) -> None:
     from mlmlab.utils.files import require_output
 
     require_output(Path(args.out), "--out", folder=True)
-    results = run_glue(args.model, glue_settings_of(args), args.data_dir, args.out, init=args.init,
-                       write_test_predictions=args.test_predictions, show_progress=not args.no_progress)
+    results = run_glue(
+        args.model,
+        glue_settings_of(args),
+        args.data_dir,
+        args.out,
+        init=args.init,
+        write_test_predictions=args.test_predictions,
+        show_progress=not args.no_progress,
+    )
     print(format_glue_table(results))
 
 
@@ -153,9 +209,16 @@ def cmd_probe(args) -> None:
 
     if args.out:
         require_output(Path(args.out), "--out", folder=True)
-    results = run_probes(args.model, args.task, args.data_dir, poolings=args.pooling, seed=args.seed,
-                         random_inits=args.random_inits, out_dir=args.out,
-                         show_progress=not args.no_progress)
+    results = run_probes(
+        args.model,
+        args.task,
+        args.data_dir,
+        poolings=args.pooling,
+        seed=args.seed,
+        random_inits=args.random_inits,
+        out_dir=args.out,
+        show_progress=not args.no_progress,
+    )
     print(jsonio.dumps(results, indent=1) if args.json else format_probe_table(results))
 
 
@@ -176,8 +239,9 @@ def cmd_study(args) -> None:
 
 def cmd_config(args) -> None:
     # `mlmlab config train.lr=2e-3`: an override in the preset's place belongs to the overrides
-    preset, overrides = (None, [args.preset, *args.overrides]) if args.preset and "=" in args.preset else \
-        (args.preset, args.overrides)
+    preset, overrides = (
+        (None, [args.preset, *args.overrides]) if args.preset and "=" in args.preset else (args.preset, args.overrides)
+    )
     print(config_listing(load_config(preset, overrides)))
 
 
@@ -188,8 +252,10 @@ def cmd_report(args) -> None:
     print(f"report written to {write_report(results, Path(args.out) if args.out else results.parent / 'report')}")
 
 
-CORPUS_HELP = ("text files (plain, WikiExtractor <doc>, JSONL; .gz ok), .parquet / .arrow files, folders of any of "
-               "these (every file under them, sorted) or folders written by datasets' save_to_disk")
+CORPUS_HELP = (
+    "text files (plain, WikiExtractor <doc>, JSONL; .gz ok), .parquet / .arrow files, folders of any of "
+    "these (every file under them, sorted) or folders written by datasets' save_to_disk"
+)
 
 
 PROBE_DESCRIPTION = """\
@@ -213,8 +279,12 @@ run's figures in its row under probe, e.g. probe.tasks.SST-2.gain and probe.aver
 
 def add_column_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text-column", default="text", help="JSONL and tables: the field holding the text (default: text)")
-    p.add_argument("--id-column", default="", help="JSONL and tables: consecutive records with the same value in this "
-                                                   "field form one document (default: each record is a document)")
+    p.add_argument(
+        "--id-column",
+        default="",
+        help="JSONL and tables: consecutive records with the same value in this "
+        "field form one document (default: each record is a document)",
+    )
 
 
 def positive_int(text: str) -> int:
@@ -230,14 +300,20 @@ def add_progress_option(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mlmlab", description="Pretrain BERT-style encoders and compare masking strategies.")
+    parser = argparse.ArgumentParser(
+        prog="mlmlab", description="Pretrain BERT-style encoders and compare masking strategies."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("tokenizer", help="train a WordPiece, byte-level BPE or Unigram tokenizer, or adopt a vocab.txt")
     p.add_argument("--corpus", nargs="+", help=CORPUS_HELP)
     add_column_options(p)
-    p.add_argument("--kind", choices=choices.TOKENIZER_KINDS, default=choices.WORDPIECE,
-                   help="wordpiece (BERT's), bpe (RoBERTa's byte-level BPE) or unigram (SentencePiece's)")
+    p.add_argument(
+        "--kind",
+        choices=choices.TOKENIZER_KINDS,
+        default=choices.WORDPIECE,
+        help="wordpiece (BERT's), bpe (RoBERTa's byte-level BPE) or unigram (SentencePiece's)",
+    )
     p.add_argument("--vocab", help="adopt this vocab.txt instead of training")
     p.add_argument("--vocab-size", type=int, default=30522)
     p.add_argument("--cased", action="store_true", help="wordpiece: keep case (default: lowercase, as BERT uncased)")
@@ -254,8 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", choices=choices.OBJECTIVES, default=choices.NSP)
     p.add_argument("--short-seq-prob", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=12345, help="the NSP pairing draws (data.prepare_seed)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="worker processes (default: every core this process may use); the data do not depend on it")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes (default: every core this process may use); the data do not depend on it",
+    )
     p.add_argument("--out", default=None, help="dataset folder (default: the cache, named by a hash of inputs)")
     add_progress_option(p)
     p.set_defaults(func=cmd_prepare)
@@ -267,8 +347,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--masked", action="store_true", help="add masked input_ids and labels as training makes them")
     p.add_argument("--mask-seed", type=int, default=0, help="masking.seed (prepare's --seed made the instances)")
     p.add_argument("--epoch", type=int, default=0)
-    p.add_argument("--strategy", choices=choices.STRATEGIES, default=choices.DYNAMIC,
-                   help="one that needs no scorer (adaptive's are shown on a sentence by mlmlab mask)")
+    p.add_argument(
+        "--strategy",
+        choices=choices.STRATEGIES,
+        default=choices.DYNAMIC,
+        help="one that needs no scorer (adaptive's are shown on a sentence by mlmlab mask)",
+    )
     p.add_argument("--dupe-factor", type=int, default=10, help="static: distinct masks per example")
     p.add_argument("--whole-word", action="store_true", help="masking.whole_word: select whole words")
     p.set_defaults(func=cmd_dump)
@@ -283,48 +367,90 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dupe-factor", type=int, default=10, help="static: distinct masks per example")
     p.add_argument("--whole-word", action="store_true", help="masking.whole_word: select whole words")
     p.add_argument("--model", help="model folder: its tokenizer, and for adaptive its uncertainty scores")
-    p.add_argument("--data", help="prepared dataset: its tokenizer, and the corpus counts that the frequency scorer "
-                                  "and --frequency-neutral read")
-    p.add_argument("--scorer", choices=choices.SCORERS, default=choices.ENTROPY,
-                   help="adaptive: entropy, max_prob and grad_norm need --model; frequency needs --data")
-    p.add_argument("--frequency-neutral", action="store_true", help="adaptive: masking.frequency_neutral (needs --data)")
-    p.add_argument("--training-progress", type=float, default=1.0, metavar="SHARE",
-                   help="adaptive: the share of training done, in [0, 1], whose a to use (default: 1, the end)")
+    p.add_argument(
+        "--data",
+        help="prepared dataset: its tokenizer, and the corpus counts that the frequency scorer "
+        "and --frequency-neutral read",
+    )
+    p.add_argument(
+        "--scorer",
+        choices=choices.SCORERS,
+        default=choices.ENTROPY,
+        help="adaptive: entropy, max_prob and grad_norm need --model; frequency needs --data",
+    )
+    p.add_argument(
+        "--frequency-neutral", action="store_true", help="adaptive: masking.frequency_neutral (needs --data)"
+    )
+    p.add_argument(
+        "--training-progress",
+        type=float,
+        default=1.0,
+        metavar="SHARE",
+        help="adaptive: the share of training done, in [0, 1], whose a to use (default: 1, the end)",
+    )
     p.set_defaults(func=cmd_mask)
 
     p = sub.add_parser("pretrain", help="pretrain a BERT (MLM + NSP) or ModernBERT (MLM) encoder")
-    p.add_argument("--config", default="tiny",
-                   help=f"preset name ({', '.join(preset_names())}) or YAML file (default: tiny)")
+    p.add_argument(
+        "--config", default="tiny", help=f"preset name ({', '.join(preset_names())}) or YAML file (default: tiny)"
+    )
     p.add_argument("--resume", default=None, help="'auto' (newest intact checkpoint of the run) or a checkpoint folder")
-    p.add_argument("--init", default=None, metavar="MODEL_DIR",
-                   help="start from this model's weights only (train.init): a HuggingFace BERT folder or a run's model/; "
-                        "its tokenizer and architecture are taken unless the config names them")
-    p.add_argument("--processes", type=positive_int, default=1, metavar="N",
-                   help="train as N DDP processes on this host (torchrun; gloo on CPU), train.batch_size split over "
-                        "them and the cores shared out as threads: the same run (docs/scale-out.md)")
+    p.add_argument(
+        "--init",
+        default=None,
+        metavar="MODEL_DIR",
+        help="start from this model's weights only (train.init): a HuggingFace BERT folder or a run's model/; "
+        "its tokenizer and architecture are taken unless the config names them",
+    )
+    p.add_argument(
+        "--processes",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="train as N DDP processes on this host (torchrun; gloo on CPU), train.batch_size split over "
+        "them and the cores shared out as threads: the same run (docs/scale-out.md)",
+    )
     add_progress_option(p)
-    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
-                   help="the run's summary as JSON: to FILE, or alone on stdout with no FILE (instead of the text summary)")
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="FILE",
+        help="the run's summary as JSON: to FILE, or alone on stdout with no FILE (instead of the text summary)",
+    )
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.max_steps=100")
     p.set_defaults(func=cmd_pretrain)
 
-    p = sub.add_parser("export", help="a checkpoint's model folder with its model card (what pretrain leaves in model/)")
+    p = sub.add_parser(
+        "export", help="a checkpoint's model folder with its model card (what pretrain leaves in model/)"
+    )
     p.add_argument("source", help="a run folder (its newest intact checkpoint) or a checkpoint folder (ckpt-*)")
     p.add_argument("--out", required=True, help="a new folder for the model")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("evaluate", help="held-out MLM perplexity (fixed uniform masks) and NSP accuracy")
     p.add_argument("--model", required=True, help="a model folder written by mlmlab")
-    p.add_argument("--data", required=True, nargs="+",
-                   help="a prepared dataset folder, or a corpus to prepare (as prepare's --corpus; WikiText wiki.*.tokens too)")
+    p.add_argument(
+        "--data",
+        required=True,
+        nargs="+",
+        help="a prepared dataset folder, or a corpus to prepare (as prepare's --corpus; WikiText wiki.*.tokens too)",
+    )
     add_column_options(p)
     p.add_argument("--max-seq-length", type=int, default=128, help="when preparing text files")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-batches", type=int, default=None)
-    p.add_argument("--freq-buckets", default=MaskingConfig.freq_buckets,
-                   help="frequency-rank cut-offs of the per-bucket perplexities (default: %(default)s)")
-    p.add_argument("--recalibrate", action="store_true",
-                   help="also the prior-free loss: the output bias refitted on half the targets, the other half scored")
+    p.add_argument(
+        "--freq-buckets",
+        default=MaskingConfig.freq_buckets,
+        help="frequency-rank cut-offs of the per-bucket perplexities (default: %(default)s)",
+    )
+    p.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="also the prior-free loss: the output bias refitted on half the targets, the other half scored",
+    )
     p.add_argument("--json", help="also write the report to this file")
     add_progress_option(p)
     p.set_defaults(func=cmd_evaluate)
@@ -332,72 +458,148 @@ def build_parser() -> argparse.ArgumentParser:
     glue = GlueSettings()  # the defaults, shared with a study's glue block
     p = sub.add_parser("glue", help="fine-tune on GLUE tasks and report the standard metrics")
     p.add_argument("--model", required=True, help="a model folder written by mlmlab")
-    p.add_argument("--task", nargs="+", default=["all"], help="task names (CoLA SST-2 MRPC STS-B QQP MNLI QNLI RTE WNLI) or all")
+    p.add_argument(
+        "--task", nargs="+", default=["all"], help="task names (CoLA SST-2 MRPC STS-B QQP MNLI QNLI RTE WNLI) or all"
+    )
     p.add_argument("--data-dir", required=True, help="GLUE folder with one subfolder per task")
     p.add_argument("--out", default="glue_results", help="folder for glue_results.json / .md")
-    p.add_argument("--seeds", type=int, nargs="+", default=list(glue.seeds),
-                   help="fine-tuning seeds; the median over them is reported (default: %(default)s)")
-    p.add_argument("--lr", type=float, nargs="+", default=glue.learning_rates, help="learning-rate grid (default: per task)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=list(glue.seeds),
+        help="fine-tuning seeds; the median over them is reported (default: %(default)s)",
+    )
+    p.add_argument(
+        "--lr", type=float, nargs="+", default=glue.learning_rates, help="learning-rate grid (default: per task)"
+    )
     p.add_argument("--epochs", type=int, default=glue.epochs, help="(default: per task)")
     p.add_argument("--batch-size", type=int, default=glue.batch_size, help="(default: per task)")
-    p.add_argument("--max-length", type=int, default=glue.max_length,
-                   help="longer inputs are truncated (default: per task)")
-    p.add_argument("--dropout", type=float, default=glue.dropout,
-                   help="hidden and attention dropout while fine-tuning (default 0.1, BERT's, whatever the pretraining's)")
-    p.add_argument("--max-train-examples", type=int, default=glue.max_train_examples,
-                   help="a fixed random sample of N training rows (the same for every seed and model)")
-    p.add_argument("--init", choices=["pretrained", "random"], default="pretrained",
-                   help="random: the same architecture from fresh weights, the no-pretraining baseline")
+    p.add_argument(
+        "--max-length", type=int, default=glue.max_length, help="longer inputs are truncated (default: per task)"
+    )
+    p.add_argument(
+        "--dropout",
+        type=float,
+        default=glue.dropout,
+        help="hidden and attention dropout while fine-tuning (default 0.1, BERT's, whatever the pretraining's)",
+    )
+    p.add_argument(
+        "--max-train-examples",
+        type=int,
+        default=glue.max_train_examples,
+        help="a fixed random sample of N training rows (the same for every seed and model)",
+    )
+    p.add_argument(
+        "--init",
+        choices=["pretrained", "random"],
+        default="pretrained",
+        help="random: the same architecture from fresh weights, the no-pretraining baseline",
+    )
     p.add_argument("--test-predictions", action="store_true", help="also write GLUE submission files")
     add_progress_option(p)
     p.set_defaults(func=cmd_glue)
 
-    p = sub.add_parser("probe", help="frozen linear probes on GLUE tasks, each beside a random-init baseline",
-                       description=PROBE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "probe",
+        help="frozen linear probes on GLUE tasks, each beside a random-init baseline",
+        description=PROBE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", required=True, help="a model folder written by mlmlab (config.json, weights, tokenizer)")
-    p.add_argument("--task", nargs="+", default=None,
-                   help="GLUE task names, each with train.tsv and dev.tsv (default: SST-2 MRPC CoLA)")
+    p.add_argument(
+        "--task",
+        nargs="+",
+        default=None,
+        help="GLUE task names, each with train.tsv and dev.tsv (default: SST-2 MRPC CoLA)",
+    )
     p.add_argument("--data-dir", required=True, help="GLUE folder with one subfolder per task")
     p.add_argument("--out", default=None, help="also write probe_results.json / .md to this folder")
-    p.add_argument("--pooling", nargs="+", choices=choices.POOLINGS, default=list(choices.POOLINGS),
-                   help="features: mean over the real tokens and/or the [CLS] state (default: both, one forward pass)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="the random-init baseline's weights and the training rows held out to choose C")
-    p.add_argument("--random-inits", type=int, default=1, metavar="N",
-                   help="average the random-init baseline over N draws (seeds SEED .. SEED+N-1): one draw's probe "
-                        "varies by 1-2 points; use it to compare gains across architectures")
+    p.add_argument(
+        "--pooling",
+        nargs="+",
+        choices=choices.POOLINGS,
+        default=list(choices.POOLINGS),
+        help="features: mean over the real tokens and/or the [CLS] state (default: both, one forward pass)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the random-init baseline's weights and the training rows held out to choose C",
+    )
+    p.add_argument(
+        "--random-inits",
+        type=int,
+        default=1,
+        metavar="N",
+        help="average the random-init baseline over N draws (seeds SEED .. SEED+N-1): one draw's probe "
+        "varies by 1-2 points; use it to compare gains across architectures",
+    )
     add_progress_option(p)
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
     p.set_defaults(func=cmd_probe)
 
     # "experiment": its name before 2026-12-02, in the commands of reports written then
-    p = sub.add_parser("study", aliases=["experiment"], help="run a study: pretraining runs over arms x seeds, each evaluated, one row each in results.jsonl")
+    p = sub.add_parser(
+        "study",
+        aliases=["experiment"],
+        help="run a study: pretraining runs over arms x seeds, each evaluated, one row each in results.jsonl",
+    )
     p.add_argument("study", help="study preset name (mlmlab/configs/studies/) or a study YAML file")
-    p.add_argument("--shard", default=None, help="i/n: every n-th run from the i-th (i from 0) of the study's order, the gate arm's runs first, "
-                        "to split a study over machines")
-    p.add_argument("--only", nargs="+", metavar="ARM[/seedN]",
-                   help="only these runs: an arm's every seed, or one seed of it (adm-entropy/seed1); e.g. to run a "
-                        "long arm's runs side by side")
-    p.add_argument("--time-limit", type=float, default=0.0, metavar="MINUTES",
-                   help="start only the runs that will finish within MINUTES from now, by their arm's finished runs "
-                        "(else their FLOPs at the study's finished runs' pace; a job's walltime)")
+    p.add_argument(
+        "--shard",
+        default=None,
+        help="i/n: every n-th run from the i-th (i from 0) of the study's order, the gate arm's runs first, "
+        "to split a study over machines",
+    )
+    p.add_argument(
+        "--only",
+        nargs="+",
+        metavar="ARM[/seedN]",
+        help="only these runs: an arm's every seed, or one seed of it (adm-entropy/seed1); e.g. to run a "
+        "long arm's runs side by side",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=0.0,
+        metavar="MINUTES",
+        help="start only the runs that will finish within MINUTES from now, by their arm's finished runs "
+        "(else their FLOPs at the study's finished runs' pace; a job's walltime)",
+    )
     p.add_argument("--out", default=None, help="study folder (default: the study's out_dir, else studies/<name>)")
-    p.add_argument("--dry-run", action="store_true", help="validate every arm's config and print the estimated cost; train nothing")
-    p.add_argument("--time-steps", type=int, default=0, metavar="STEPS",
-                   help="with --dry-run: also time STEPS training steps of each arm here and extrapolate each run's time")
+    p.add_argument(
+        "--dry-run", action="store_true", help="validate every arm's config and print the estimated cost; train nothing"
+    )
+    p.add_argument(
+        "--time-steps",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="with --dry-run: also time STEPS training steps of each arm here and extrapolate each run's time",
+    )
     add_progress_option(p)
     p.set_defaults(func=cmd_study)
 
-    p = sub.add_parser("config", help="print a resolved config: every key with its value, its default where it differs, "
-                                      "and what it is for")
-    p.add_argument("preset", nargs="?", default=None,
-                   help=f"preset name ({', '.join(preset_names())}) or YAML file (default: the defaults, = tiny)")
+    p = sub.add_parser(
+        "config",
+        help="print a resolved config: every key with its value, its default where it differs, and what it is for",
+    )
+    p.add_argument(
+        "preset",
+        nargs="?",
+        default=None,
+        help=f"preset name ({', '.join(preset_names())}) or YAML file (default: the defaults, = tiny)",
+    )
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.lr=2e-3")
     p.set_defaults(func=cmd_config)
 
     p = sub.add_parser("report", help="report.md and PNG plots from a study's results.jsonl")
     p.add_argument("results", help="a results.jsonl (shards' files may be concatenated)")
-    p.add_argument("--out", default=None, help="folder for report.md and plots (default: report/ next to results.jsonl)")
+    p.add_argument(
+        "--out", default=None, help="folder for report.md and plots (default: report/ next to results.jsonl)"
+    )
     p.set_defaults(func=cmd_report)
     return parser
 

@@ -90,8 +90,11 @@ def declared_ranges(cfg: "Config") -> list[tuple[str, object, Allowed, object]]:
     found = []
     for section in dataclasses.fields(cfg):
         values = getattr(cfg, section.name)
-        found += [(f"{section.name}.{key.name}", getattr(values, key.name), *key.metadata["range"])
-                  for key in dataclasses.fields(values) if "range" in key.metadata]
+        found += [
+            (f"{section.name}.{key.name}", getattr(values, key.name), *key.metadata["range"])
+            for key in dataclasses.fields(values)
+            if "range" in key.metadata
+        ]
     return found
 
 
@@ -132,12 +135,15 @@ class DataConfig:
     valid_corpus: list[str] = field(default_factory=list)  # as corpus; empty: the bundled validation sample
     # > 0: hold out this share of the training corpus's documents (by a hash of each one's text) as the held-out
     # set instead of valid_corpus; 0: valid_corpus
-    valid_fraction: float = ranged(0.0, Allowed(0.0, 0.5, why="a held-out split larger than the training side is a mistake"),
-                                   example=0.02)
+    valid_fraction: float = ranged(
+        0.0, Allowed(0.0, 0.5, why="a held-out split larger than the training side is a mistake"), example=0.02
+    )
     text_column: str = "text"  # JSONL and tables: the field holding the text
-    # as text_column, for valid_corpus (a JSONL training file's "body" beside a held-out one's "text"); empty: text_column
+    # as text_column, for valid_corpus (a JSONL training file's "body" beside a held-out one's "text"); empty:
+    # text_column
     valid_text_column: str = ""
-    id_column: str = ""  # JSONL and tables: consecutive records with the same value here form one document; empty: one record, one document
+    # JSONL and tables: consecutive records with the same value here form one document; empty: one record, one document
+    id_column: str = ""
     # a tokenizer folder (tokenizer.json, or vocab.json + merges.txt), a vocab.txt, or a bundled one by name
     # (sample-bpe-8k: byte-level BPE on the sample); empty: bundled bert-base-uncased vocab
     tokenizer: str = ""
@@ -165,9 +171,13 @@ class MaskingConfig:
     seed: int = ranged(0, SEEDS)  # masks are a function of (seed, example, epoch, position)
     mask_unk: bool = False  # whether [UNK] may be selected (it carries no learnable identity)
     whole_word: bool = False  # select whole words (the tokenizer's ##, Ġ or ▁ tells where one begins), any strategy
-    rate_schedule: str = choices.CONSTANT  # "constant" (rate) or "linear_decay" from rate_start to rate (Ankner et al. 2024)
+    rate_schedule: str = (
+        choices.CONSTANT
+    )  # "constant" (rate) or "linear_decay" from rate_start to rate (Ankner et al. 2024)
     rate_start: float = ranged(0.30, RATE)  # linear_decay only: the mask rate at step 0
-    scorer: str = choices.ENTROPY  # adaptive: entropy (seed's), max_prob, grad_norm, loss_ema (~free), context, frequency (control)
+    scorer: str = (
+        choices.ENTROPY
+    )  # adaptive: entropy (seed's), max_prob, grad_norm, loss_ema (~free), context, frequency (control)
     adapt_schedule: str = choices.QUADRATIC  # adaptive: shape of a(progress); the seed's is progress ** 2
     # adaptive: a = a_max * f(progress); lower keeps some uniform masking at the end
     a_max: float = ranged(1.0, PROBABILITY)
@@ -224,7 +234,8 @@ class TrainConfig:
     warmup_steps: int = ranged(100, at_least(0))
     # LR decays to 0 over this last share of the budget; 1.0: BERT's decay after warmup
     decay_fraction: float = ranged(0.2, FRACTION)
-    lr_schedule: str = choices.LINEAR  # the decay's shape: "linear" (BERT's; warmup-stable-decay), "cosine" (the seed's RoBERTa), "1-sqrt" (ModernBERT's)
+    # the decay's shape: "linear" (BERT's; warmup-stable-decay), "cosine" (the seed's RoBERTa), "1-sqrt" (ModernBERT's)
+    lr_schedule: str = choices.LINEAR
     max_steps: int = ranged(1000, at_least(1))  # optimizer steps of the run: the budget, unless max_minutes is set
     # > 0: a wall-clock budget instead of max_steps; LR and masking schedules follow it
     max_minutes: float = ranged(0.0, NON_NEGATIVE, example=60)
@@ -255,7 +266,8 @@ class TrainConfig:
     max_bad_steps: int = ranged(5, at_least(1))  # consecutive non-finite losses (each skipped) before training aborts
     out_dir: str = ""  # empty: runs/<hash of the resolved config>, so a rerun resumes the same run
     # A model folder to start from, weights only (a HuggingFace BertForPreTraining or BertForMaskedLM folder, or an
-    # mlmlab model/): continued pretraining, BERT's phase 2. Optimizer, step and schedules start fresh. Empty: fresh weights
+    # mlmlab model/): continued pretraining, BERT's phase 2. Optimizer, step and schedules start fresh. Empty: fresh
+    # weights
     init: str = ""
 
 
@@ -276,8 +288,10 @@ def validate(cfg: Config) -> None:
         check_range(key, value, allowed, example)
     m = cfg.masking
     if m.mask_prob + m.random_prob > 1.0:
-        raise UserError(f"masking.mask_prob + masking.random_prob = {m.mask_prob + m.random_prob:g} exceeds 1 (they "
-                        "share the selected positions); use e.g. masking.mask_prob=0.8 masking.random_prob=0.1")
+        raise UserError(
+            f"masking.mask_prob + masking.random_prob = {m.mask_prob + m.random_prob:g} exceeds 1 (they "
+            "share the selected positions); use e.g. masking.mask_prob=0.8 masking.random_prob=0.1"
+        )
     _check_choice("masking.strategy", m.strategy, choices.STRATEGIES)
     _check_choice("masking.rate_schedule", m.rate_schedule, choices.RATE_SCHEDULES)
     _check_choice("masking.scorer", m.scorer, choices.SCORERS)
@@ -296,7 +310,9 @@ def validate(cfg: Config) -> None:
             f"{cfg.model.max_position_embeddings}; lower the first or raise the second"
         )
     if cfg.model.hidden_size % cfg.model.num_heads:
-        raise UserError(f"model.hidden_size={cfg.model.hidden_size} is not divisible by model.num_heads={cfg.model.num_heads}")
+        raise UserError(
+            f"model.hidden_size={cfg.model.hidden_size} is not divisible by model.num_heads={cfg.model.num_heads}"
+        )
     _check_architecture(cfg)
     _check_choice("train.precision", cfg.train.precision, choices.PRECISIONS)
     _check_choice("train.lr_schedule", cfg.train.lr_schedule, choices.LR_SCHEDULES)
@@ -308,14 +324,18 @@ def _check_batch_warmup(t: "TrainConfig") -> None:
     if not t.batch_warmup_steps:
         return
     if t.batch_warmup_start >= t.grad_accum:
-        raise UserError(f"train.batch_warmup_steps grows the step from train.batch_warmup_start={t.batch_warmup_start} "
-                        f"micro-batches to train.grad_accum={t.grad_accum}, so it needs more micro-batches than it starts "
-                        f"with; e.g. train.batch_size={max(t.batch_size // 4, 1)} train.grad_accum={4 * t.grad_accum} keeps "
-                        f"the batch, or train.batch_warmup_steps=0")
+        raise UserError(
+            f"train.batch_warmup_steps grows the step from train.batch_warmup_start={t.batch_warmup_start} "
+            f"micro-batches to train.grad_accum={t.grad_accum}, so it needs more micro-batches than it starts "
+            f"with; e.g. train.batch_size={max(t.batch_size // 4, 1)} train.grad_accum={4 * t.grad_accum} keeps "
+            f"the batch, or train.batch_warmup_steps=0"
+        )
     if t.max_minutes == 0 and t.batch_warmup_steps >= t.max_steps:
-        raise UserError(f"train.batch_warmup_steps={t.batch_warmup_steps} takes all of train.max_steps={t.max_steps}: "
-                        f"the batch would never reach its full size; set e.g. train.batch_warmup_steps="
-                        f"{t.max_steps // 10}, or raise train.max_steps")
+        raise UserError(
+            f"train.batch_warmup_steps={t.batch_warmup_steps} takes all of train.max_steps={t.max_steps}: "
+            f"the batch would never reach its full size; set e.g. train.batch_warmup_steps="
+            f"{t.max_steps // 10}, or raise train.max_steps"
+        )
 
 
 def _check_architecture(cfg: Config) -> None:
@@ -332,8 +352,10 @@ def _check_held_out(data: DataConfig) -> None:
         return
     for key in ("valid_corpus", "valid_text_column"):
         if getattr(data, key):
-            raise UserError(f"data.valid_fraction holds out documents of data.corpus, data.{key} names another "
-                            f"held-out set; set one of them (data.{key}= or data.valid_fraction=0)")
+            raise UserError(
+                f"data.valid_fraction holds out documents of data.corpus, data.{key} names another "
+                f"held-out set; set one of them (data.{key}= or data.valid_fraction=0)"
+            )
 
 
 def _check_mixture(corpus) -> None:
@@ -341,23 +363,30 @@ def _check_mixture(corpus) -> None:
     if not isinstance(corpus, dict):
         return
     if len(corpus) < 2:
-        raise UserError(f"data.corpus={corpus!r} is a mixture of one source; give two or more with weights, e.g. "
-                        "data.corpus='{domain/: 0.8, wiki/: 0.2}', or the source alone: data.corpus=[domain/]")
+        raise UserError(
+            f"data.corpus={corpus!r} is a mixture of one source; give two or more with weights, e.g. "
+            "data.corpus='{domain/: 0.8, wiki/: 0.2}', or the source alone: data.corpus=[domain/]"
+        )
     for source, weight in corpus.items():
         if not POSITIVE.admits(weight):
-            raise UserError(f"data.corpus gives {source} the weight {weight!r}; a weight is a share of the draws, "
-                            "positive and finite, e.g. data.corpus='{domain/: 0.8, wiki/: 0.2}'")
+            raise UserError(
+                f"data.corpus gives {source} the weight {weight!r}; a weight is a share of the draws, "
+                "positive and finite, e.g. data.corpus='{domain/: 0.8, wiki/: 0.2}'"
+            )
 
 
 def _check_frequency_neutral(m: MaskingConfig) -> None:
     if not m.frequency_neutral:
         return
     if m.strategy != choices.ADAPTIVE:
-        raise UserError(f"masking.frequency_neutral=true re-weights ADM only; set masking.strategy={choices.ADAPTIVE} "
-                        "or masking.frequency_neutral=false")
+        raise UserError(
+            f"masking.frequency_neutral=true re-weights ADM only; set masking.strategy={choices.ADAPTIVE} "
+            "or masking.frequency_neutral=false"
+        )
     if m.whole_word:  # the quotas count tokens, but whole-word selection takes words whose pieces span buckets
-        raise UserError("masking.frequency_neutral=true does not combine with masking.whole_word=true; "
-                        "set one of them to false")
+        raise UserError(
+            "masking.frequency_neutral=true does not combine with masking.whole_word=true; set one of them to false"
+        )
 
 
 def _check_choice(key: str, value: str, names: tuple[str, ...]) -> None:
@@ -372,7 +401,7 @@ def frequency_cuts(text, name: str) -> tuple[int, ...]:
     except ValueError:
         cuts = []
     if not cuts or any(c < 1 for c in cuts) or cuts != sorted(set(cuts)):
-        raise UserError(f"{name}={text!r} must be increasing positive ranks, e.g. \"1000,10000\"")
+        raise UserError(f'{name}={text!r} must be increasing positive ranks, e.g. "1000,10000"')
     return tuple(cuts)
 
 
@@ -395,8 +424,9 @@ def from_dict(tree: dict) -> Config:
         raise UserError(f"unknown config section {sorted(unknown)[0]!r}; valid sections: {', '.join(sections)}")
     for name, values in tree.items():
         if values is not None and not isinstance(values, dict):
-            raise UserError(f"config section {name!r} must be a mapping of keys (e.g. {name}: {{key: value}}), "
-                            f"got {values!r}")
+            raise UserError(
+                f"config section {name!r} must be a mapping of keys (e.g. {name}: {{key: value}}), got {values!r}"
+            )
     return Config(**{name: _build_section(name, cls, tree.get(name) or {}) for name, cls in sections.items()})
 
 
@@ -422,8 +452,11 @@ def config_hash(cfg: Config) -> str:
 def config_listing(cfg: Config) -> str:
     """Every key of ``cfg``, one a line: its value, its default where it differs, and the comment beside its field."""
     values, defaults = flat_keys(to_dict(cfg)), flat_keys(to_dict(Config()))
-    comments = {f"{section.name}.{name}": text for section in dataclasses.fields(Config)
-                for name, text in field_comments(section.type).items()}
+    comments = {
+        f"{section.name}.{name}": text
+        for section in dataclasses.fields(Config)
+        for name, text in field_comments(section.type).items()
+    }
     settings = {key: f"{key} = {_yaml_value(value)}" for key, value in values.items()}
     width = max(map(len, settings.values()))
     lines = []
@@ -442,8 +475,11 @@ def field_comments(section: type) -> dict[str, str]:
     """Each field of a dataclass in this file with its comment: the comment lines just above it, then the one
     beside it."""
     source = textwrap.dedent(inspect.getsource(section))
-    comments = {token.start[0]: token.string.lstrip("#").strip()
-                for token in tokenize.generate_tokens(io.StringIO(source).readline) if token.type == tokenize.COMMENT}
+    comments = {
+        token.start[0]: token.string.lstrip("#").strip()
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    }
     found, previous_end = {}, ast.parse(source).body[0].lineno  # the class line
     for node in ast.parse(source).body[0].body:
         if isinstance(node, ast.AnnAssign):
@@ -464,15 +500,18 @@ def read_yaml(source: str) -> dict:
     if not path.exists():
         raise UserError(f"no config file or preset named {source!r}; presets: {', '.join(preset_names())}")
     if path.is_dir():
-        raise UserError(f"{path} is a folder, not a config file; name a YAML file or a preset "
-                        f"({', '.join(preset_names())})")
+        raise UserError(
+            f"{path} is a folder, not a config file; name a YAML file or a preset ({', '.join(preset_names())})"
+        )
     try:
         tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise UserError(f"{path} is not valid YAML ({str(err).splitlines()[0]}); fix the file") from None
     if not isinstance(tree, dict):
-        raise UserError(f"{path} holds a {type(tree).__name__}, not a mapping of config sections (model, data, "
-                        "masking, train); fix the file")
+        raise UserError(
+            f"{path} holds a {type(tree).__name__}, not a mapping of config sections (model, data, "
+            "masking, train); fix the file"
+        )
     return tree
 
 

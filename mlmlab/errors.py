@@ -24,6 +24,8 @@ def write_refusal(err: OSError) -> str | None:
     if err.errno not in WRITE_REFUSALS:
         return None
     where = f"{err.filename}" if err.filename else "a file"
-    return (f"cannot write {where}: {err.strerror}; everything written before it is intact (earlier checkpoints, "
-            "model folders, prepared data and caches are replaced only by whole copies): free space or make the "
-            "path writable, then run the command again")
+    return (
+        f"cannot write {where}: {err.strerror}; everything written before it is intact (earlier checkpoints, "
+        "model folders, prepared data and caches are replaced only by whole copies): free space or make the "
+        "path writable, then run the command again"
+    )

@@ -26,17 +26,28 @@ def fuse_qkv(model: PreTrainedModel) -> int:
     return len(modules)
 
 
-def fused_qkv_forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                      cache=None, **kwargs) -> tuple:
+def fused_qkv_forward(
+    self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, cache=None, **kwargs
+) -> tuple:
     """BertSelfAttention.forward (transformers 5) of an encoder, with one projection; self is the module."""
     if cache is not None:  # a decoder's key/value cache: mlmlab trains encoders only
         raise ValueError("train.fused_qkv is for encoders: this attention was given a key/value cache")
     weight = torch.cat((self.query.weight, self.key.weight, self.value.weight))  # (3H, H)
     bias = torch.cat((self.query.bias, self.key.bias, self.value.bias))  # (3H,)
     head_shape = (*hidden_states.shape[:-1], -1, self.attention_head_size)  # (B, T, heads, d)
-    query, key, value = (part.view(head_shape).transpose(1, 2)  # each (B, heads, T, d)
-                         for part in F.linear(hidden_states, weight, bias).chunk(3, dim=-1))  # (B, T, 3H)
+    query, key, value = (
+        part.view(head_shape).transpose(1, 2)  # each (B, heads, T, d)
+        for part in F.linear(hidden_states, weight, bias).chunk(3, dim=-1)
+    )  # (B, T, 3H)
     attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-    output, weights = attention(self, query, key, value, attention_mask,
-                                dropout=self.dropout.p if self.training else 0.0, scaling=self.scaling, **kwargs)
+    output, weights = attention(
+        self,
+        query,
+        key,
+        value,
+        attention_mask,
+        dropout=self.dropout.p if self.training else 0.0,
+        scaling=self.scaling,
+        **kwargs,
+    )
     return output.reshape(*hidden_states.shape[:-1], -1).contiguous(), weights  # (B, T, H)

@@ -50,8 +50,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_hidden * grad_sum, grad_weight * grad_sum, grad_bias * grad_sum, None, None
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor,
-                         rows: int = ROWS_PER_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+def linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor, rows: int = ROWS_PER_CHUNK
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum over i of cross_entropy(hidden_i W^T + b, target_i), the (M,) per-token losses, detached).
 
     hidden (M, H), weight (V, H), bias (V,), targets (M,). Under autocast the matmuls run in its dtype, as

@@ -50,8 +50,10 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> PreTrai
             raise
         # transformers checks the implementation as the model is made: an unknown name, a package not installed,
         # a kernel this device lacks. Its message says which; a traceback would bury it.
-        raise UserError(f"model.attention={cfg.attention!r} cannot be used here: {str(err).splitlines()[0]} Use "
-                        "model.attention=sdpa (or eager)") from None
+        raise UserError(
+            f"model.attention={cfg.attention!r} cannot be used here: {str(err).splitlines()[0]} Use "
+            "model.attention=sdpa (or eager)"
+        ) from None
 
 
 def load_weights(model: nn.Module, path: Path, allowed_missing: tuple[str, ...] = ()) -> None:
@@ -70,16 +72,22 @@ def load_weights(model: nn.Module, path: Path, allowed_missing: tuple[str, ...] 
         if current is None:  # a saved buffer, not a weight
             continue
         if current not in expected:
-            raise UserError(f"{path} holds {name}, which this model does not have; load it into the architecture "
-                            "it was saved from (its config.json)")
+            raise UserError(
+                f"{path} holds {name}, which this model does not have; load it into the architecture "
+                "it was saved from (its config.json)"
+            )
         if shape != expected[current]:
-            raise UserError(f"{path} holds {name} of shape {list(shape)}, this model's is {list(expected[current])}; "
-                            "load it into the architecture it was saved from (its config.json)")
+            raise UserError(
+                f"{path} holds {name} of shape {list(shape)}, this model's is {list(expected[current])}; "
+                "load it into the architecture it was saved from (its config.json)"
+            )
     state = {names[name]: tensor for name, tensor in load_file(str(path)).items() if names[name] is not None}
     absent = sorted(name for name in _load_state(model, state) if not name.startswith(allowed_missing))
     if absent:
-        raise UserError(f"{path} lacks {absent[0]} ({len(absent)} weights missing); it was saved from another "
-                        "architecture: load it into that one (its config.json)")
+        raise UserError(
+            f"{path} lacks {absent[0]} ({len(absent)} weights missing); it was saved from another "
+            "architecture: load it into that one (its config.json)"
+        )
 
 
 # Checkpoints converted from google-research/bert's TensorFlow release name LayerNorm parameters gamma and
@@ -112,8 +120,10 @@ def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
         with safe_open(str(path), framework="pt") as handle:
             return {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
     except (SafetensorError, OSError) as err:
-        raise UserError(f"cannot read the weights {path} ({str(err).splitlines()[0]}); the file is missing, "
-                        "truncated or not safetensors: copy or export the model again") from None
+        raise UserError(
+            f"cannot read the weights {path} ({str(err).splitlines()[0]}); the file is missing, "
+            "truncated or not safetensors: copy or export the model again"
+        ) from None
 
 
 def compile_model(model: PreTrainedModel) -> None:
@@ -156,8 +166,9 @@ def encode(model: PreTrainedModel, batch: dict, inputs_embeds: torch.Tensor | No
     ``inputs_embeds``: the word embeddings (B, T, H) to encode instead of ``batch["input_ids"]``.
     """
     input_ids = batch["input_ids"] if inputs_embeds is None else None
-    return architecture_of(model).encode(model, input_ids, batch["attention_mask"], batch.get("token_type_ids"),
-                                         inputs_embeds)
+    return architecture_of(model).encode(
+        model, input_ids, batch["attention_mask"], batch.get("token_type_ids"), inputs_embeds
+    )
 
 
 def predict(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
@@ -174,7 +185,9 @@ class SparsePretraining(nn.Module):
     without an NSP head (RoBERTa, ModernBERT) is scored on MLM alone, whatever ``use_nsp`` says.
     """
 
-    def __init__(self, model: PreTrainedModel, use_nsp: bool = True, length_multiple: int = 1, fused_head: bool = False):
+    def __init__(
+        self, model: PreTrainedModel, use_nsp: bool = True, length_multiple: int = 1, fused_head: bool = False
+    ):
         """``length_multiple``: pad the encoder's input length up to a multiple of it (COMPILED_LENGTH_MULTIPLE
         for a compiled encoder); the padding is masked out of attention and cut from its output.
         ``fused_head``: in training, the decoder and its cross-entropy chunk by chunk (head_loss.py)."""
@@ -185,8 +198,17 @@ class SparsePretraining(nn.Module):
         # accelerate's default FSDP wrapping (TRANSFORMER_BASED_WRAP) shards per module of these classes.
         self._no_split_modules = [self.architecture.layer_class]
 
-    def forward(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None,
-                mlm_denominator=None, nsp_denominator=None, **_unused) -> dict:
+    def forward(
+        self,
+        input_ids,
+        attention_mask,
+        token_type_ids,
+        labels,
+        next_sentence_label=None,
+        mlm_denominator=None,
+        nsp_denominator=None,
+        **_unused,
+    ) -> dict:
         # (B, T, H), and (B, H) where there is an NSP head
         hidden, pooled = self._encode(input_ids, attention_mask, token_type_ids)
         selected_index = (labels != IGNORE_INDEX).flatten().nonzero().squeeze(1)  # (M,)
@@ -194,8 +216,9 @@ class SparsePretraining(nn.Module):
         targets = labels.flatten().index_select(0, selected_index)  # (M,)
         if self.fused_head and self.model.training:
             transform, decoder = self.architecture.head_parts(self.model)
-            mlm_sum, token_losses = linear_cross_entropy(transform(hidden_selected), decoder.weight, decoder.bias,
-                                                         targets)
+            mlm_sum, token_losses = linear_cross_entropy(
+                transform(hidden_selected), decoder.weight, decoder.bias, targets
+            )
         else:
             logits = self.architecture.predict(self.model, hidden_selected)  # (M, V)
             token_losses = F.cross_entropy(logits.float(), targets, reduction="none")  # (M,)

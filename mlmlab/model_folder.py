@@ -27,13 +27,17 @@ CONFIG_JSON = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKEN_COUNTS_FILE = "token_counts.npy"
 VOCAB_HASH_KEY = "vocab_hash"  # config.json entry: the vocabulary the model was trained with
-GIVE_A_MODEL_FOLDER = "give a model folder (config.json + model.safetensors), e.g. a run's model/ or a checkpoint's model/"
+GIVE_A_MODEL_FOLDER = (
+    "give a model folder (config.json + model.safetensors), e.g. a run's model/ or a checkpoint's model/"
+)
 
 
 # ----- writing -----------------------------------------------------------------------------
-def write_model_folder(folder: Path, config: PreTrainedConfig, state_dict: dict, tokenizer,
-                       token_counts: np.ndarray) -> None:
-    """The folder of a model of ``config`` holding ``state_dict``, trained with ``tokenizer`` on a corpus of ``token_counts``.
+def write_model_folder(
+    folder: Path, config: PreTrainedConfig, state_dict: dict, tokenizer, token_counts: np.ndarray
+) -> None:
+    """The folder of a model of ``config`` holding ``state_dict``, trained with ``tokenizer`` on a corpus of
+    ``token_counts``.
 
     Saved from a plain copy, built on the meta device (no init, no RNG draw) and given the
     gathered weights: ``save_pretrained`` inspects the model's own parameters, which under
@@ -76,8 +80,10 @@ def saved_weight_shapes(folder: Path, named: str = "") -> dict[str, tuple[int, .
     named = named or str(folder)
     if not (folder / WEIGHTS_FILE).is_file():
         if (folder / "pytorch_model.bin").is_file():
-            raise UserError(f"{named} has no {WEIGHTS_FILE}, only a pytorch_model.bin, which mlmlab never unpickles: "
-                            "save it once as safetensors with transformers (from_pretrained(DIR).save_pretrained(DIR))")
+            raise UserError(
+                f"{named} has no {WEIGHTS_FILE}, only a pytorch_model.bin, which mlmlab never unpickles: "
+                "save it once as safetensors with transformers (from_pretrained(DIR).save_pretrained(DIR))"
+            )
         raise UserError(f"{named} has no {WEIGHTS_FILE}; {GIVE_A_MODEL_FOLDER}")
     return weight_shapes(folder / WEIGHTS_FILE)
 
@@ -127,8 +133,10 @@ def saved_vocab_hash(folder: Path) -> str:
     if recorded:
         return recorded
     if not (folder / "tokenizer.json").is_file() and not (folder / "vocab.txt").is_file():
-        raise UserError(f"cannot tell which vocabulary the model in {folder} was trained with: its config.json records "
-                        "none and the folder holds no tokenizer files; copy the model's vocab.txt / tokenizer.json into it")
+        raise UserError(
+            f"cannot tell which vocabulary the model in {folder} was trained with: its config.json records "
+            "none and the folder holds no tokenizer files; copy the model's vocab.txt / tokenizer.json into it"
+        )
     return folder_vocab_hash(folder)
 
 
@@ -146,5 +154,9 @@ def check_own_tokenizer(folder: Path, tokenizer) -> None:
     A folder that records none (not mlmlab's) is not checked: its files are all there is to go by.
     """
     if VOCAB_HASH_KEY in read_config(folder):
-        refuse_other_vocabulary(folder, tokenizer, f"{folder}: its tokenizer is not the vocabulary the model was "
-                                "trained with", "restore the folder's tokenizer files")
+        refuse_other_vocabulary(
+            folder,
+            tokenizer,
+            f"{folder}: its tokenizer is not the vocabulary the model was trained with",
+            "restore the folder's tokenizer files",
+        )

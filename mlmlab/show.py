@@ -22,25 +22,43 @@ from mlmlab.model_folder import load_pretrained
 INSTANCE_KEYS = ("next_sentence_label", "doc_a", "doc_b")
 
 
-def dump_instances(data_dir, n: int, *, start: int = 0, masked: bool = False, seed: int = 0, epoch: int = 0,
-                   strategy: str = choices.DYNAMIC, dupe_factor: int = 10, whole_word: bool = False):
+def dump_instances(
+    data_dir,
+    n: int,
+    *,
+    start: int = 0,
+    masked: bool = False,
+    seed: int = 0,
+    epoch: int = 0,
+    strategy: str = choices.DYNAMIC,
+    dupe_factor: int = 10,
+    whole_word: bool = False,
+):
     """Yield instances start..start+n-1 as dicts; with ``masked``, as the training step masks them."""
     store = TokenStore(data_dir)
     if not 0 <= start < len(store):
-        raise UserError(f"--start {start} is past the end: {data_dir} holds {len(store)} instances "
-                        f"(0 to {len(store) - 1})")
+        raise UserError(
+            f"--start {start} is past the end: {data_dir} holds {len(store)} instances (0 to {len(store) - 1})"
+        )
     tokenizer = load_tokenizer(store.tokenizer_dir)
-    cfg = Config(masking=MaskingConfig(strategy=strategy, dupe_factor=dupe_factor, seed=seed,
-                                       whole_word=whole_word)).masking  # validated
+    cfg = Config(
+        masking=MaskingConfig(strategy=strategy, dupe_factor=dupe_factor, seed=seed, whole_word=whole_word)
+    ).masking  # validated
     if masked and strategy_entry(strategy).scored:
-        raise UserError(f"--strategy {strategy} weights by a scorer, which a dump does not run; show it on a "
-                        f"sentence with mlmlab mask --strategy {strategy}")
+        raise UserError(
+            f"--strategy {strategy} weights by a scorer, which a dump does not run; show it on a "
+            f"sentence with mlmlab mask --strategy {strategy}"
+        )
     masker = Masker(cfg, tokenizer, store.token_counts)
     for index in range(start, min(start + n, len(store))):
         example = store[index]
-        record = {"index": index, "tokens": tokenizer.convert_ids_to_tokens(example["input_ids"].tolist()),
-                  "input_ids": example["input_ids"].tolist(), "token_type_ids": example["token_type_ids"].tolist(),
-                  **{key: int(example[key]) for key in INSTANCE_KEYS}}
+        record = {
+            "index": index,
+            "tokens": tokenizer.convert_ids_to_tokens(example["input_ids"].tolist()),
+            "input_ids": example["input_ids"].tolist(),
+            "token_type_ids": example["token_type_ids"].tolist(),
+            **{key: int(example[key]) for key in INSTANCE_KEYS},
+        }
         if masked:
             one = collate([example], [index], tokenizer.pad_token_id)
             batch, _ = masker.mask(one, epoch, None, progress=0.0, step=1)
@@ -50,8 +68,15 @@ def dump_instances(data_dir, n: int, *, start: int = 0, masked: bool = False, se
         yield record
 
 
-def mask_sentence(text: str, *, tokenizer: str = "", data: str | None = None, model: str | None = None,
-                  progress: float = 1.0, **masking) -> str:
+def mask_sentence(
+    text: str,
+    *,
+    tokenizer: str = "",
+    data: str | None = None,
+    model: str | None = None,
+    progress: float = 1.0,
+    **masking,
+) -> str:
     """A table: each token, its masking weight, whether it was selected, what the model sees, the label.
 
     ``masking``: MaskingConfig's keys (strategy, rate, seed, dupe_factor, whole_word, scorer, frequency_neutral,
@@ -63,11 +88,16 @@ def mask_sentence(text: str, *, tokenizer: str = "", data: str | None = None, mo
     cfg = Config(masking=MaskingConfig(**masking)).masking  # validated
     tok, pretrained, counts = _mask_inputs(cfg, tokenizer, data, model)
     ids = torch.tensor([tok(text)["input_ids"]])  # (1, T)
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
-             "example_ids": torch.zeros(1, dtype=torch.long)}
+    batch = {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "token_type_ids": torch.zeros_like(ids),
+        "example_ids": torch.zeros(1, dtype=torch.long),
+    }
     masked, weights = Masker(cfg, tok, counts).mask(batch, epoch, pretrained, progress=progress, step=1)
-    return _mask_table(tok, ids[0], masked, weights,
-                       f"{cfg.strategy} masking, rate {cfg.rate}, seed {cfg.seed}, epoch {epoch}")
+    return _mask_table(
+        tok, ids[0], masked, weights, f"{cfg.strategy} masking, rate {cfg.rate}, seed {cfg.seed}, epoch {epoch}"
+    )
 
 
 def _mask_inputs(cfg: MaskingConfig, tokenizer: str, data: str | None, model: str | None):
@@ -75,14 +105,18 @@ def _mask_inputs(cfg: MaskingConfig, tokenizer: str, data: str | None, model: st
     is missing. The tokenizer is the model folder's, else the prepared dataset's, else ``tokenizer``."""
     reads = scorer_entry(cfg.scorer).reads if strategy_entry(cfg.strategy).scored else None
     if reads == READS_LOSSES:
-        raise UserError(f"--scorer {cfg.scorer} reads loss tables a training run learns, which a sentence does not "
-                        f"have; show {choices.listed(scorer_names(READS_MODEL))} with --model DIR, or "
-                        f"{choices.listed(scorer_names(READS_COUNTS))} with --data DIR")
+        raise UserError(
+            f"--scorer {cfg.scorer} reads loss tables a training run learns, which a sentence does not "
+            f"have; show {choices.listed(scorer_names(READS_MODEL))} with --model DIR, or "
+            f"{choices.listed(scorer_names(READS_COUNTS))} with --data DIR"
+        )
     if reads == READS_MODEL and model is None:
         raise UserError(f"--scorer {cfg.scorer} scores with a model: add --model DIR (a model folder)")
     if (cfg.frequency_neutral or reads == READS_COUNTS) and data is None:
-        raise UserError("the frequency scorer and --frequency-neutral read the training corpus's token counts: add "
-                        "--data DIR (a prepared dataset)")
+        raise UserError(
+            "the frequency scorer and --frequency-neutral read the training corpus's token counts: add "
+            "--data DIR (a prepared dataset)"
+        )
     if data is not None and tokenizer:
         raise UserError("--data brings the tokenizer the dataset was prepared with; drop --tokenizer")
     store = TokenStore(data) if data is not None else None
@@ -90,8 +124,10 @@ def _mask_inputs(cfg: MaskingConfig, tokenizer: str, data: str | None, model: st
     if tok is None:
         tok = load_tokenizer(tokenizer_dir_for(model or tokenizer) if model or store is None else store.tokenizer_dir)
     if store is not None and vocab_hash(tok.get_vocab()) != store.vocab_hash:
-        raise UserError(f"{data} was prepared with another vocabulary than {model}'s; use a dataset prepared with "
-                        "the model's tokenizer")
+        raise UserError(
+            f"{data} was prepared with another vocabulary than {model}'s; use a dataset prepared with "
+            "the model's tokenizer"
+        )
     return tok, pretrained, None if store is None else store.token_counts
 
 
@@ -100,11 +136,15 @@ def _mask_table(tok, ids, masked, weights, title: str) -> str:
     rows = [title, f"{'pos':>3}  {'token':<16} {'weight':>7}  {'model sees':<16} {'what':<10} label"]
     for pos, (orig, seen, label) in enumerate(zip(ids.tolist(), shown, labels)):
         selected = label != IGNORE_INDEX
-        what = "" if not selected else "[MASK]" if seen == tok.mask_token_id else "unchanged" if seen == orig else "random"
+        what = (
+            "" if not selected else "[MASK]" if seen == tok.mask_token_id else "unchanged" if seen == orig else "random"
+        )
         token, seen_token = tok.convert_ids_to_tokens([orig, seen])
         weight = "" if weights is None else f"{weights[0, pos].item():.3f}"
-        rows.append(f"{pos:>3}  {token:<16} {weight:>7}  {seen_token if selected else '':<16} {what:<10} "
-                    f"{token if selected else '-100'}")
+        rows.append(
+            f"{pos:>3}  {token:<16} {weight:>7}  {seen_token if selected else '':<16} {what:<10} "
+            f"{token if selected else '-100'}"
+        )
     eligible = int((~torch.isin(ids, torch.tensor(token_info_for(tok).special_ids))).sum())
     rows.append(f"{sum(label != IGNORE_INDEX for label in labels)} of {eligible} eligible positions selected")
     return "\n".join(rows)
@@ -116,22 +156,31 @@ def pretrain_summary(summary: dict, cfg: Config) -> str:
 
     model = f"{summary['run_dir']}/model"
     held_out = summary.get("eval") or {}
-    lines = [f"pretrained {summary['steps']:,} steps, {summary['tokens_seen']:,} tokens, "
-             f"{_duration(summary['train_seconds'])} of training ({summary.get('tokens_per_s', 0):,.0f} tokens/s{_mfu(summary)})",
-             f"model: {model} (model card: {model}/README.md; run folder: {summary['run_dir']})"]
+    lines = [
+        f"pretrained {summary['steps']:,} steps, {summary['tokens_seen']:,} tokens, "
+        f"{_duration(summary['train_seconds'])} of training "
+        f"({summary.get('tokens_per_s', 0):,.0f} tokens/s{_mfu(summary)})",
+        f"model: {model} (model card: {model}/README.md; run folder: {summary['run_dir']})",
+    ]
     if held_out:
         nsp = held_out.get("nsp_accuracy")
-        lines.append(f"held-out: perplexity {held_out['perplexity']:,.2f}, MLM accuracy {held_out['mlm_accuracy']:.4f}"
-                     + (f", NSP accuracy {nsp:.4f}" if nsp is not None else "")
-                     + f" ({held_out['masked_tokens']:,} masked tokens, fixed masks)")
+        lines.append(
+            f"held-out: perplexity {held_out['perplexity']:,.2f}, MLM accuracy {held_out['mlm_accuracy']:.4f}"
+            + (f", NSP accuracy {nsp:.4f}" if nsp is not None else "")
+            + f" ({held_out['masked_tokens']:,} masked tokens, fixed masks)"
+        )
     valid = " ".join(shlex.quote(p) for p in cfg.data.valid_corpus) or shlex.quote(str(SAMPLE_VALID))
-    fill = (f"\"from transformers import pipeline; print(pipeline('fill-mask', model={model!r})"
-            f"('The capital of France is {_mask_token(model)}.'))\"")  # double quotes outside: pastes into any shell
-    lines += ["next:",
-              f"  mlmlab evaluate --model {shlex.quote(model)} --data {valid}",
-              f"  mlmlab glue --model {shlex.quote(model)} --task RTE MRPC --data-dir GLUE_DIR",
-              f"  python -c {fill}",
-              "(--json: this summary as JSON)"]
+    fill = (
+        f"\"from transformers import pipeline; print(pipeline('fill-mask', model={model!r})"
+        f"('The capital of France is {_mask_token(model)}.'))\""
+    )  # double quotes outside: pastes into any shell
+    lines += [
+        "next:",
+        f"  mlmlab evaluate --model {shlex.quote(model)} --data {valid}",
+        f"  mlmlab glue --model {shlex.quote(model)} --task RTE MRPC --data-dir GLUE_DIR",
+        f"  python -c {fill}",
+        "(--json: this summary as JSON)",
+    ]
     return "\n".join(lines)
 
 
@@ -146,7 +195,8 @@ def _mask_token(model: str) -> str:
 
 
 def _mfu(summary: dict) -> str:
-    """", MFU 31% of a measured 0.11 TFLOP/s matmul peak": which peak the figure is of, as it varies by host and load."""
+    """ ", MFU 31% of a measured 0.11 TFLOP/s matmul peak": which peak the figure is of, as it varies by host and
+    load."""
     if not summary.get("peak_flops"):
         return ""
     return f", MFU {summary['mfu']:.0%} of a measured {summary['peak_flops'] / 1e12:.2f} TFLOP/s matmul peak"

@@ -40,8 +40,10 @@ def global_state() -> dict:
         "torch.backends.cudnn.allow_tf32": attribute(torch.backends.cudnn, "allow_tf32"),
         "torch default dtype": (torch.get_default_dtype, torch.set_default_dtype),
         "torch threads": (torch.get_num_threads, torch.set_num_threads),
-        "torch deterministic algorithms": (torch.are_deterministic_algorithms_enabled,
-                                           torch.use_deterministic_algorithms),
+        "torch deterministic algorithms": (
+            torch.are_deterministic_algorithms_enabled,
+            torch.use_deterministic_algorithms,
+        ),
     }
 
 
@@ -75,8 +77,8 @@ def fp32_on_every_host(monkeypatch):
     """train.precision=auto picks bf16 on CPUs with AMX: here every CPU reads as one without, so what
     the tests check does not depend on the host (the commands test_distributed starts pin fp32 instead).
     The detection itself is tested with its own patch."""
-    from mlmlab.utils.devices import cpu_features
     from mlmlab.train import launch
+    from mlmlab.utils.devices import cpu_features
 
     monkeypatch.setattr(launch, "cpu_features", lambda: {**cpu_features(), "amx_bf16": False})
 

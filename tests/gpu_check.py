@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from test_distributed import forget_last_checkpoint, weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,9 +27,22 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "PYTHONUNBU
 
 
 def pretrain(out: Path, steps: int, *overrides: str, config: str = "tiny") -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "mlmlab.cli", "pretrain", "--config", config, "--no-progress",
-               f"train.out_dir={out}", f"train.max_steps={steps}", f"train.warmup_steps={max(steps // 10, 1)}",
-               "train.log_every=1", f"train.eval_every={steps}", "train.eval_batches=5", *overrides]
+    command = [
+        sys.executable,
+        "-m",
+        "mlmlab.cli",
+        "pretrain",
+        "--config",
+        config,
+        "--no-progress",
+        f"train.out_dir={out}",
+        f"train.max_steps={steps}",
+        f"train.warmup_steps={max(steps // 10, 1)}",
+        "train.log_every=1",
+        f"train.eval_every={steps}",
+        "train.eval_batches=5",
+        *overrides,
+    ]
     return subprocess.run(command, env=ENV, capture_output=True, text=True, cwd=ROOT)
 
 
@@ -87,9 +99,24 @@ def check_adm_entropy_scorer(out: Path, steps: int, cuda: bool) -> str:
 
 def check_export_and_fill_mask(out: Path, steps: int, cuda: bool) -> str:
     model = out / "auto" / "model"
-    evaluated = subprocess.run([sys.executable, "-m", "mlmlab.cli", "evaluate", "--model", str(model), "--data",
-                                "mlmlab/resources/sample/valid.txt.gz", "--max-batches", "5"],
-                               env=ENV, capture_output=True, text=True, cwd=ROOT)
+    evaluated = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlmlab.cli",
+            "evaluate",
+            "--model",
+            str(model),
+            "--data",
+            "mlmlab/resources/sample/valid.txt.gz",
+            "--max-batches",
+            "5",
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     if evaluated.returncode != 0:
         return "evaluate: " + failure(evaluated)
     from transformers import logging, pipeline
@@ -124,8 +151,10 @@ def _report_resume(run_dir: Path, steps: int, *overrides: str) -> str:
     resumed = weights(run_dir)
     worst = max((resumed[name] - tensor).abs().max().item() for name, tensor in straight.items())
     warned = sorted({line for line in first.stderr.splitlines() if "does not have a deterministic" in line})
-    print(f"  {' '.join(overrides) or 'default'}: resumed run's weights differ from the straight run's by at most "
-          f"{worst:.3g}" + (f"; torch warned: {warned}" if warned else ""))
+    print(
+        f"  {' '.join(overrides) or 'default'}: resumed run's weights differ from the straight run's by at most "
+        f"{worst:.3g}" + (f"; torch warned: {warned}" if warned else "")
+    )
     return ""
 
 
@@ -140,10 +169,12 @@ def report_base_throughput(out: Path, steps: int, cuda: bool) -> str:
         return failure(run)
     rows = [json.loads(line) for line in (out / "base" / "metrics.jsonl").read_text().splitlines()]
     timed = [row for row in rows if "tokens_per_s" in row]
-    second_half = timed[len(timed) // 2:]
+    second_half = timed[len(timed) // 2 :]
     tokens_per_s, mfu = (statistics.median(row[key] for row in second_half) for key in ("tokens_per_s", "mfu"))
-    print(f"  base: {tokens_per_s:,.0f} tokens/s, MFU {mfu:.1%} (medians of steps {second_half[0]['step']}-"
-          f"{second_half[-1]['step']})")
+    print(
+        f"  base: {tokens_per_s:,.0f} tokens/s, MFU {mfu:.1%} (medians of steps {second_half[0]['step']}-"
+        f"{second_half[-1]['step']})"
+    )
     return ""
 
 
@@ -151,7 +182,7 @@ def median_rate(run_dir: Path) -> float:
     """The median tokens/s of a run's second half of logged steps."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     timed = [row["tokens_per_s"] for row in rows if "tokens_per_s" in row]
-    return statistics.median(timed[len(timed) // 2:])
+    return statistics.median(timed[len(timed) // 2 :])
 
 
 def report_lever_ab(out: Path, steps: int, cuda: bool) -> str:
@@ -159,8 +190,11 @@ def report_lever_ab(out: Path, steps: int, cuda: bool) -> str:
     full-length batches (MLM blocks packed to max_seq_length: the bundled sample's NSP pairs are mostly short,
     and on short batches a GPU step's fixed costs hide the matmuls). The base preset on a GPU, tiny here."""
     preset, packed = ("base" if cuda else "tiny"), "data.objective=mlm"
-    levers = {"eager": [], "train.fused_qkv=true": ["train.fused_qkv=true"],
-              "train.fused_head=true": ["train.fused_head=true"]}
+    levers = {
+        "eager": [],
+        "train.fused_qkv=true": ["train.fused_qkv=true"],
+        "train.fused_head=true": ["train.fused_head=true"],
+    }
     rates = {name: [] for name in levers}
     for repeat in range(2):
         for name, overrides in levers.items():
@@ -172,23 +206,39 @@ def report_lever_ab(out: Path, steps: int, cuda: bool) -> str:
     eager = statistics.median(rates["eager"])
     for name, measured in rates.items():
         runs = " / ".join(f"{rate:,.0f}" for rate in measured)
-        print(f"  {preset}, packed MLM blocks: {name}: {runs} tokens/s"
-              + ("" if name == "eager" else f", {statistics.median(measured) / eager:.2f}x eager"))
+        print(
+            f"  {preset}, packed MLM blocks: {name}: {runs} tokens/s"
+            + ("" if name == "eager" else f", {statistics.median(measured) / eager:.2f}x eager")
+        )
     return ""
 
 
-CHECKS = [check_auto_precision, check_fp32_means_no_tf32, check_fused_levers_follow_eager, check_modernbert,
-          check_adm_entropy_scorer, check_export_and_fill_mask, report_resume_equality,
-          report_deterministic_resume_equality, report_base_throughput, report_lever_ab]
+CHECKS = [
+    check_auto_precision,
+    check_fp32_means_no_tf32,
+    check_fused_levers_follow_eager,
+    check_modernbert,
+    check_adm_entropy_scorer,
+    check_export_and_fill_mask,
+    report_resume_equality,
+    report_deterministic_resume_equality,
+    report_base_throughput,
+    report_lever_ab,
+]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the runs (emptied first)")
     parser.add_argument("--steps", type=int, default=60, help="training steps per run")
-    parser.add_argument("--only", nargs="+", choices=[check.__name__ for check in CHECKS], metavar="CHECK",
-                        help="run these checks alone (check_fused_levers_follow_eager needs check_fp32_means_no_tf32's "
-                             "run, check_export_and_fill_mask check_auto_precision's)")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=[check.__name__ for check in CHECKS],
+        metavar="CHECK",
+        help="run these checks alone (check_fused_levers_follow_eager needs check_fp32_means_no_tf32's "
+        "run, check_export_and_fill_mask check_auto_precision's)",
+    )
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.cuda.get_device_name() if cuda else "CPU (no GPU: the CUDA-only lines are not checked)"
@@ -200,8 +250,11 @@ def main() -> int:
         started = time.perf_counter()
         problem = check(args.out, args.steps, cuda)
         failed += bool(problem)
-        print(f"{'FAIL' if problem else 'ok  '} {check.__name__} ({time.perf_counter() - started:.0f} s)"
-              + (f": {problem}" if problem else ""), flush=True)
+        print(
+            f"{'FAIL' if problem else 'ok  '} {check.__name__} ({time.perf_counter() - started:.0f} s)"
+            + (f": {problem}" if problem else ""),
+            flush=True,
+        )
     return 1 if failed else 0
 
 

@@ -24,7 +24,9 @@ def page_faults(*setup: str) -> int:
     return int(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the settings are glibc's; the command sets them on Linux")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the settings are glibc's; the command sets them on Linux"
+)
 def test_large_blocks_are_reused_not_mapped_again_each_time():
     pages = (32 << 20) * 4 // 4096  # one 128 MiB block, in 4 KiB pages
     untuned = page_faults("-c", "import os, sys; os.execv(sys.argv[1], sys.argv[1:])")

@@ -3,10 +3,9 @@
 import gzip
 
 import pytest
+from conftest import SAMPLE
 
 from mlmlab.cli import main
-
-from conftest import SAMPLE
 
 
 def run_cli(capsys, *argv):
@@ -54,17 +53,20 @@ def test_vocab_without_mask(capsys, tmp_path):
     assert_one_line_error(code, err, "[MASK]")
 
 
-@pytest.mark.parametrize("override, words", [
-    ("train.lrr=1e-3", ["train.lrr"]),
-    ("modle.hidden_size=64", ["modle"]),
-    ("masking.rate=1.5", ["masking.rate", "(0, 1)"]),
-    ("masking.rate=0", ["masking.rate"]),
-    ("data.max_seq_length=1024", ["max_position_embeddings"]),
-    ("train.lr=fast", ["train.lr"]),
-    ("masking.freq_buckets=10000,1000", ["masking.freq_buckets", "increasing"]),
-    ("model.attention_dropout=1.5", ["model.attention_dropout", "[0, 1)"]),
-    ("model.dropout=-0.1", ["model.dropout"]),
-])
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("train.lrr=1e-3", ["train.lrr"]),
+        ("modle.hidden_size=64", ["modle"]),
+        ("masking.rate=1.5", ["masking.rate", "(0, 1)"]),
+        ("masking.rate=0", ["masking.rate"]),
+        ("data.max_seq_length=1024", ["max_position_embeddings"]),
+        ("train.lr=fast", ["train.lr"]),
+        ("masking.freq_buckets=10000,1000", ["masking.freq_buckets", "increasing"]),
+        ("model.attention_dropout=1.5", ["model.attention_dropout", "[0, 1)"]),
+        ("model.dropout=-0.1", ["model.dropout"]),
+    ],
+)
 def test_bad_config(capsys, tmp_path, override, words):
     code, err = run_cli(capsys, "pretrain", override, f"train.out_dir={tmp_path / 'run'}")
     assert_one_line_error(code, err, *words)
@@ -110,8 +112,9 @@ def test_short_documents_for_nsp(capsys, tmp_path, tokenizer_dir):
     one = tmp_path / "one.txt.gz"
     with gzip.open(one, "wt", encoding="utf-8") as handle:
         handle.write("Just one sentence here.\n")
-    code, err = run_cli(capsys, "prepare", "--corpus", str(one), "--tokenizer", str(tokenizer_dir),
-                        "--out", str(tmp_path / "p"))
+    code, err = run_cli(
+        capsys, "prepare", "--corpus", str(one), "--tokenizer", str(tokenizer_dir), "--out", str(tmp_path / "p")
+    )
     assert_one_line_error(code, err)
 
 
@@ -125,6 +128,8 @@ def test_unsharded_or_untested_launch_is_refused_before_training(capsys, tmp_pat
 
 
 def test_fp16_on_cpu_is_refused_rather_than_trained_in_fp32(capsys, tmp_path):
-    code, err = run_cli(capsys, "pretrain", "--no-progress", "train.precision=fp16", f"train.out_dir={tmp_path / 'run'}")
+    code, err = run_cli(
+        capsys, "pretrain", "--no-progress", "train.precision=fp16", f"train.out_dir={tmp_path / 'run'}"
+    )
     assert_one_line_error(code, err, "fp16", "bf16")
     assert not (tmp_path / "run").exists()

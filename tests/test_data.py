@@ -55,8 +55,9 @@ def test_split_sentences_keeps_abbreviations_and_initials():
 SHARED_WIKI = ROOT.parent / "shared" / "data" / "enwiki_sample" / "train.txt.gz"
 
 
-@pytest.mark.parametrize("corpus, documents", [(SAMPLE / "train.txt.gz", None), (SHARED_WIKI, 3000)],
-                         ids=["bundled sample", "enwiki sample"])
+@pytest.mark.parametrize(
+    "corpus, documents", [(SAMPLE / "train.txt.gz", None), (SHARED_WIKI, 3000)], ids=["bundled sample", "enwiki sample"]
+)
 def test_linear_splitter_splits_as_the_quadratic_one_did(corpus, documents):
     """Prepared data is named by a hash of its inputs, not of its sentences: the split must not change."""
     from reference import quadratic_split_sentences
@@ -113,10 +114,14 @@ def test_jsonl_and_gzip_detected_by_magic_bytes(tmp_path):
     assert list(read_documents([path])) == [["Para one.", "Still one.", "Para two <x>."], ["Other doc."]]
 
 
-@pytest.mark.parametrize("text, expected", [
-    ('{"text": "From a record."}\n', [["From a record."]]),
-    ('<doc id="1" title="T">\nT\n\nBody.\n</doc>\n', [["Body."]]),
-], ids=["jsonl", "wikiextractor"])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('{"text": "From a record."}\n', [["From a record."]]),
+        ('<doc id="1" title="T">\nT\n\nBody.\n</doc>\n', [["Body."]]),
+    ],
+    ids=["jsonl", "wikiextractor"],
+)
 def test_a_byte_order_mark_does_not_hide_the_format(tmp_path, text, expected):
     path = tmp_path / "bom.txt"
     path.write_text(text, encoding="utf-8-sig")  # as Windows editors save UTF-8
@@ -166,8 +171,9 @@ def test_jsonl_is_recognised_past_a_damaged_first_line(tmp_path):
 def test_plain_text_with_a_few_json_lines_stays_plain(tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text('A first line. And more.\n{"text": "quoted"}\nA third line.\nA fourth line.\n')
-    assert list(read_documents(path)) == [["A first line.", "And more.", '{"text": "quoted"}', "A third line.",
-                                           "A fourth line."]]
+    assert list(read_documents(path)) == [
+        ["A first line.", "And more.", '{"text": "quoted"}', "A third line.", "A fourth line."]
+    ]
 
 
 def archive(kind: str, folder: Path) -> Path:
@@ -191,8 +197,16 @@ def archive(kind: str, folder: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("kind, words", [("tar", "a tar archive,"), ("tar.gz", "a tar archive (gzip-compressed)"),
-                                         ("zip", "a zip archive"), ("bz2", "bzip2-compressed"), ("xz", "xz-compressed")])
+@pytest.mark.parametrize(
+    "kind, words",
+    [
+        ("tar", "a tar archive,"),
+        ("tar.gz", "a tar archive (gzip-compressed)"),
+        ("zip", "a zip archive"),
+        ("bz2", "bzip2-compressed"),
+        ("xz", "xz-compressed"),
+    ],
+)
 def test_archives_and_other_compressions_are_refused_by_content(tmp_path, kind, words):
     path = archive(kind, tmp_path)
     renamed = path.rename(tmp_path / "corpus.txt")  # the name does not matter, the bytes do
@@ -211,7 +225,13 @@ def test_adopted_vocab_loads_with_autotokenizer_at_full_size(tmp_path):
     assert len(tokenizer) == 30522
     encoded = tokenizer("Hello world", "Second part")
     assert tokenizer.convert_ids_to_tokens(encoded["input_ids"]) == [
-        "[CLS]", "hello", "world", "[SEP]", "second", "part", "[SEP]"
+        "[CLS]",
+        "hello",
+        "world",
+        "[SEP]",
+        "second",
+        "part",
+        "[SEP]",
     ]
     assert encoded["token_type_ids"] == [0, 0, 0, 0, 1, 1, 1]
     ordinary = ordinary_token_ids(load_tokenizer(folder))
@@ -479,8 +499,10 @@ def test_each_shard_records_its_largest_id(nsp_store):
         assert shard["max_id"] == int(np.load(nsp_store.path / shard["name"] / "input_ids.npy").max()) < 30522
 
 
-@pytest.mark.parametrize("new_id, message", [(30_522, "token id 30522, outside the 30522 ids"),
-                                             (None, "largest token id is .* prepare recorded")])
+@pytest.mark.parametrize(
+    "new_id, message",
+    [(30_522, "token id 30522, outside the 30522 ids"), (None, "largest token id is .* prepare recorded")],
+)
 def test_a_shard_changed_after_prepare_is_refused_when_loaded(vocab_dir, tmp_path, new_id, message):
     folder = prepare(SAMPLE / "valid.txt.gz", vocab_dir, 64, out_dir=tmp_path / "d", num_workers=1)
     ids_path = folder / "shard_00000" / "input_ids.npy"
@@ -527,8 +549,9 @@ def test_hash_depends_on_corpus_content(vocab_dir, tmp_path):
 def test_a_corpus_unk_marker_becomes_the_unk_id_and_enters_the_hash(vocab_dir, tmp_path):
     # WikiText writes <unk> for its rare words: as text it would be 3-4 ordinary, easily predicted wordpieces.
     path = tmp_path / "wiki.txt"
-    path.write_text("The <unk> sat on the mat.\nIt was <unk>'s hat, <unk><unk>.\n\nAnother text here.\n",
-                    encoding="utf-8")
+    path.write_text(
+        "The <unk> sat on the mat.\nIt was <unk>'s hat, <unk><unk>.\n\nAnother text here.\n", encoding="utf-8"
+    )
     settings = dict(max_seq_length=64, objective="mlm", num_workers=1)
     as_text = TokenStore(prepare(path, vocab_dir, out_dir=tmp_path / "text", **settings))
     as_unk = TokenStore(prepare(path, vocab_dir, out_dir=tmp_path / "unk", unk_marker="<unk>", **settings))

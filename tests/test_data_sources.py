@@ -6,14 +6,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_pretrain import _command, assert_killed_run_resumes_bitwise
 
 from mlmlab.config import DataConfig, load_config
 from mlmlab.data.loader import LoaderPosition, epoch_plans
 from mlmlab.data.mixture import MixedStore
 from mlmlab.data.resolve import SAMPLE_VALID, dataset_hashes, prepare_datasets
 from mlmlab.errors import UserError
-
-from test_pretrain import _command, assert_killed_run_resumes_bitwise
 
 SAMPLE_VOCAB = Path(__file__).resolve().parent.parent / "mlmlab" / "resources" / "sample" / "vocab.txt"
 FILLER = "the river was named after a town in the north".split()
@@ -28,7 +27,9 @@ def _markers(count: int, skip: int = 0) -> list[str]:
 
 def _corpus(path: Path, markers: list[str]) -> Path:
     """One document per marker: four sentences, each naming its marker, so every instance shows its documents."""
-    documents = ["\n".join(f"The {marker} {' '.join(FILLER[i:] + FILLER[:i])}." for i in range(4)) for marker in markers]
+    documents = [
+        "\n".join(f"The {marker} {' '.join(FILLER[i:] + FILLER[:i])}." for i in range(4)) for marker in markers
+    ]
     path.write_text("\n\n".join(documents) + "\n")
     return path
 
@@ -58,8 +59,9 @@ def test_valid_fraction_holds_out_whole_documents_the_training_side_never_reads(
 def test_a_larger_fraction_adds_to_a_smaller_ones_held_out_documents(tmp_path):
     markers = _markers(200)
     corpus = _corpus(tmp_path / "corpus.txt", markers)
-    small, large = (_markers_in(prepare_datasets(_data(corpus=[str(corpus)], valid_fraction=f))[1], markers)
-                    for f in (0.1, 0.3))
+    small, large = (
+        _markers_in(prepare_datasets(_data(corpus=[str(corpus)], valid_fraction=f))[1], markers) for f in (0.1, 0.3)
+    )
     assert small < large
 
 
@@ -72,15 +74,19 @@ def test_the_split_is_in_the_prepared_data_identity_and_the_plain_hashes_are_unc
     assert len({plain["train"], split["train"], other["train"]}) == 3 and split["valid"] != other["valid"]
 
 
-@pytest.mark.parametrize("settings, warned", [
-    ({"corpus": "user"}, True),
-    ({"corpus": "user", "valid_corpus": "user"}, False),
-    ({"corpus": "user", "valid_fraction": 0.2}, False),
-    ({}, False),  # the bundled sample trains: its own held-out split is the right one
-    ({"corpus": "mixture"}, True),
-])
-def test_one_warning_line_exactly_when_the_bundled_sample_stands_in_for_a_user_corpus(tmp_path, caplog, settings,
-                                                                                      warned):
+@pytest.mark.parametrize(
+    "settings, warned",
+    [
+        ({"corpus": "user"}, True),
+        ({"corpus": "user", "valid_corpus": "user"}, False),
+        ({"corpus": "user", "valid_fraction": 0.2}, False),
+        ({}, False),  # the bundled sample trains: its own held-out split is the right one
+        ({"corpus": "mixture"}, True),
+    ],
+)
+def test_one_warning_line_exactly_when_the_bundled_sample_stands_in_for_a_user_corpus(
+    tmp_path, caplog, settings, warned
+):
     files = [str(_corpus(tmp_path / f"{name}.txt", _markers(40, skip))) for name, skip in (("a", 0), ("b", 40))]
     forms = {"user": [files[0]], "mixture": {files[0]: 0.8, files[1]: 0.2}}
     with caplog.at_level(logging.WARNING):
@@ -133,8 +139,10 @@ def test_a_mixture_epoch_is_a_function_of_seed_and_epoch_and_walks_every_example
 
 def test_the_mixture_is_in_the_prepared_data_identity(mixture):
     sources = [path for source in mixture.meta["mixture"] for path in source["corpus"]]
-    hashes = [dataset_hashes(_data(corpus=dict(zip(sources, weights)), objective="mlm", max_seq_length=32))
-              for weights in ((0.8, 0.2), (0.7, 0.3))]
+    hashes = [
+        dataset_hashes(_data(corpus=dict(zip(sources, weights)), objective="mlm", max_seq_length=32))
+        for weights in ((0.8, 0.2), (0.7, 0.3))
+    ]
     assert hashes[0]["train"] == mixture.meta["hash"][:16] != hashes[1]["train"]
     assert hashes[0]["train"] != dataset_hashes(_data(corpus=sources, objective="mlm", max_seq_length=32))["train"]
 

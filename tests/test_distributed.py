@@ -20,9 +20,18 @@ from mlmlab.train import checkpoint
 from mlmlab.train.checkpoint import load_torch
 from mlmlab.train.launch import over_processes
 
-COMMON = ["--no-progress", "train.max_steps=4", "train.log_every=1", "train.eval_every=0", "train.save_every=0",
-          "train.eval_batches=1", "model.dropout=0.0", "data.loader_workers=0", "train.warmup_steps=2",
-          "train.precision=fp32"]  # auto would be bf16 on AMX hosts
+COMMON = [
+    "--no-progress",
+    "train.max_steps=4",
+    "train.log_every=1",
+    "train.eval_every=0",
+    "train.save_every=0",
+    "train.eval_batches=1",
+    "model.dropout=0.0",
+    "data.loader_workers=0",
+    "train.warmup_steps=2",
+    "train.precision=fp32",
+]  # auto would be bf16 on AMX hosts
 # What `accelerate launch` sets for an FSDP config (fsdp_version 2, per-layer auto wrap).
 FSDP_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP"}
 FSDP_LAUNCHER = Path(__file__).with_name("fsdp_on_cpu.py")
@@ -71,8 +80,20 @@ def one_process(tmp_path_factory):
     def run(*overrides) -> Path:
         if overrides not in runs:
             out = tmp_path_factory.mktemp("one")
-            single = subprocess.run([sys.executable, "-m", "mlmlab.cli", "pretrain", *COMMON, "train.batch_size=8",
-                                     f"train.out_dir={out}", *overrides], capture_output=True, text=True)
+            single = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "mlmlab.cli",
+                    "pretrain",
+                    *COMMON,
+                    "train.batch_size=8",
+                    f"train.out_dir={out}",
+                    *overrides,
+                ],
+                capture_output=True,
+                text=True,
+            )
             assert single.returncode == 0, single.stderr[-2000:]
             runs[overrides] = out
         return runs[overrides]
@@ -82,16 +103,47 @@ def one_process(tmp_path_factory):
 
 def fsdp_pretrain(run_dir, *overrides) -> subprocess.CompletedProcess:
     """2 processes x batch 4 under accelerate's FSDP2, checkpoints every 2 steps."""
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(FSDP_LAUNCHER),
-                           "pretrain", *COMMON, "train.batch_size=4", "train.save_every=2", f"train.out_dir={run_dir}",
-                           *overrides], env={**os.environ, **FSDP_ENV}, capture_output=True, text=True)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            str(FSDP_LAUNCHER),
+            "pretrain",
+            *COMMON,
+            "train.batch_size=4",
+            "train.save_every=2",
+            f"train.out_dir={run_dir}",
+            *overrides,
+        ],
+        env={**os.environ, **FSDP_ENV},
+        capture_output=True,
+        text=True,
+    )
 
 
 def ddp_pretrain(run_dir, *overrides) -> subprocess.CompletedProcess:
     """2 processes x batch 4 under torchrun (DDP)."""
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "mlmlab.cli",
-                           "pretrain", *COMMON, "train.batch_size=4", f"train.out_dir={run_dir}", *overrides],
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "mlmlab.cli",
+            "pretrain",
+            *COMMON,
+            "train.batch_size=4",
+            f"train.out_dir={run_dir}",
+            *overrides,
+        ],
+        capture_output=True,
+        text=True,
+    )
 
 
 def forget_last_checkpoint(run_dir) -> None:
@@ -120,8 +172,22 @@ def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, one_proces
 
 def test_processes_option_splits_the_batch_and_trains_the_one_process_run(tmp_path, one_process):
     """`pretrain --processes 2` launches torchrun itself: batch 8 becomes 2 x 4, the same run as 1 x 8."""
-    run = subprocess.run([sys.executable, "-m", "mlmlab.cli", "pretrain", "--processes", "2", *COMMON,
-                          "train.batch_size=8", f"train.out_dir={tmp_path}", "--json"], capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlmlab.cli",
+            "pretrain",
+            "--processes",
+            "2",
+            *COMMON,
+            "train.batch_size=8",
+            f"train.out_dir={tmp_path}",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "training as 2 DDP processes x 1 thread(s), batch 4 each (global batch 8)" in run.stderr
     summary = json.loads(run.stdout)  # --json ended argv: the split batch did not become its FILE
@@ -134,15 +200,24 @@ def test_processes_command_keeps_the_users_arguments_and_threads(monkeypatch):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     argv = ["pretrain", "--processes=4", "--config", "tiny", "train.batch_size=64", "train.lr=2e-3", "--json"]
     command, env, _ = over_processes(argv, 4, load_config("tiny", ["train.batch_size=64"]))
-    assert command[command.index("mlmlab.cli") + 1:] == ["pretrain", "train.batch_size=16", "--config", "tiny",
-                                                          "train.lr=2e-3", "--json"]
+    assert command[command.index("mlmlab.cli") + 1 :] == [
+        "pretrain",
+        "train.batch_size=16",
+        "--config",
+        "tiny",
+        "train.lr=2e-3",
+        "--json",
+    ]
     assert "--nproc_per_node=4" in command and env["OMP_NUM_THREADS"] == "3"
 
 
-@pytest.mark.parametrize("env, batch, message", [
-    ({"LOCAL_RANK": "0"}, 32, "--processes starts its own processes: under torchrun"),
-    ({}, 33, "train.batch_size=33 does not split over --processes 2"),
-])
+@pytest.mark.parametrize(
+    "env, batch, message",
+    [
+        ({"LOCAL_RANK": "0"}, 32, "--processes starts its own processes: under torchrun"),
+        ({}, 33, "train.batch_size=33 does not split over --processes 2"),
+    ],
+)
 def test_processes_refuses_what_it_cannot_split_in_one_line(monkeypatch, env, batch, message):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     for key, value in env.items():
@@ -199,10 +274,14 @@ def test_fsdp_with_stable_adamw_trains_like_one_process(tmp_path, one_process):
         torch.testing.assert_close(sharded[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (("masking.strategy=adaptive", "masking.scorer=entropy"), "masking.scorer=entropy needs the whole model"),
-    (("train.compile=true",), "train.compile with FSDP is untested"),
-], ids=["model-scorer", "compile"])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (("masking.strategy=adaptive", "masking.scorer=entropy"), "masking.scorer=entropy needs the whole model"),
+        (("train.compile=true",), "train.compile with FSDP is untested"),
+    ],
+    ids=["model-scorer", "compile"],
+)
 def test_fsdp_refuses_what_it_cannot_run_in_one_line(tmp_path, overrides, message):
     result = fsdp_pretrain(tmp_path / "run", *overrides)
     assert result.returncode != 0
@@ -252,10 +331,26 @@ def worker_of_rank(launcher_pid: int, rank: int) -> int:
 
 def test_sigterm_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(tmp_path):
     """torchrun forwards a SIGTERM to every worker, each at its own moment; here only rank 1 gets one."""
-    launcher = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
-                                 "mlmlab.cli", "pretrain", *COMMON, "train.max_steps=100000", "train.batch_size=4",
-                                 f"train.out_dir={tmp_path}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "mlmlab.cli",
+            "pretrain",
+            *COMMON,
+            "train.max_steps=100000",
+            "train.batch_size=4",
+            f"train.out_dir={tmp_path}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     while not (tmp_path / "metrics.jsonl").exists() and launcher.poll() is None:
         time.sleep(0.1)
     os.kill(worker_of_rank(launcher.pid, 1), signal.SIGTERM)
@@ -285,8 +380,12 @@ def test_a_cuda_resume_restores_one_state_onto_each_process_own_gpu(monkeypatch)
     monkeypatch.setattr(torch, "set_rng_state", lambda state: None)
     eight_gpus = [torch.full((4,), i, dtype=torch.uint8) for i in range(8)]
     two_processes = torch.stack([torch.full((4,), 10 + i, dtype=torch.uint8) for i in range(2)])
-    states = {"torch_rng": torch.zeros(4, dtype=torch.uint8), "cuda_rng": eight_gpus,
-              "cuda_rng_by_process": two_processes, "torch_rng_by_process": two_processes}
+    states = {
+        "torch_rng": torch.zeros(4, dtype=torch.uint8),
+        "cuda_rng": eight_gpus,
+        "cuda_rng_by_process": two_processes,
+        "torch_rng_by_process": two_processes,
+    }
     for processes, rank, expected in ((2, 1, two_processes[1]), (1, 0, eight_gpus[0]), (4, 3, eight_gpus[0])):
         restored.clear()
         set_rng_states(states, SimpleNamespace(num_processes=processes, process_index=rank, device=f"cuda:{rank}"))

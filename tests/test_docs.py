@@ -74,18 +74,24 @@ def dead_link(page: Path, target: str) -> str | None:
 def test_readme_is_a_front_door():
     lines = README.read_text(encoding="utf-8").splitlines()
     assert len(lines) <= README_MAX_LINES, (
-        f"README.md has {len(lines)} lines, at most {README_MAX_LINES}: move detail to a page under docs/ and link it")
+        f"README.md has {len(lines)} lines, at most {README_MAX_LINES}: move detail to a page under docs/ and link it"
+    )
 
 
 @pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_dead_relative_links(page):
-    dead = [why for target in relative_links(page.read_text(encoding="utf-8"))
-            if (why := dead_link(page, target)) is not None]
+    dead = [
+        why
+        for target in relative_links(page.read_text(encoding="utf-8"))
+        if (why := dead_link(page, target)) is not None
+    ]
     assert not dead, "dead links:\n" + "\n".join(dead)
 
 
 def test_every_top_level_page_is_linked_from_the_readme():
-    linked = {(ROOT / target.partition("#")[0]).resolve() for target in relative_links(README.read_text(encoding="utf-8"))}
+    linked = {
+        (ROOT / target.partition("#")[0]).resolve() for target in relative_links(README.read_text(encoding="utf-8"))
+    }
     orphans = [str(page.relative_to(ROOT)) for page in sorted(DOCS.glob("*.md")) if page.resolve() not in linked]
     assert not orphans, f"pages under docs/ that the README does not link: {orphans}"
 
@@ -126,11 +132,19 @@ def test_link_checker_sees_dead_links_and_ignores_code(tmp_path):
     """The checker itself: a dead file, a dead anchor and a live link told apart; code is not read as links."""
     (tmp_path / "there.md").write_text("# A heading, with `code`\n\n## Again\n\n## Again\n", encoding="utf-8")
     page = tmp_path / "page.md"
-    page.write_text("[ok](there.md#a-heading-with-code) [ok](there.md#again-1) [web](https://example.org/x)\n"
-                    "[gone](missing.md) [bad anchor](there.md#nowhere) `[not](a-link.md)`\n"
-                    "```\n[nor](this.md)\n```\n[ref]: also-missing/\n", encoding="utf-8")
+    page.write_text(
+        "[ok](there.md#a-heading-with-code) [ok](there.md#again-1) [web](https://example.org/x)\n"
+        "[gone](missing.md) [bad anchor](there.md#nowhere) `[not](a-link.md)`\n"
+        "```\n[nor](this.md)\n```\n[ref]: also-missing/\n",
+        encoding="utf-8",
+    )
     targets = relative_links(page.read_text(encoding="utf-8"))
-    assert targets == ["there.md#a-heading-with-code", "there.md#again-1", "missing.md", "there.md#nowhere",
-                       "also-missing/"]
+    assert targets == [
+        "there.md#a-heading-with-code",
+        "there.md#again-1",
+        "missing.md",
+        "there.md#nowhere",
+        "also-missing/",
+    ]
     dead = [target for target in targets if dead_link(page, target)]
     assert dead == ["missing.md", "there.md#nowhere", "also-missing/"]

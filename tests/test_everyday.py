@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import SHARED_DATA
+from test_hostile_inputs import CORPUS, glue_argv, pretrain_argv, world  # noqa: F401 (world: a fixture)
+
 from mlmlab.cli import build_parser, main
 from mlmlab.config import Config, TrainConfig
 from mlmlab.evaluate.glue import format_glue_table
 from mlmlab.train.optim import learning_rate, resume_lr_note, training_progress
-from test_hostile_inputs import CORPUS, glue_argv, pretrain_argv, world  # noqa: F401 (world: a fixture)
 
 pytestmark = pytest.mark.usefixtures("no_progress_bars")  # transformers' own bars, not mlmlab's
 GLUE_DIR = SHARED_DATA / "glue"
@@ -32,17 +32,28 @@ def as_terminal(monkeypatch):
 
 def long_commands(w, tmp: Path) -> dict[str, list[str]]:
     return {
-        "prepare": ["prepare", "--corpus", str(CORPUS), "--tokenizer", str(w.tokenizer), "--out", str(tmp / "data"),
-                    "--workers", "1"],
+        "prepare": [
+            "prepare",
+            "--corpus",
+            str(CORPUS),
+            "--tokenizer",
+            str(w.tokenizer),
+            "--out",
+            str(tmp / "data"),
+            "--workers",
+            "1",
+        ],
         "evaluate": ["evaluate", "--model", str(w.model), "--data", str(w.data), "--max-batches", "2"],
         "glue": glue_argv(w.model, w.glue),
     }
 
 
-@pytest.mark.parametrize("command, shown", [("prepare", "prepare: "), ("evaluate", "evaluate: 100%"),
-                                            ("glue", "glue SST-2 lr=5e-05 seed=0")])
-def test_long_commands_show_progress_on_stderr_and_not_with_no_progress(world, tmp_path, capsys, monkeypatch, command,
-                                                                        shown):
+@pytest.mark.parametrize(
+    "command, shown", [("prepare", "prepare: "), ("evaluate", "evaluate: 100%"), ("glue", "glue SST-2 lr=5e-05 seed=0")]
+)
+def test_long_commands_show_progress_on_stderr_and_not_with_no_progress(
+    world, tmp_path, capsys, monkeypatch, command, shown
+):
     as_terminal(monkeypatch)
     argv = long_commands(world, tmp_path / "a")[command]
     assert main(argv) == 0
@@ -70,8 +81,11 @@ def test_pretrain_into_a_log_file_writes_a_line_at_each_evaluation(tmp_path, cap
     assert main([arg for arg in pretrain_argv(tmp_path / "a", *overrides) if arg != "--no-progress"]) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
     assert len(lines) == 1, lines  # step 2; step 4 is the final evaluation, which the command's summary reports
-    assert re.fullmatch(r"step 2/4 \(50%\): loss \d+\.\d{3}; held-out MLM loss \d+\.\d{3}, accuracy 0\.\d{3}; "
-                        r"about \d+ min left", lines[0]), lines[0]
+    assert re.fullmatch(
+        r"step 2/4 \(50%\): loss \d+\.\d{3}; held-out MLM loss \d+\.\d{3}, accuracy 0\.\d{3}; "
+        r"about \d+ min left",
+        lines[0],
+    ), lines[0]
     assert main(pretrain_argv(tmp_path / "b", *overrides)) == 0
     assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
 
@@ -79,8 +93,9 @@ def test_pretrain_into_a_log_file_writes_a_line_at_each_evaluation(tmp_path, cap
 def test_every_long_command_takes_no_progress_and_mask_names_training_progress_apart():
     parser = build_parser()
     for command in ("tokenizer", "prepare", "pretrain", "evaluate", "glue", "probe", "study"):
-        action = next(a for a in parser._subparsers._group_actions[0].choices[command]._actions
-                      if a.dest == "no_progress")
+        action = next(
+            a for a in parser._subparsers._group_actions[0].choices[command]._actions if a.dest == "no_progress"
+        )
         assert action.option_strings == ["--no-progress"], command
     mask = parser.parse_args(["mask", "a b c", "--training-progress", "0.5"])
     assert mask.training_progress == 0.5 and not hasattr(mask, "progress")
@@ -95,13 +110,19 @@ def test_warmup_that_takes_the_whole_step_budget_is_refused(tmp_path, capsys):
 
 
 def test_a_time_budget_keeps_any_warmup(tmp_path):
-    assert main(pretrain_argv(tmp_path / "run", "train.max_steps=5", "train.warmup_steps=100",
-                              "train.max_minutes=0.002")) == 0
+    assert (
+        main(pretrain_argv(tmp_path / "run", "train.max_steps=5", "train.warmup_steps=100", "train.max_minutes=0.002"))
+        == 0
+    )
 
 
 def test_a_study_arm_whose_warmup_takes_its_budget_is_refused_at_the_dry_run(tmp_path, capsys):
-    study = {"base": {"train": {"max_steps": 50}}, "arms": [{"name": "dynamic"}], "seeds": [0],
-             "out_dir": str(tmp_path / "out")}
+    study = {
+        "base": {"train": {"max_steps": 50}},
+        "arms": [{"name": "dynamic"}],
+        "seeds": [0],
+        "out_dir": str(tmp_path / "out"),
+    }
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
     assert main(["study", str(tmp_path / "study.yaml"), "--dry-run"]) == 2
     assert "arm 'dynamic': train.warmup_steps=100 takes all of train.max_steps=50" in capsys.readouterr().err
@@ -113,10 +134,14 @@ def test_extending_a_finished_run_says_the_lr_jumps_back_and_how_to_continue_the
     capsys.readouterr()
     assert main(pretrain_argv(run, "train.max_steps=12", "train.save_every=0", "--resume", "auto")) == 0
     out = capsys.readouterr().err
-    assert ("resumed at step 6 with another LR schedule (train.max_steps 6 -> 12): the last step's LR was 0.000833, "
-            "the next is 0.001, back at the peak") in out
-    assert "to continue decaying from 0.000833 to 0 at step 12 instead, resume with train.lr=0.00167 " \
-           "train.warmup_steps=0 train.decay_fraction=1.0" in out
+    assert (
+        "resumed at step 6 with another LR schedule (train.max_steps 6 -> 12): the last step's LR was 0.000833, "
+        "the next is 0.001, back at the peak"
+    ) in out
+    assert (
+        "to continue decaying from 0.000833 to 0 at step 12 instead, resume with train.lr=0.00167 "
+        "train.warmup_steps=0 train.decay_fraction=1.0" in out
+    )
 
 
 def test_the_settings_the_resume_line_gives_continue_the_decay():
@@ -132,23 +157,42 @@ def test_the_settings_the_resume_line_gives_continue_the_decay():
 
 
 def jsonl(path: Path, column: str, documents: int = 60) -> Path:
-    lines = [json.dumps({column: f"Document {d} opens here. It says {d} twice, {d}. Then it ends."})
-             for d in range(documents)]
+    lines = [
+        json.dumps({column: f"Document {d} opens here. It says {d} twice, {d}. Then it ends."})
+        for d in range(documents)
+    ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 def test_validation_text_has_a_column_of_its_own(tmp_path):
     train, valid = jsonl(tmp_path / "train.jsonl", "body"), jsonl(tmp_path / "valid.jsonl", "text")
-    assert main(pretrain_argv(tmp_path / "run", "train.max_steps=2", f"data.corpus={train}",
-                              f"data.valid_corpus={valid}", "data.text_column=body", "data.valid_text_column=text")) == 0
+    assert (
+        main(
+            pretrain_argv(
+                tmp_path / "run",
+                "train.max_steps=2",
+                f"data.corpus={train}",
+                f"data.valid_corpus={valid}",
+                "data.text_column=body",
+                "data.valid_text_column=text",
+            )
+        )
+        == 0
+    )
 
 
 def test_a_wrong_validation_column_is_refused_before_anything_is_prepared(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("MLMLAB_CACHE", str(tmp_path / "cache"))
     train, valid = jsonl(tmp_path / "train.jsonl", "body"), jsonl(tmp_path / "valid.jsonl", "text")
-    assert main(pretrain_argv(tmp_path / "run", f"data.corpus={train}", f"data.valid_corpus={valid}",
-                              "data.text_column=body")) == 2
+    assert (
+        main(
+            pretrain_argv(
+                tmp_path / "run", f"data.corpus={train}", f"data.valid_corpus={valid}", "data.text_column=body"
+            )
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "valid.jsonl has no 'body' field (its fields: text); name the right one with data.valid_text_column" in err
     assert not (tmp_path / "cache").exists()  # the training set was not prepared first
@@ -164,11 +208,19 @@ def test_an_empty_validation_column_keeps_every_prepared_hash():
 # ----- item 6: the dry run counts GLUE and probes, and says how far its FLOPs are from the time ---
 @needs_glue
 def test_the_dry_run_counts_glue_and_probes_and_compares_its_flops_with_the_timed_probe(tmp_path, capsys):
-    study = {"base": {"model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
-                      "data": {"loader_workers": 0}, "train": {"batch_size": 8, "max_steps": 20, "warmup_steps": 2}},
-             "arms": [{"name": "dynamic"}], "seeds": [0], "glue_dir": str(GLUE_DIR), "out_dir": str(tmp_path / "out"),
-             "glue": {"tasks": ["WNLI"], "seeds": [0], "max_train_examples": 64, "epochs": 1},
-             "probe": {"tasks": ["WNLI"]}}
+    study = {
+        "base": {
+            "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+            "data": {"loader_workers": 0},
+            "train": {"batch_size": 8, "max_steps": 20, "warmup_steps": 2},
+        },
+        "arms": [{"name": "dynamic"}],
+        "seeds": [0],
+        "glue_dir": str(GLUE_DIR),
+        "out_dir": str(tmp_path / "out"),
+        "glue": {"tasks": ["WNLI"], "seeds": [0], "max_train_examples": 64, "epochs": 1},
+        "probe": {"tasks": ["WNLI"]},
+    }
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
     assert main(["study", str(tmp_path / "study.yaml"), "--dry-run", "--no-progress"]) == 0
     out = capsys.readouterr().out
@@ -179,9 +231,12 @@ def test_the_dry_run_counts_glue_and_probes_and_compares_its_flops_with_the_time
     out = capsys.readouterr().out
     timed = next(line.split() for line in out.splitlines() if line.startswith("  dynamic"))
     assert float(timed[3].rstrip("x")) > 0  # the step's time against its FLOP estimate
-    ratios = dict(part.split() for part in out.split("timed / FLOP estimate over the arms: ")[1].splitlines()[0]
-                  .split(", "))
-    assert set(ratios) == {"training", "GLUE", "probes", "all"} and all(float(r.rstrip("x")) > 0 for r in ratios.values())
+    ratios = dict(
+        part.split() for part in out.split("timed / FLOP estimate over the arms: ")[1].splitlines()[0].split(", ")
+    )
+    assert set(ratios) == {"training", "GLUE", "probes", "all"} and all(
+        float(r.rstrip("x")) > 0 for r in ratios.values()
+    )
 
 
 # ----- item 7: mlmlab config ----------------------------------------------------------------------
@@ -198,8 +253,11 @@ def test_config_lists_every_key_with_its_default_and_comment(capsys):
 
 # ----- the small ones --------------------------------------------------------------------------
 def test_dump_into_a_pipe_closed_early_exits_cleanly(world):
-    dump = subprocess.Popen([sys.executable, "-m", "mlmlab.cli", "dump", "--data", str(world.data), "-n", "900"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    dump = subprocess.Popen(
+        [sys.executable, "-m", "mlmlab.cli", "dump", "--data", str(world.data), "-n", "900"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert json.loads(dump.stdout.readline())["index"] == 0
     dump.stdout.close()  # as `| head -1` does
     assert dump.wait(timeout=120) == 0
@@ -216,10 +274,25 @@ def test_a_tokenizer_trained_on_a_folder_says_which_files_it_read(tmp_path, caps
     corpus.mkdir()
     for name in ("a.txt", "b.txt", "c.txt", "d.txt"):
         (corpus / name).write_text(f"The {name} file has a sentence.\nAnd another one here.\n")
-    assert main(["tokenizer", "--corpus", str(corpus), "--vocab-size", "120", "--out", str(tmp_path / "tok"),
-                 "--no-progress"]) == 0
-    assert f"trained on 4 files: {corpus / 'a.txt'}, {corpus / 'b.txt'}, {corpus / 'c.txt'} and 1 more" in \
-        capsys.readouterr().out
+    assert (
+        main(
+            [
+                "tokenizer",
+                "--corpus",
+                str(corpus),
+                "--vocab-size",
+                "120",
+                "--out",
+                str(tmp_path / "tok"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert (
+        f"trained on 4 files: {corpus / 'a.txt'}, {corpus / 'b.txt'}, {corpus / 'c.txt'} and 1 more"
+        in capsys.readouterr().out
+    )
 
 
 def test_the_masking_seed_is_named_apart_from_prepares_seed():

@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from scipy import stats
-
 from conftest import ROOT
+from scipy import stats
 
 from mlmlab.cli import main
 from mlmlab.config import ModelConfig, to_dict
@@ -31,8 +30,15 @@ from mlmlab.experiments.running import dry_run, identity, runner
 TINY_BASE = {
     "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
     "data": {"loader_workers": 0},
-    "train": {"batch_size": 8, "max_steps": 4, "warmup_steps": 1, "log_every": 1, "eval_every": 2,
-              "eval_batches": 2, "save_every": 2},
+    "train": {
+        "batch_size": 8,
+        "max_steps": 4,
+        "warmup_steps": 1,
+        "log_every": 1,
+        "eval_every": 2,
+        "eval_batches": 2,
+        "save_every": 2,
+    },
 }
 DYNAMIC = {"name": "dynamic", "masking.strategy": "dynamic"}
 ENTROPY = {"name": "adm-entropy", "masking.strategy": "adaptive", "masking.scorer": "entropy"}
@@ -47,18 +53,33 @@ def write_study(tmp_path, **fields):
 
 
 def test_grid_expands_to_named_arms_and_seed_major_runs(tmp_path):
-    grid = [{"prefix": "adm", "fixed": {"masking.strategy": "adaptive"},
-             "vary": {"masking.scorer": ["loss_ema", "context"], "masking.a_max": [0.5, 1.0]}}]
+    grid = [
+        {
+            "prefix": "adm",
+            "fixed": {"masking.strategy": "adaptive"},
+            "vary": {"masking.scorer": ["loss_ema", "context"], "masking.a_max": [0.5, 1.0]},
+        }
+    ]
     study = study_file.load_study(write_study(tmp_path, grid=grid, seeds=[0, 1]))
     names = [arm.name for arm in study.arms]
-    assert names == ["dynamic", "adm-entropy", "adm-scorer=loss_ema-a_max=0.5", "adm-scorer=loss_ema-a_max=1.0",
-                     "adm-scorer=context-a_max=0.5", "adm-scorer=context-a_max=1.0"]
+    assert names == [
+        "dynamic",
+        "adm-entropy",
+        "adm-scorer=loss_ema-a_max=0.5",
+        "adm-scorer=loss_ema-a_max=1.0",
+        "adm-scorer=context-a_max=0.5",
+        "adm-scorer=context-a_max=1.0",
+    ]
     runs = runner.plan_runs(study)
     assert [(r.seed, r.arm.name) for r in runs[:2]] == [(0, "dynamic"), (0, "adm-entropy")]
     assert len(runs) == 12 and len({r.key for r in runs}) == 12
     run = runs[-1]
-    assert (run.config.masking.scorer, run.config.masking.a_max, run.config.train.seed, run.config.masking.seed) == \
-        ("context", 1.0, 1, 1)
+    assert (run.config.masking.scorer, run.config.masking.a_max, run.config.train.seed, run.config.masking.seed) == (
+        "context",
+        1.0,
+        1,
+        1,
+    )
     assert run.config.train.out_dir.endswith("runs/adm-scorer=context-a_max=1.0/seed1")
 
 
@@ -80,7 +101,9 @@ def test_every_shard_holds_a_share_of_the_gate_arm_and_runs_it_first(monkeypatch
     runs = runner.plan_runs(study)
     shards = [runner.shard_runs(runs, (i, 2), study.gates.arm) for i in range(2)]
     assert [[(run.arm.name, run.seed) for run in shard[:2]] for shard in shards] == [
-        [("dynamic", 0), ("dynamic", 2)], [("dynamic", 1), ("dynamic", 3)]]
+        [("dynamic", 0), ("dynamic", 2)],
+        [("dynamic", 1), ("dynamic", 3)],
+    ]
     assert sorted(run.key for shard in shards for run in shard) == sorted(run.key for run in runs)
 
 
@@ -102,33 +125,43 @@ def test_a_token_matched_arm_with_a_batch_warmup_trains_on_the_reference_sequenc
     from mlmlab.experiments.budget import batch_shares, matched_steps
 
     reference = load_config("tiny", ["train.max_steps=1000"])
-    warm = load_config("tiny", ["train.max_steps=1000", "train.batch_size=8", "train.grad_accum=4",
-                                "train.batch_warmup_steps=200"])
+    warm = load_config(
+        "tiny", ["train.max_steps=1000", "train.batch_size=8", "train.grad_accum=4", "train.batch_warmup_steps=200"]
+    )
     steps = matched_steps(warm, reference, "token-matched")
     sequences = 8 * 4 * batch_shares(warm, steps).sum()  # what the loop reads: micro_batches_at per step
     assert steps > 1000 and abs(sequences - 1000 * 32) <= 32 / 2
     assert matched_steps(reference, reference, "token-matched") == 1000
 
 
-@pytest.mark.parametrize("fields, words", [
-    ({"arms": [DYNAMIC], "sedes": [0]}, ["unknown study key", "sedes"]),
-    ({"arms": [DYNAMIC, {"name": "x", "masking.scorr": "entropy"}]}, ["arm 'x'", "masking.scorr"]),
-    ({"arms": [DYNAMIC, {"name": "x", "train.seed": 3}]}, ["train.seed", "seeds"]),
-    ({"arms": [{"name": "adm", "masking.strategy": "adaptive"}]}, ["baseline 'dynamic'"]),
-    ({"arms": [DYNAMIC, {"name": "dyn2"}]}, ["same config"]),
-    ({"budget": "flops"}, ["budget"]),
-    ({"glue": {"tasks": ["RTE", "MNLX"]}}, ["MNLX"]),
-    ({"glue": {"tasks": ["RTE"], "seeds": 3}}, ["study key 'glue'", "seeds 3"]),
-    ({"glue": {"tasks": ["RTE"], "epochs": "5"}}, ["study key 'glue'", "epochs='5'"]),
-    ({"glue": {"tasks": ["RTE"], "max_length": 4}}, ["study key 'glue'", "max_length >= 8"]),
-    ({"pinned": {"model": 3}}, ["study key 'pinned'"]),
-    ({"gates": {"arm": "dynamic", "min": {"eval.mlm_acc": 0.1}}}, ["gates min", "'eval.mlm_acc'", "row paths"]),
-    ({"decision": {"metric": "glue.tasks.STS-B.dev.pearson"}}, ["decision metric", "no result row of this study"]),
-    ({"decision": {"metric": "eval.mlm_loss", "guard": {"eval_data.wt.mlm_loss": 0.1}}}, ["decision guard"]),
-    ({"decision": {"metric": "eval.mlm_loss", "contrasts": [["dynamic", "constant-30"]]}}, ["contrast", "constant-30", "not an arm"]),
-    ({"decision": {"metric": "eval.mlm_loss", "contrasts": [["dynamic", "dynamic"]]}}, ["two different arm names"]),
-    ({"decision": {"metric": "eval.mlm_loss", "target": 5.8, "lower_target": 6.0}}, ["lower_target", "past target"]),
-])
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"arms": [DYNAMIC], "sedes": [0]}, ["unknown study key", "sedes"]),
+        ({"arms": [DYNAMIC, {"name": "x", "masking.scorr": "entropy"}]}, ["arm 'x'", "masking.scorr"]),
+        ({"arms": [DYNAMIC, {"name": "x", "train.seed": 3}]}, ["train.seed", "seeds"]),
+        ({"arms": [{"name": "adm", "masking.strategy": "adaptive"}]}, ["baseline 'dynamic'"]),
+        ({"arms": [DYNAMIC, {"name": "dyn2"}]}, ["same config"]),
+        ({"budget": "flops"}, ["budget"]),
+        ({"glue": {"tasks": ["RTE", "MNLX"]}}, ["MNLX"]),
+        ({"glue": {"tasks": ["RTE"], "seeds": 3}}, ["study key 'glue'", "seeds 3"]),
+        ({"glue": {"tasks": ["RTE"], "epochs": "5"}}, ["study key 'glue'", "epochs='5'"]),
+        ({"glue": {"tasks": ["RTE"], "max_length": 4}}, ["study key 'glue'", "max_length >= 8"]),
+        ({"pinned": {"model": 3}}, ["study key 'pinned'"]),
+        ({"gates": {"arm": "dynamic", "min": {"eval.mlm_acc": 0.1}}}, ["gates min", "'eval.mlm_acc'", "row paths"]),
+        ({"decision": {"metric": "glue.tasks.STS-B.dev.pearson"}}, ["decision metric", "no result row of this study"]),
+        ({"decision": {"metric": "eval.mlm_loss", "guard": {"eval_data.wt.mlm_loss": 0.1}}}, ["decision guard"]),
+        (
+            {"decision": {"metric": "eval.mlm_loss", "contrasts": [["dynamic", "constant-30"]]}},
+            ["contrast", "constant-30", "not an arm"],
+        ),
+        ({"decision": {"metric": "eval.mlm_loss", "contrasts": [["dynamic", "dynamic"]]}}, ["two different arm names"]),
+        (
+            {"decision": {"metric": "eval.mlm_loss", "target": 5.8, "lower_target": 6.0}},
+            ["lower_target", "past target"],
+        ),
+    ],
+)
 def test_bad_study_files_give_one_line_errors(tmp_path, capsys, fields, words):
     source = write_study(tmp_path, **fields)
     assert main(["study", source, "--dry-run"]) == 2
@@ -170,10 +203,11 @@ def test_dry_run_counts_only_the_runs_left(tmp_path, capsys):
     assert [line for line in out.splitlines() if line.startswith("left:")] == [
         "left: adm-entropy seed 0 (resumes from its checkpoint at step 5)",
         f"left: dynamic seed 1 (training in pid {os.getpid()}, logged step 3 of 4)",
-        "left: adm-entropy seed 1 (not started)"]
+        "left: adm-entropy seed 1 (not started)",
+    ]
     (training / ".lock").write_text(f"pid {os.getpid()} on host another-{socket.gethostname()}\n")
     assert dry_run.run_state(runs[2]) == "not started"  # a lock naming another host says nothing of this one
-    (training / ".lock").write_text(f"pid {2 ** 30} on host {socket.gethostname()}\n")  # past any pid_max: ended
+    (training / ".lock").write_text(f"pid {2**30} on host {socket.gethostname()}\n")  # past any pid_max: ended
     assert dry_run.run_state(runs[2]) == "not started"
 
 
@@ -187,8 +221,10 @@ def test_only_names_an_arms_every_seed_or_one_of_them_and_the_dry_run_lists_just
     assert main(["study", source, "--dry-run", "--only", "adm-entropy/seed1"]) == 0
     out = capsys.readouterr().out
     assert [line for line in out.splitlines() if line.startswith("left:")] == ["left: adm-entropy seed 1 (not started)"]
-    for spec, message in (("adm", "no arm 'adm'; its arms are dynamic, adm-entropy"),
-                          ("dynamic/seed7", "no seed 7; its seeds are 0, 1")):
+    for spec, message in (
+        ("adm", "no arm 'adm'; its arms are dynamic, adm-entropy"),
+        ("dynamic/seed7", "no seed 7; its seeds are 0, 1"),
+    ):
         with pytest.raises(UserError, match=message):
             runner.parse_only([spec], study)
 
@@ -206,18 +242,21 @@ def test_a_time_limit_starts_only_the_runs_that_fit_by_their_arms_finished_runs(
     now = 1000.0
     monkeypatch.setattr(runner.time, "monotonic", lambda: now)
     assert runner.not_in_time(runs["dynamic", 1], rows, now + 300) == (
-        "~10 min (the median of its arm's 1 finished runs) and 5 min left of --time-limit")
+        "~10 min (the median of its arm's 1 finished runs) and 5 min left of --time-limit"
+    )
     adm_minutes = 10 * adm_flops / dynamic_flops
     assert runner.not_in_time(runs["adm-entropy", 1], rows, now + 60 * 12) == (
         f"~{adm_minutes:.0f} min (its {adm_flops:.3g} FLOPs at the median pace of the study's 1 finished runs) "
-        "and 12 min left of --time-limit")
+        "and 12 min left of --time-limit"
+    )
     assert runner.not_in_time(runs["adm-entropy", 1], rows, now + 60 * (adm_minutes + 1)) == ""
     assert runner.not_in_time(runs["adm-entropy", 1], [], now + 1) == ""
     assert runner.not_in_time(runs["dynamic", 1], rows, math.inf) == ""
     half = runs["dynamic", 2].cost["steps"] // 2  # 4 steps: a checkpoint at step 2
     (Path(runs["dynamic", 2].config.train.out_dir) / f"ckpt-{half:08d}").mkdir(parents=True)
-    assert "~5 min (the median of its arm's 1 finished runs, less the 50% its checkpoint holds)" in \
-        runner.not_in_time(runs["dynamic", 2], rows, now + 240)
+    assert "~5 min (the median of its arm's 1 finished runs, less the 50% its checkpoint holds)" in runner.not_in_time(
+        runs["dynamic", 2], rows, now + 240
+    )
     assert runner.not_in_time(runs["dynamic", 2], rows, now + 360) == ""
 
 
@@ -225,13 +264,18 @@ def test_the_runner_says_which_runs_the_time_limit_left_unstarted(tmp_path):
     study = study_file.load_study(write_study(tmp_path, seeds=[0, 1]))
     first = runner.plan_runs(study)[0]
     (tmp_path / "out").mkdir()
-    runner.append_row(tmp_path / "out" / "results.jsonl", result_row(
-        first.key, wall_seconds=600.0, config=to_dict(first.config), datasets=first.datasets))
+    runner.append_row(
+        tmp_path / "out" / "results.jsonl",
+        result_row(first.key, wall_seconds=600.0, config=to_dict(first.config), datasets=first.datasets),
+    )
     lines = []
-    assert runner.run_study(study, show_progress=False, log=lines.append, only=(("dynamic", None),),
-                            time_limit=1.0) == []
-    assert "[2/2] dynamic seed 1: not started, ~10 min (the median of its arm's 1 finished runs) and 1 min left of " \
-           "--time-limit" in lines
+    assert (
+        runner.run_study(study, show_progress=False, log=lines.append, only=(("dynamic", None),), time_limit=1.0) == []
+    )
+    assert (
+        "[2/2] dynamic seed 1: not started, ~10 min (the median of its arm's 1 finished runs) and 1 min left of "
+        "--time-limit" in lines
+    )
 
 
 def test_a_time_limit_is_minutes_from_the_command(tmp_path, capsys):
@@ -244,7 +288,9 @@ def test_presets_load_and_validate_every_arm():
         if name == "roberta-base-adm":  # its own test above
             continue
         study = study_file.load_study(name)
-        least_seeds = 2 if name == "quick-compare" else 3  # a study to copy, in minutes: its file says a real one needs more
+        least_seeds = (
+            2 if name == "quick-compare" else 3
+        )  # a study to copy, in minutes: its file says a real one needs more
         assert len(study.seeds) >= least_seeds and study.baseline in [arm.name for arm in study.arms]
         runner.plan_runs(study)
 
@@ -292,10 +338,16 @@ def test_finished_runs_made_under_other_defaults_or_data_are_refused_not_mixed(t
 
 def test_a_row_from_before_data_hashed_keys_is_refused_naming_the_rerun_command(tmp_path):
     runs = runner.plan_runs(study_file.load_study(write_study(tmp_path)))
-    legacy = {**_row_as_made(runs[0]), "key": "dynamic/seed0/f5c36a6940e8", "study_source": "s.yaml",
-              "out_dir": "studies/s"}
+    legacy = {
+        **_row_as_made(runs[0]),
+        "key": "dynamic/seed0/f5c36a6940e8",
+        "study_source": "s.yaml",
+        "out_dir": "studies/s",
+    }
     del legacy["datasets"]
-    with pytest.raises(UserError, match="older than run keys with data hashes.*mlmlab study s.yaml --out studies/s-rerun"):
+    with pytest.raises(
+        UserError, match="older than run keys with data hashes.*mlmlab study s.yaml --out studies/s-rerun"
+    ):
         runner.refuse_incomparable(runs, [legacy])
 
 
@@ -376,8 +428,9 @@ def test_the_runner_and_the_report_count_the_same_rows(tmp_path):
 def test_arms_of_other_batch_sizes_are_evaluated_on_the_same_sequences(tmp_path):
     arms = [DYNAMIC, {**DYNAMIC, "name": "dynamic-b4", "train.batch_size": 4}]
     base = {**TINY_BASE, "train": {**TINY_BASE["train"], "max_steps": 2, "eval_every": 0, "eval_batch_size": 8}}
-    rows = runner.run_study(study_file.load_study(write_study(tmp_path, base=base, arms=arms)), show_progress=False,
-                            log=lambda line: None)
+    rows = runner.run_study(
+        study_file.load_study(write_study(tmp_path, base=base, arms=arms)), show_progress=False, log=lambda line: None
+    )
     assert [row["arm"] for row in rows] == ["dynamic", "dynamic-b4"]
     assert rows[0]["eval"]["masked_tokens"] == rows[1]["eval"]["masked_tokens"]  # 2 batches of 8 sequences each
 
@@ -385,8 +438,10 @@ def test_arms_of_other_batch_sizes_are_evaluated_on_the_same_sequences(tmp_path)
 def test_an_arm_can_run_compute_matched_beside_token_matched_arms(tmp_path):
     base = {**TINY_BASE, "train": {**TINY_BASE["train"], "max_steps": 1000, "warmup_steps": 100}}
     arms = [DYNAMIC, ENTROPY, {**ENTROPY, "name": "adm-entropy-cm", "budget": "compute-matched"}]
-    runs = {run.arm.name: run for run in runner.plan_runs(study_file.load_study(write_study(tmp_path, base=base,
-                                                                                             arms=arms)))}
+    runs = {
+        run.arm.name: run
+        for run in runner.plan_runs(study_file.load_study(write_study(tmp_path, base=base, arms=arms)))
+    }
     assert runs["adm-entropy"].config.train.max_steps == 1000
     assert runs["adm-entropy-cm"].config.train.max_steps < 1000
     assert runs["adm-entropy-cm"].cost["flops"] == pytest.approx(runs["dynamic"].cost["flops"], rel=0.01)
@@ -410,16 +465,22 @@ def test_gates_run_the_gate_arm_first_and_stop_the_others_when_they_fail(tmp_pat
     eval_data = {"valid-again": str(first_documents(SAMPLE_VALID, 10, tmp_path / "valid-again.txt"))}
     arms = [ENTROPY, DYNAMIC]  # the gate arm is listed second and still runs first
     decision = {"metric": "eval.mlm_loss", "min_effect": 0.01}
-    study = study_file.load_study(write_study(tmp_path, arms=arms, gates=gates, eval_data=eval_data,
-                                              decision=decision))
+    study = study_file.load_study(write_study(tmp_path, arms=arms, gates=gates, eval_data=eval_data, decision=decision))
     with pytest.raises(UserError, match=r"validity gates failed on dynamic .*eval.mlm_accuracy .* < 2"):
         runner.run_study(study, show_progress=False, log=lambda line: None)
     rows = runner.finished_rows(tmp_path / "out" / "results.jsonl")
     assert [row["arm"] for row in rows] == ["dynamic"]
     assert rows[0]["eval_data"]["valid-again"]["masked_tokens"] > 0  # the further held-out set was evaluated
     assert rows[0]["gates"] == {"arm": "dynamic", "min": {"eval.mlm_accuracy": 2.0}}
-    assert rows[0]["decision"] == {"metric": "eval.mlm_loss", "lower_is_better": True, "min_effect": 0.01, "guard": {},
-                                   "target": None, "lower_target": None, "contrasts": []}
+    assert rows[0]["decision"] == {
+        "metric": "eval.mlm_loss",
+        "lower_is_better": True,
+        "min_effect": 0.01,
+        "guard": {},
+        "target": None,
+        "lower_target": None,
+        "contrasts": [],
+    }
     text = report.write_report(tmp_path / "out" / "results.jsonl", tmp_path / "report").read_text()
     assert "Validity gates" in text and "**failed**" in text and "no conclusion is drawn" in text
     assert "valid-again MLM loss (nats)" in text
@@ -451,17 +512,48 @@ def test_interrupted_study_resumes_without_retraining(tmp_path, monkeypatch):
 
 
 def synthetic_row(arm, seed, perplexity, rare, strategy="dynamic", glue=None):
-    return {"key": f"{arm}/seed{seed}/x", "study": "synthetic", "study_source": "synthetic.yaml", "out_dir": "studies/s",
-            "arm": arm, "arm_index": 0, "seed": seed, "baseline": "dynamic", "budget": "token-matched",
-            "steps": 100, "global_batch": 32, "flops": 1e12, "scorer_share": 0.0, "tokens_seen": 100000,
-            "train_seconds": 10.0, "scorer_seconds": 0.0, "wall_seconds": 12.0,
-            "eval": {"mlm_loss": math.log(perplexity), "perplexity": perplexity,
-                     "perplexity_freq_0_1000": perplexity / 2, "perplexity_freq_10000_rest": rare, "nsp_accuracy": 0.6},
-            "glue": glue or {"skipped": "no GLUE tasks in the study"}, "run_dir": f"runs/{arm}/seed{seed}",
-            "config": {"masking": {"strategy": strategy, "scorer": "entropy", "a_max": 1.0, "adapt_schedule": "quadratic",
-                                   "score_every": 1, "score_fraction": 1.0, "rate_schedule": "constant",
-                                   "rate": 0.15, "rate_start": 0.3}},
-            "mlmlab_version": "0.1.0"}
+    return {
+        "key": f"{arm}/seed{seed}/x",
+        "study": "synthetic",
+        "study_source": "synthetic.yaml",
+        "out_dir": "studies/s",
+        "arm": arm,
+        "arm_index": 0,
+        "seed": seed,
+        "baseline": "dynamic",
+        "budget": "token-matched",
+        "steps": 100,
+        "global_batch": 32,
+        "flops": 1e12,
+        "scorer_share": 0.0,
+        "tokens_seen": 100000,
+        "train_seconds": 10.0,
+        "scorer_seconds": 0.0,
+        "wall_seconds": 12.0,
+        "eval": {
+            "mlm_loss": math.log(perplexity),
+            "perplexity": perplexity,
+            "perplexity_freq_0_1000": perplexity / 2,
+            "perplexity_freq_10000_rest": rare,
+            "nsp_accuracy": 0.6,
+        },
+        "glue": glue or {"skipped": "no GLUE tasks in the study"},
+        "run_dir": f"runs/{arm}/seed{seed}",
+        "config": {
+            "masking": {
+                "strategy": strategy,
+                "scorer": "entropy",
+                "a_max": 1.0,
+                "adapt_schedule": "quadratic",
+                "score_every": 1,
+                "score_fraction": 1.0,
+                "rate_schedule": "constant",
+                "rate": 0.15,
+                "rate_start": 0.3,
+            }
+        },
+        "mlmlab_version": "0.1.0",
+    }
 
 
 def test_report_from_results_alone_has_tables_ci_and_honest_sentences(tmp_path, capsys):
@@ -501,9 +593,14 @@ def test_the_masking_label_names_the_rate_and_any_architecture_but_bert():
 
 def test_target_shares_are_plotted_only_where_an_arm_masks_adaptively(tmp_path):
     """Uniform masking's shares are the corpus's: a study without ADM gets no empty mask_share.png."""
-    records = [{"step": 10, "loss": 7.0, "tokens_seen": 1000, "mask_share_freq_0_1000": 0.6, "mask_a": 0.5},
-               {"step": 100, "loss": 6.0, "tokens_seen": 10000, "mask_share_freq_0_1000": 0.5, "mask_a": 1.0}]
-    for strategies, expected in ((["dynamic", "dynamic"], set()), (["dynamic", "adaptive"], {"mask_share.png", "mask_a.png"})):
+    records = [
+        {"step": 10, "loss": 7.0, "tokens_seen": 1000, "mask_share_freq_0_1000": 0.6, "mask_a": 0.5},
+        {"step": 100, "loss": 6.0, "tokens_seen": 10000, "mask_share_freq_0_1000": 0.5, "mask_a": 1.0},
+    ]
+    for strategies, expected in (
+        (["dynamic", "dynamic"], set()),
+        (["dynamic", "adaptive"], {"mask_share.png", "mask_a.png"}),
+    ):
         out = tmp_path / "-".join(strategies)
         rows = [synthetic_row(f"arm{i}", 0, 100, 900, strategy) for i, strategy in enumerate(strategies)]
         for row in rows:
@@ -520,7 +617,9 @@ def test_a_rerun_report_removes_its_own_plots_that_no_longer_apply_and_nothing_e
     for row in rows:
         (tmp_path / row["run_dir"]).mkdir(parents=True)
         (tmp_path / row["run_dir"] / "metrics.jsonl").write_text(
-            json.dumps({"step": 10, "loss": 7.0, "tokens_seen": 1000, "mask_share_freq_0_1000": 0.6, "mask_a": 0.5}) + "\n")
+            json.dumps({"step": 10, "loss": 7.0, "tokens_seen": 1000, "mask_share_freq_0_1000": 0.6, "mask_a": 0.5})
+            + "\n"
+        )
     results = tmp_path / "results.jsonl"
     results.write_text("".join(json.dumps(row) + "\n" for row in rows))
     assert main(["report", str(results), "--out", str(tmp_path)]) == 0
@@ -535,8 +634,10 @@ def test_a_rerun_report_removes_its_own_plots_that_no_longer_apply_and_nothing_e
 def test_cost_table_names_each_arms_torch_threads_and_warns_when_they_differ():
     alike = {"dynamic": [dict(synthetic_row("dynamic", 0, 100, 900), torch_threads=2)]}
     assert "runs were made with different" not in "\n".join(report.cost_section(alike)).lower()
-    mixed = {"dynamic": alike["dynamic"] + [dict(synthetic_row("dynamic", 1, 100, 900), torch_threads=1)],
-             "adm": [synthetic_row("adm", 0, 100, 900)]}  # a row from before threads were recorded
+    mixed = {
+        "dynamic": alike["dynamic"] + [dict(synthetic_row("dynamic", 1, 100, 900), torch_threads=1)],
+        "adm": [synthetic_row("adm", 0, 100, 900)],
+    }  # a row from before threads were recorded
     text = "\n".join(report.cost_section(mixed))
     assert "| 1, 2 |" in text and "| ? |" in text
     assert "seconds compare only between runs made alike" in text
@@ -558,7 +659,8 @@ def test_primary_interval_is_the_paired_t_interval_not_the_bootstrap_range():
     assert (comparison.boot_low, comparison.boot_high) == pytest.approx((1.0, 4.0))
     assert comparison.low < 0 < comparison.high and not comparison.significant
     assert "no significant difference (Δ = +2.5, 95% t-interval [-1.23, +6.23]" in report.verdict(
-        "adm", "dynamic", metric, comparison)
+        "adm", "dynamic", metric, comparison
+    )
 
 
 def test_the_same_difference_in_every_seed_has_no_interval_and_is_not_significant():
@@ -581,12 +683,20 @@ def test_a_final_evaluation_logged_twice_counts_once_in_the_mean_curve():
 
 def test_target_shares_average_each_run_over_the_whole_run_and_its_last_tenth():
     def records(early, late):  # a share logged every 10 steps of 100; step 100 logged twice (a resumed run)
-        shares = [{"step": step, "mask_share_freq_0_500": early if step <= 90 else late,
-                   "mask_share_freq_500_rest": 1 - (early if step <= 90 else late)} for step in range(10, 101, 10)]
+        shares = [
+            {
+                "step": step,
+                "mask_share_freq_0_500": early if step <= 90 else late,
+                "mask_share_freq_500_rest": 1 - (early if step <= 90 else late),
+            }
+            for step in range(10, 101, 10)
+        ]
         return shares + [shares[-1], {"step": 100, "eval": {"mlm_loss": 5.0}}]
 
-    curves = {"dynamic": [({"steps": 100}, records(0.6, 0.6))],
-              "adm": [({"steps": 100}, records(0.6, 0.2)), ({"steps": 100}, records(0.5, 0.4))]}
+    curves = {
+        "dynamic": [({"steps": 100}, records(0.6, 0.6))],
+        "adm": [({"steps": 100}, records(0.6, 0.2)), ({"steps": 100}, records(0.5, 0.4))],
+    }
     lines = report.target_share_section(curves)
     assert lines[0] == "## Where the training targets went"
     assert "| dynamic | 0.600 / 0.600 | 0.400 / 0.400 |" in lines
@@ -612,8 +722,7 @@ def test_few_seeds_label_the_bootstrap_a_range_never_a_ci(tmp_path):
     assert "| 95% bootstrap CI |" in many and "| range (bootstrap) |" not in many
 
 
-def test_report_skips_a_row_without_evaluation_and_a_cut_metrics_line_with_one_warning_each(tmp_path, capsys,
-                                                                                              caplog):
+def test_report_skips_a_row_without_evaluation_and_a_cut_metrics_line_with_one_warning_each(tmp_path, capsys, caplog):
     """Before: a row with eval: null and a metrics.jsonl cut mid-line each ended the report in a traceback."""
     rows = [synthetic_row(arm, seed, 100 + seed, 900) for arm in ("dynamic", "adm") for seed in range(2)]
     rows.append({**synthetic_row("adm", 2, 100, 900), "eval": None})
@@ -625,9 +734,11 @@ def test_report_skips_a_row_without_evaluation_and_a_cut_metrics_line_with_one_w
         metrics.write_text('{"step": 1, "loss": 9.0}\n' + ('{"step": 2, "lo' if row is rows[0] else ""))
     assert main(["report", str(results), "--out", str(tmp_path / "report")]) == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert warnings == ["mlmlab: warning: line 5 of results.jsonl is not a complete result row and was ignored",
-                        f"mlmlab: warning: line 2 of {results.parent / rows[0]['run_dir'] / 'metrics.jsonl'} is not a "
-                        "metrics record (cut short or damaged) and was ignored"]
+    assert warnings == [
+        "mlmlab: warning: line 5 of results.jsonl is not a complete result row and was ignored",
+        f"mlmlab: warning: line 2 of {results.parent / rows[0]['run_dir'] / 'metrics.jsonl'} is not a "
+        "metrics record (cut short or damaged) and was ignored",
+    ]
     assert "4 runs, 2 arms" in (tmp_path / "report" / "report.md").read_text()
 
 
@@ -656,14 +767,28 @@ def test_bucket_differences_are_in_nats_and_skip_empty_buckets():
 
 def test_the_recorded_decision_rule_is_applied_to_every_arm_as_written(tmp_path):
     """Δ MLM loss ≈ log(perplexity ratio); STS-B a guard; the rarest bucket decides what a prior shift is."""
-    rule = {"metric": "eval.mlm_loss", "lower_is_better": True, "min_effect": 0.01,
-            "guard": {"glue.tasks.STS-B.dev.pearson": 0.01}}
+    rule = {
+        "metric": "eval.mlm_loss",
+        "lower_is_better": True,
+        "min_effect": 0.01,
+        "guard": {"glue.tasks.STS-B.dev.pearson": 0.01},
+    }
 
     def arm_rows(arm, factor, sts=0.40, rare=900.0, seeds=3):
         noise = (1.0, -1.0, 0.5) if arm == "dynamic" else (0.5, -0.5, 0.0)  # paired differences that vary
-        return [dict(synthetic_row(arm, seed, 100 * factor * (1 + noise[seed] / 1000), rare * (1 + noise[seed] / 100),
-                                   glue={"average": sts, "tasks": {"STS-B": {"score": sts, "dev": {"pearson": sts}}}}),
-                     decision=rule) for seed in range(seeds)]
+        return [
+            dict(
+                synthetic_row(
+                    arm,
+                    seed,
+                    100 * factor * (1 + noise[seed] / 1000),
+                    rare * (1 + noise[seed] / 100),
+                    glue={"average": sts, "tasks": {"STS-B": {"score": sts, "dev": {"pearson": sts}}}},
+                ),
+                decision=rule,
+            )
+            for seed in range(seeds)
+        ]
 
     rows = arm_rows("dynamic", 1.0)
     rows += arm_rows("better", 0.95) + arm_rows("worse", 1.05) + arm_rows("slightly", 0.995)
@@ -673,13 +798,24 @@ def test_the_recorded_decision_rule_is_applied_to_every_arm_as_written(tmp_path)
     results.write_text("".join(json.dumps(row) + "\n" for row in rows))
     text = report.write_report(results, tmp_path / "report").read_text()
     assert "lies below 0, |mean Δ| ≥ 0.01, and mean Δ glue.tasks.STS-B.dev.pearson ≥ −0.01" in text
-    calls = {line.split("|")[1].strip(): line.split("|")[-4].strip() for line in text.splitlines()
-             if line.startswith("| ") and "**" in line}
-    assert calls == {"better": "**win**", "worse": "**lose**", "slightly": "**inconclusive**",
-                     "guarded": "**inconclusive**", "shift": "**inconclusive, prior shift**",
-                     "partial": "**win (provisional: 2 of 3 seeds)**"}
-    holm_calls = {line.split("|")[1].strip(): line.split("|")[-3].strip() for line in text.splitlines()
-                  if line.startswith("| ") and "**" in line}
+    calls = {
+        line.split("|")[1].strip(): line.split("|")[-4].strip()
+        for line in text.splitlines()
+        if line.startswith("| ") and "**" in line
+    }
+    assert calls == {
+        "better": "**win**",
+        "worse": "**lose**",
+        "slightly": "**inconclusive**",
+        "guarded": "**inconclusive**",
+        "shift": "**inconclusive, prior shift**",
+        "partial": "**win (provisional: 2 of 3 seeds)**",
+    }
+    holm_calls = {
+        line.split("|")[1].strip(): line.split("|")[-3].strip()
+        for line in text.splitlines()
+        if line.startswith("| ") and "**" in line
+    }
     assert holm_calls["partial"].endswith("(provisional: 2 of 3 seeds)**")  # read from 2 seeds, as the other
     assert holm_calls["shift"] == "**inconclusive, prior shift**"
     assert "better, by less than the least effect (0.01)" in text
@@ -693,16 +829,21 @@ def test_a_call_over_fewer_seeds_than_the_study_has_is_provisional_even_where_th
     rows += [dict(synthetic_row("better", seed, 90.0 + seed * 1.1, 900.0), decision=rule) for seed in (0, 1, 2)]
     results = tmp_path / "results.jsonl"
     results.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    line = next(line for line in report.write_report(results, tmp_path / "report").read_text().splitlines()
-                if line.startswith("| better"))
+    line = next(
+        line
+        for line in report.write_report(results, tmp_path / "report").read_text().splitlines()
+        if line.startswith("| better")
+    )
     assert line.count("(provisional: 2 of 3 seeds)") == 2  # the call and the Holm call
 
 
 def test_held_out_figures_from_different_prepared_data_are_flagged_not_silently_averaged():
     def row(arm, seed, dataset=None):
         held_out = {"mlm_loss": 6.0, "mlm_accuracy": 0.15, **({"dataset": dataset} if dataset else {})}
-        return {**synthetic_row(arm, seed, 400.0, 900.0), "eval_data": {"wikitext": held_out,
-                                                                        "gone": {"skipped": "x not found"}}}
+        return {
+            **synthetic_row(arm, seed, 400.0, 900.0),
+            "eval_data": {"wikitext": held_out, "gone": {"skipped": "x not found"}},
+        }
 
     old = [row("dynamic", 0), row("dynamic", 1)]
     assert report.held_out_data_notes(old) == []  # made before datasets were recorded: nothing to compare
@@ -714,9 +855,11 @@ def test_held_out_figures_from_different_prepared_data_are_flagged_not_silently_
 
 
 def test_a_decision_rule_with_a_bad_field_is_refused_in_one_line(tmp_path):
-    for decision, message in [({"metric": "eval.mlm_loss", "min_effect": -0.01}, "must be numbers >= 0"),
-                              ({"metric": "eval.mlm_loss", "margin": 0.01}, "unknown decision key 'margin'"),
-                              ({"min_effect": 0.01}, "must be a mapping with a metric")]:
+    for decision, message in [
+        ({"metric": "eval.mlm_loss", "min_effect": -0.01}, "must be numbers >= 0"),
+        ({"metric": "eval.mlm_loss", "margin": 0.01}, "unknown decision key 'margin'"),
+        ({"min_effect": 0.01}, "must be a mapping with a metric"),
+    ]:
         with pytest.raises(UserError, match=message):
             study_file.load_study(write_study(tmp_path, decision=decision))
     study = study_file.load_study(write_study(tmp_path, decision={"metric": "eval.mlm_loss", "min_effect": 0.01}))
@@ -754,8 +897,13 @@ def decided_rows(arm, losses, recalibrated=None, rare=None, rule=None):
         row = synthetic_row(arm, seed, math.exp(loss), (rare or [900.0] * len(losses))[seed])
         if recalibrated is not None:
             row["eval"]["recalibrated"] = {"mlm_loss": recalibrated[seed], "raw_mlm_loss": loss}
-        rows.append({**row, "decision": rule or {"metric": "eval.mlm_loss", "lower_is_better": True,
-                                                 "min_effect": 0.01, "guard": {}}})
+        rows.append(
+            {
+                **row,
+                "decision": rule
+                or {"metric": "eval.mlm_loss", "lower_is_better": True, "min_effect": 0.01, "guard": {}},
+            }
+        )
     return rows
 
 
@@ -763,8 +911,11 @@ def decision_calls(tmp_path, rows) -> dict:
     results = tmp_path / "results.jsonl"
     results.write_text("".join(json.dumps(row) + "\n" for row in rows))
     text = report.write_report(results, tmp_path / "report").read_text()
-    return {line.split("|")[1].strip(): (line.split("|")[-4].strip(), line.split("|")[-3].strip())
-            for line in text.splitlines() if line.startswith("| ") and "**" in line}
+    return {
+        line.split("|")[1].strip(): (line.split("|")[-4].strip(), line.split("|")[-3].strip())
+        for line in text.splitlines()
+        if line.startswith("| ") and "**" in line
+    }
 
 
 def test_a_win_that_holm_does_not_keep_is_inconclusive_in_the_holm_column(tmp_path):
@@ -785,8 +936,12 @@ def test_holm_calls_wait_for_the_arms_and_seeds_the_study_file_plans(tmp_path):
     """Holm over the arms tested so far is weaker than over the study's family: a win stays provisional until the
     other arms are in, unless even the whole family's factor keeps it (family x p < 0.05). Seeds too come from
     the study file, not only the rows."""
-    source = write_study(tmp_path, arms=[DYNAMIC, {"name": "strong"}, {"name": "weak"}, {"name": "later"}],
-                         seeds=[0, 1, 2, 3], baseline="dynamic")
+    source = write_study(
+        tmp_path,
+        arms=[DYNAMIC, {"name": "strong"}, {"name": "weak"}, {"name": "later"}],
+        seeds=[0, 1, 2, 3],
+        baseline="dynamic",
+    )
     base = [6.00, 6.10, 5.90, 6.05]
     rows = decided_rows("dynamic", base)
     rows += decided_rows("strong", [b - 0.30 + d for b, d in zip(base, (0.001, -0.001, 0.002, 0.0))])
@@ -813,22 +968,31 @@ def test_a_rare_token_gain_is_a_prior_shift_unless_the_prior_free_loss_wins(tmp_
     calls = decision_calls(tmp_path, rows)
     assert calls["shift"][0] == "**lose, prior shift**"
     assert calls["learns"][0] == "**lose**"
-    recalibrated = {line.split("|")[1].strip(): line.split("|")[-5].strip()
-                    for line in (tmp_path / "report" / "report.md").read_text().splitlines() if "**" in line}
+    recalibrated = {
+        line.split("|")[1].strip(): line.split("|")[-5].strip()
+        for line in (tmp_path / "report" / "report.md").read_text().splitlines()
+        if "**" in line
+    }
     assert recalibrated["learns"].endswith(": win") and recalibrated["shift"].endswith(": inconclusive")
 
 
 def test_steps_to_target_is_the_first_evaluation_below_it_in_steps_and_flops():
-    records = [{"step": 50, "loss": 7.0}, {"step": 100, "eval": {"mlm_loss": 6.2}},
-               {"step": 200, "eval": {"mlm_loss": 5.9}}, {"step": 300, "eval": {"mlm_loss": 5.5}}]
+    records = [
+        {"step": 50, "loss": 7.0},
+        {"step": 100, "eval": {"mlm_loss": 6.2}},
+        {"step": 200, "eval": {"mlm_loss": 5.9}},
+        {"step": 300, "eval": {"mlm_loss": 5.5}},
+    ]
     assert steps_to_target({}, records, "mlm_loss", 6.0) == 200
     assert steps_to_target({}, records, "mlm_loss", 5.0) is None
     rule = {"metric": "eval.mlm_loss", "lower_is_better": True, "min_effect": 0.01, "guard": {}, "target": 6.0}
     rows = [{"seed": 0, "decision": rule}]
     late = [{"step": 100, "eval": {"mlm_loss": 6.5}}, {"step": 400, "eval": {"mlm_loss": 5.8}}]
-    curves = {"dynamic": [({"seed": 0, "flops_per_step": 1e9}, late), ({"seed": 1, "flops_per_step": 1e9}, late[:1])],
-              "adm": [({"seed": 0, "flops_per_step": 2e9}, records), ({"seed": 1, "flops_per_step": 2e9}, records)],
-              "same": [({"seed": 0, "flops_per_step": 1e9}, late), ({"seed": 1, "flops_per_step": 1e9}, late[:1])]}
+    curves = {
+        "dynamic": [({"seed": 0, "flops_per_step": 1e9}, late), ({"seed": 1, "flops_per_step": 1e9}, late[:1])],
+        "adm": [({"seed": 0, "flops_per_step": 2e9}, records), ({"seed": 1, "flops_per_step": 2e9}, records)],
+        "same": [({"seed": 0, "flops_per_step": 1e9}, late), ({"seed": 1, "flops_per_step": 1e9}, late[:1])],
+    }
     text = "\n".join(report.steps_to_target_section(rows, curves, "dynamic"))
     assert "| dynamic | 400 / never | 400 (n=1) | 4e+11 | 1 of 2 |  |  |" in text
     # seed 1: adm reached the target where dynamic never did, which counts as earlier but not in the paired Δ
@@ -840,14 +1004,20 @@ def test_steps_to_target_is_the_first_evaluation_below_it_in_steps_and_flops():
 def test_an_arm_that_spends_more_flops_is_read_where_it_had_spent_the_baselines():
     def run(seed, flops_per_step, losses):  # an evaluation every 100 steps, the last one the row's final figure
         records = [{"step": 100 * (i + 1), "eval": {"mlm_loss": loss}} for i, loss in enumerate(losses)]
-        row = {"seed": seed, "flops_per_step": flops_per_step, "flops": flops_per_step * 100 * len(losses),
-               "eval": {"mlm_loss": losses[-1]}}
+        row = {
+            "seed": seed,
+            "flops_per_step": flops_per_step,
+            "flops": flops_per_step * 100 * len(losses),
+            "eval": {"mlm_loss": losses[-1]},
+        }
         return row, records
 
-    curves = {"dynamic": [run(0, 1e9, [7.0, 6.0, 5.0, 4.0]), run(1, 1e9, [7.0, 6.0, 5.0, 4.2])],
-              # twice the FLOPs a step: at the baseline's 4e11 it had made 200 of its 400 steps
-              "adm": [run(0, 2e9, [6.5, 5.5, 4.5, 3.5]), run(1, 2e9, [6.5, 5.3, 4.5, 3.5])],
-              "same": [run(0, 1.005e9, [7.0, 6.0, 5.0, 3.0]), run(1, 1.005e9, [7.0, 6.0, 5.0, 3.0])]}
+    curves = {
+        "dynamic": [run(0, 1e9, [7.0, 6.0, 5.0, 4.0]), run(1, 1e9, [7.0, 6.0, 5.0, 4.2])],
+        # twice the FLOPs a step: at the baseline's 4e11 it had made 200 of its 400 steps
+        "adm": [run(0, 2e9, [6.5, 5.5, 4.5, 3.5]), run(1, 2e9, [6.5, 5.3, 4.5, 3.5])],
+        "same": [run(0, 1.005e9, [7.0, 6.0, 5.0, 3.0]), run(1, 1.005e9, [7.0, 6.0, 5.0, 3.0])],
+    }
     text = "\n".join(report.equal_flops_section([], curves, "dynamic"))
     assert "| adm | 200 / 200 | 5.500 / 5.300 | +1.3 [-1.24, +3.84] |" in text  # Δ 1.5 and 1.1: mean 1.3
     assert "| same |" not in text  # within 1% of the baseline's FLOPs: its final figure is its matched one
@@ -861,8 +1031,10 @@ def test_flops_to_a_step_count_each_steps_own_mask_rate():
     from mlmlab.masking.schedules import rate_at
 
     constant = load_config("tiny", ["train.max_steps=1000", "masking.rate=0.225"])
-    decay = load_config("tiny", ["train.max_steps=1000", "masking.rate_schedule=linear_decay",
-                                 "masking.rate_start=0.3", "masking.rate=0.15"])
+    decay = load_config(
+        "tiny",
+        ["train.max_steps=1000", "masking.rate_schedule=linear_decay", "masking.rate_start=0.3", "masking.rate=0.15"],
+    )
     assert flops_until(constant, 400) == pytest.approx(400 * step_flops(constant)["total"])
     assert step_flops(decay)["total"] == pytest.approx(step_flops(constant)["total"])  # the same mean rate
     assert flops_until(decay, 400) > 1.05 * flops_until(constant, 400)
@@ -903,10 +1075,10 @@ def test_a_shipped_report_is_what_the_report_writes_from_its_rows(name, tmp_path
     written = report.write_report(shipped / "results.jsonl", tmp_path).read_text()
     expected = (shipped / "report.md").read_text()
     assert written.replace(f"--out {tmp_path}", f"--out {shipped}") == expected, (
-        f"regenerate it: mlmlab report {shipped / 'results.jsonl'} --out {shipped}")
+        f"regenerate it: mlmlab report {shipped / 'results.jsonl'} --out {shipped}"
+    )
     plots = sorted(path.name for path in tmp_path.glob("*.png"))
     assert plots and all(f"]({plot})" in written and (shipped / plot).is_file() for plot in plots)
-
 
 
 def test_every_row_records_the_preregistration_and_the_runner_refuses_a_row_after_it_changed(tmp_path, monkeypatch):
@@ -927,7 +1099,9 @@ def test_every_row_records_the_preregistration_and_the_runner_refuses_a_row_afte
         return train_run(*args, **kwargs)
 
     monkeypatch.setattr(runner, "train_run", editing_meanwhile)
-    with pytest.raises(UserError, match="preregistration.md hashes to .*not .* as the study's first row recorded") as err:
+    with pytest.raises(
+        UserError, match="preregistration.md hashes to .*not .* as the study's first row recorded"
+    ) as err:
         runner.run_study(study, show_progress=False, log=lambda line: None)
     assert "\n" not in str(err.value) and len(results.read_text().splitlines()) == 1
 
@@ -946,8 +1120,13 @@ def test_every_row_records_the_preregistration_and_the_runner_refuses_a_row_afte
 def test_named_contrasts_are_the_rules_calls_holm_over_them_with_their_detectable_effect(tmp_path):
     """A rule with contrasts calls each arm − reference pair (a reference other than the baseline included), Holm
     over the pairs alone, and prints each pair's paired sd and the least effect its seeds could detect."""
-    rule = {"metric": "eval.mlm_loss", "lower_is_better": True, "min_effect": 0.01, "guard": {},
-            "contrasts": [["decay", "constant"], ["rate", "dynamic"]]}
+    rule = {
+        "metric": "eval.mlm_loss",
+        "lower_is_better": True,
+        "min_effect": 0.01,
+        "guard": {},
+        "contrasts": [["decay", "constant"], ["rate", "dynamic"]],
+    }
     base = [4.00, 4.05, 3.98, 4.02, 4.01, 3.99]
     jitter = (0.004, -0.003, 0.002, -0.004, 0.001, 0.0)
     rows = decided_rows("dynamic", base, rule=rule)
@@ -957,8 +1136,11 @@ def test_named_contrasts_are_the_rules_calls_holm_over_them_with_their_detectabl
     results = tmp_path / "results.jsonl"
     results.write_text("".join(json.dumps(row) + "\n" for row in rows))
     text = report.write_report(results, tmp_path / "report").read_text()
-    lines = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[1:-1]]
-             for line in text.split("## Every arm against the baseline")[0].splitlines() if " − " in line[:30]}
+    lines = {
+        line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[1:-1]]
+        for line in text.split("## Every arm against the baseline")[0].splitlines()
+        if " − " in line[:30]
+    }
     decay, rate = lines["decay − constant"], lines["rate − dynamic"]
     sd = float(np.std(jitter, ddof=1))
     assert float(decay[3]) == pytest.approx(sd, rel=1e-2) and decay[-2] == "**inconclusive**"
@@ -979,11 +1161,17 @@ def test_the_detectable_effect_is_found_with_the_stated_power():
     assert math.isnan(detectable_effect(0.0, 6)) and math.isnan(detectable_effect(0.1, 1))
 
 
-@pytest.mark.parametrize("names, words", [
-    ({"eval_data": {"wikitext": "wiki.valid.tokns"}}, ["eval_data 'wikitext'", "wiki.valid.tokns", "does not exist"]),
-    ({"glue": {"tasks": ["RTE"]}}, ["RTE/dev.tsv is missing", "GLUE"]),
-    ({"probe": {"tasks": ["RTE"]}}, ["RTE/dev.tsv is missing", "probe"]),
-])
+@pytest.mark.parametrize(
+    "names, words",
+    [
+        (
+            {"eval_data": {"wikitext": "wiki.valid.tokns"}},
+            ["eval_data 'wikitext'", "wiki.valid.tokns", "does not exist"],
+        ),
+        ({"glue": {"tasks": ["RTE"]}}, ["RTE/dev.tsv is missing", "GLUE"]),
+        ({"probe": {"tasks": ["RTE"]}}, ["RTE/dev.tsv is missing", "probe"]),
+    ],
+)
 def test_every_input_a_study_names_is_checked_before_its_first_run(tmp_path, monkeypatch, names, words):
     """A missing held-out set or task file would leave rows without that measurement, counted as finished."""
     glue_dir = tmp_path / "glue"

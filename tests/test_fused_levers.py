@@ -1,17 +1,18 @@
 """The fused levers: train.fused_qkv (one Q/K/V matmul on the same weights) computes what the library's attention
-does, and a run with either fused lever trains as the eager run (train.fused_head's own unit tests: test_head_loss.py)."""
+does, and a run with either fused lever trains as the eager run (train.fused_head's own unit tests:
+test_head_loss.py)."""
 
 import copy
 import importlib
 
 import pytest
 import torch
+from test_schedules_train import small_trainer
 
 from mlmlab.config import ModelConfig
 from mlmlab.fused_qkv import fuse_qkv
 from mlmlab.model import build_model, pretraining_loss
 from mlmlab.train.launch import fused_head_on
-from test_schedules_train import small_trainer
 
 
 def tiny_bert(attention: str):
@@ -27,8 +28,13 @@ def batch() -> dict:
     attention_mask[1, 7:] = 0  # a padded row: the fused path must mask as the library's does
     labels = torch.full_like(input_ids, -100)
     labels[:, ::3] = input_ids[:, ::3]
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": torch.zeros_like(input_ids),
-            "labels": labels, "next_sentence_label": torch.tensor([0, 1, 0])}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "token_type_ids": torch.zeros_like(input_ids),
+        "labels": labels,
+        "next_sentence_label": torch.tensor([0, 1, 0]),
+    }
 
 
 def loss_and_gradients(model) -> tuple[torch.Tensor, dict]:
@@ -66,13 +72,17 @@ def test_modernbert_has_nothing_to_fuse():
 
 MODERNBERT = ("model.architecture=modernbert", "data.objective=mlm")
 # What each lever's path calls: (module, function), counted to show the run took it.
-CALLED = {"train.fused_head": ("mlmlab.model", "linear_cross_entropy"),
-          "train.fused_qkv": ("mlmlab.fused_qkv", "fused_qkv_forward")}
+CALLED = {
+    "train.fused_head": ("mlmlab.model", "linear_cross_entropy"),
+    "train.fused_qkv": ("mlmlab.fused_qkv", "fused_qkv_forward"),
+}
 
 
-@pytest.mark.parametrize("lever, architecture", [("train.fused_head", ()), ("train.fused_head", MODERNBERT),
-                                                 ("train.fused_qkv", ())],
-                         ids=["fused_head-bert", "fused_head-modernbert", "fused_qkv-bert"])
+@pytest.mark.parametrize(
+    "lever, architecture",
+    [("train.fused_head", ()), ("train.fused_head", MODERNBERT), ("train.fused_qkv", ())],
+    ids=["fused_head-bert", "fused_head-modernbert", "fused_qkv-bert"],
+)
 def test_training_with_a_fused_lever_follows_the_eager_one(tmp_path, monkeypatch, lever, architecture):
     """50 steps of a run with the lever on (its fused path taken) give the losses of the run without it, to float
     tolerance."""

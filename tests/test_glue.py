@@ -11,7 +11,14 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from mlmlab.errors import UserError
-from mlmlab.evaluate.glue import check_only_head_is_new, compute_metrics, format_glue_table, load_model, run_glue, task_score
+from mlmlab.evaluate.glue import (
+    check_only_head_is_new,
+    compute_metrics,
+    format_glue_table,
+    load_model,
+    run_glue,
+    task_score,
+)
 from mlmlab.evaluate.glue_data import TASKS, read_labeled, read_unlabeled
 from mlmlab.evaluate.glue_settings import GlueSettings, resolve_task_names
 from mlmlab.utils import jsonio
@@ -82,7 +89,10 @@ def test_readers_parse_every_row_of_the_real_files(name, file_name, has_header):
 @needs_glue
 def test_cola_without_header_and_mrpc_with_bom():
     cola = read_labeled(TASKS["CoLA"], GLUE_DIR / "CoLA" / "train.tsv")
-    assert (cola.texts[0][0], cola.labels[0]) == ("Our friends won't buy this analysis, let alone the next one we propose.", 1)
+    assert (cola.texts[0][0], cola.labels[0]) == (
+        "Our friends won't buy this analysis, let alone the next one we propose.",
+        1,
+    )
     mrpc = read_labeled(TASKS["MRPC"], GLUE_DIR / "MRPC" / "dev.tsv")  # "\ufeffQuality" would be a missing column
     assert len(mrpc) == 408 and set(mrpc.labels) == {0, 1}
     assert mrpc.texts[1][0].startswith('" The foodservice')  # a literal quote, not csv quoting
@@ -164,7 +174,9 @@ def tiny_model_dir(tmp_path_factory):
     from transformers import BertConfig, BertForPreTraining, BertTokenizerFast
 
     folder = tmp_path_factory.mktemp("tiny-bert")
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
     BertForPreTraining(config).save_pretrained(folder)
     shutil.copy(VOCAB, folder / "vocab.txt")
     # Through a folder: in transformers 5, BertTokenizerFast(vocab_file=...) silently builds a 5-token vocab.
@@ -194,8 +206,15 @@ def test_fine_tuning_dropout_is_berts_whatever_the_pretrainings(tiny_model_dir, 
 
 def tiny_run(model_dir, out_dir, tasks, seeds=(0,), init="pretrained", write_test_predictions=False, **overrides):
     settings = dict(learning_rates=[1e-3], epochs=1, batch_size=8, max_length=32, max_train_examples=48)
-    return run_glue(model_dir, GlueSettings(tasks, seeds, **(settings | overrides)), GLUE_DIR, out_dir, init=init,
-                    write_test_predictions=write_test_predictions, show_progress=False)
+    return run_glue(
+        model_dir,
+        GlueSettings(tasks, seeds, **(settings | overrides)),
+        GLUE_DIR,
+        out_dir,
+        init=init,
+        write_test_predictions=write_test_predictions,
+        show_progress=False,
+    )
 
 
 @needs_glue
@@ -218,7 +237,9 @@ def test_results_json_and_markdown_carry_median_choice_and_average(tiny_model_di
     written = json.loads((tmp_path / "glue_results.json").read_text())
     mrpc = written["tasks"]["MRPC"]
     assert [(run["learning_rate"], run["seed"]) for run in mrpc["runs"]] == [(1e-3, 0), (1e-3, 1), (3e-4, 0), (3e-4, 1)]
-    chosen = next(entry for entry in mrpc["median_per_learning_rate"] if entry["learning_rate"] == mrpc["chosen_learning_rate"])
+    chosen = next(
+        entry for entry in mrpc["median_per_learning_rate"] if entry["learning_rate"] == mrpc["chosen_learning_rate"]
+    )
     assert chosen["score"] == max(entry["score"] for entry in mrpc["median_per_learning_rate"])
     f1s = [run["metrics"]["f1"] for run in mrpc["runs"] if run["learning_rate"] == mrpc["chosen_learning_rate"]]
     assert mrpc["dev"]["f1"] == pytest.approx(np.median(f1s))

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from mlmlab.head_loss import linear_cross_entropy
 
+
 def eager_and_fused(rows: int, autocast: bool = False) -> tuple[list, list]:
     """[summed loss, per-token losses, grads of hidden, weight, bias] of the eager head and of the fused one."""
     generator = torch.Generator().manual_seed(0)
@@ -25,11 +26,13 @@ def eager_and_fused(rows: int, autocast: bool = False) -> tuple[list, list]:
 
     return run(eager), run(lambda h, w, b: linear_cross_entropy(h, w, b, targets, rows=rows))
 
+
 @pytest.mark.parametrize("rows", [7, 128, 1000])  # chunks that do not divide the 300 rows, and one chunk
 def test_the_fused_head_gives_the_eager_losses_and_gradients(rows):
     eager, fused = eager_and_fused(rows)
     for name, want, got in zip(("loss", "token losses", "hidden grad", "weight grad", "bias grad"), eager, fused):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=name)
+
 
 def test_under_bf16_autocast_the_fused_head_multiplies_in_bf16_as_the_eager_one():
     eager, fused = eager_and_fused(128, autocast=True)

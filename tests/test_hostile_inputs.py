@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from conftest import SAMPLE
+
 from mlmlab.cli import main
 from mlmlab.config import load_config
 from mlmlab.data.resolve import _cached_folder
@@ -35,14 +35,32 @@ from mlmlab.train.loop import Trainer
 from mlmlab.utils.files import staging_folder
 
 CORPUS = SAMPLE / "valid.txt.gz"  # 0.4 MB of text: prepares in about a second
-TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
-        "train.batch_size=8", "train.eval_batches=2", "train.eval_every=0", "train.warmup_steps=1",
-        "train.log_every=1", "data.loader_workers=0", f"data.corpus={CORPUS}", f"data.valid_corpus={CORPUS}"]
+TINY = [
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.intermediate_size=64",
+    "train.batch_size=8",
+    "train.eval_batches=2",
+    "train.eval_every=0",
+    "train.warmup_steps=1",
+    "train.log_every=1",
+    "data.loader_workers=0",
+    f"data.corpus={CORPUS}",
+    f"data.valid_corpus={CORPUS}",
+]
 
 
 def pretrain_argv(out_dir: Path, *overrides: str) -> list[str]:
-    return ["pretrain", "--no-progress", *TINY, "train.max_steps=4", "train.save_every=2",
-            f"train.out_dir={out_dir}", *overrides]
+    return [
+        "pretrain",
+        "--no-progress",
+        *TINY,
+        "train.max_steps=4",
+        "train.save_every=2",
+        f"train.out_dir={out_dir}",
+        *overrides,
+    ]
 
 
 @dataclass(frozen=True)
@@ -63,8 +81,12 @@ class World:
 
     def fingerprint(self) -> dict:
         folders = (self.run, self.data, self.renumbered_data, self.tokenizer)
-        return {str(p): hashlib.sha256(p.read_bytes()).hexdigest()
-                for folder in folders for p in sorted(folder.rglob("*")) if p.is_file()}
+        return {
+            str(p): hashlib.sha256(p.read_bytes()).hexdigest()
+            for folder in folders
+            for p in sorted(folder.rglob("*"))
+            if p.is_file()
+        }
 
 
 def write_glue_task(folder: Path, rows: int = 24) -> None:
@@ -83,17 +105,44 @@ def world(tmp_path_factory) -> World:
     vocab = (SAMPLE / "vocab.txt").read_text().splitlines()
     vocab[2000], vocab[2001] = vocab[2001], vocab[2000]  # what a retrained WordPiece does to hundreds of ids
     (root / "renumbered.txt").write_text("\n".join(vocab) + "\n")
-    for argv in (pretrain_argv(root / "run"),
-                 ["tokenizer", "--vocab", str(SAMPLE / "vocab.txt"), "--out", str(root / "tok")],
-                 ["tokenizer", "--vocab", str(root / "renumbered.txt"), "--out", str(root / "tok-renumbered")],
-                 ["prepare", "--corpus", str(CORPUS), "--tokenizer", str(root / "tok"), "--out", str(root / "data"),
-                  "--workers", "1"],
-                 ["prepare", "--corpus", str(CORPUS), "--tokenizer", str(root / "tok-renumbered"),
-                  "--out", str(root / "data-renumbered"), "--workers", "1"]):
+    for argv in (
+        pretrain_argv(root / "run"),
+        ["tokenizer", "--vocab", str(SAMPLE / "vocab.txt"), "--out", str(root / "tok")],
+        ["tokenizer", "--vocab", str(root / "renumbered.txt"), "--out", str(root / "tok-renumbered")],
+        [
+            "prepare",
+            "--corpus",
+            str(CORPUS),
+            "--tokenizer",
+            str(root / "tok"),
+            "--out",
+            str(root / "data"),
+            "--workers",
+            "1",
+        ],
+        [
+            "prepare",
+            "--corpus",
+            str(CORPUS),
+            "--tokenizer",
+            str(root / "tok-renumbered"),
+            "--out",
+            str(root / "data-renumbered"),
+            "--workers",
+            "1",
+        ],
+    ):
         assert main(argv) == 0, argv
     write_glue_task(root / "glue" / "SST-2")
-    return World(root, root / "run", root / "tok", root / "data", root / "renumbered.txt",
-                 root / "data-renumbered", root / "glue")
+    return World(
+        root,
+        root / "run",
+        root / "tok",
+        root / "data",
+        root / "renumbered.txt",
+        root / "data-renumbered",
+        root / "glue",
+    )
 
 
 # ----- building hostile inputs: each returns the command line, writing what it needs under tmp -----
@@ -146,16 +195,32 @@ def checkpoint_lacking_a_weight(w: World, tmp: Path) -> list[str]:
     run = copy_of(w.run, tmp)
     saved = checkpoint.latest(run)
     weights = load_file(saved / "model" / "model.safetensors")
-    save_file({k: v for k, v in weights.items() if not k.startswith("cls.seq_relationship.")},
-              saved / "model" / "model.safetensors", metadata={"format": "pt"})
+    save_file(
+        {k: v for k, v in weights.items() if not k.startswith("cls.seq_relationship.")},
+        saved / "model" / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     (saved / checkpoint.MANIFEST).unlink()
     checkpoint._write_manifest(saved)
     return pretrain_argv(run, "--resume", "auto")
 
 
 def glue_argv(model: Path, data_dir: Path, *tasks: str) -> list[str]:
-    return ["glue", "--model", str(model), "--task", *(tasks or ("SST-2",)), "--data-dir", str(data_dir),
-            "--seeds", "0", "--epochs", "1", "--out", str(data_dir.parent / "glue-out")]
+    return [
+        "glue",
+        "--model",
+        str(model),
+        "--task",
+        *(tasks or ("SST-2",)),
+        "--data-dir",
+        str(data_dir),
+        "--seeds",
+        "0",
+        "--epochs",
+        "1",
+        "--out",
+        str(data_dir.parent / "glue-out"),
+    ]
 
 
 def glue_with_bad_file(w: World, tmp: Path, content: bytes) -> list[str]:
@@ -171,7 +236,17 @@ def model_with(w: World, tmp: Path, change: Callable[[Path], object]) -> Path:
 
 
 def prepare_argv(w: World, tmp: Path, corpus: Path) -> list[str]:
-    return ["prepare", "--corpus", str(corpus), "--tokenizer", str(w.tokenizer), "--out", str(tmp / "p"), "--workers", "1"]
+    return [
+        "prepare",
+        "--corpus",
+        str(corpus),
+        "--tokenizer",
+        str(w.tokenizer),
+        "--out",
+        str(tmp / "p"),
+        "--workers",
+        "1",
+    ]
 
 
 def tar_gz_corpus(tmp: Path) -> Path:
@@ -206,6 +281,7 @@ def swap_tokenizer(w: World) -> Callable[[Path], None]:
     def change(model: Path) -> None:
         for name in ("vocab.txt", "tokenizer.json"):
             shutil.copy(w.tokenizer.parent / "tok-renumbered" / name, model / name)
+
     return change
 
 
@@ -242,6 +318,7 @@ def newest_checkpoint_file(w: World, name: str) -> str:
 def config_json_with(text: str) -> Callable[[Path], None]:
     def change(model: Path) -> None:
         (model / "config.json").write_text(text)
+
     return change
 
 
@@ -253,10 +330,13 @@ def corpus_of_bytes(tmp: Path, name: str, content: bytes) -> Path:
 
 def failing(error: int, where: str) -> Callable[[pytest.MonkeyPatch], None]:
     """A fault: ``where`` ("os.fsync", "mlmlab.train.metrics.open") raises OSError ``error`` from now on."""
+
     def fault(monkeypatch: pytest.MonkeyPatch) -> None:
         def fail(*args, **kwargs):
             raise OSError(error, os.strerror(error), str(args[0]) if args and not isinstance(args[0], int) else None)
+
         monkeypatch.setattr(where, fail, raising=False)
+
     return fault
 
 
@@ -282,156 +362,390 @@ class Case:
 
 CASES = [
     # Config values that crashed deep inside training, or deleted what they should keep.
-    Case("keep_last negative", lambda w, t: pretrain_argv(t / "r", "train.keep_last=-1"), ("train.keep_last", "at least 0")),
+    Case(
+        "keep_last negative",
+        lambda w, t: pretrain_argv(t / "r", "train.keep_last=-1"),
+        ("train.keep_last", "at least 0"),
+    ),
     Case("log_every zero", lambda w, t: pretrain_argv(t / "r", "train.log_every=0"), ("train.log_every",)),
     Case("num_heads zero", lambda w, t: pretrain_argv(t / "r", "model.num_heads=0"), ("model.num_heads",)),
     Case("negative lr", lambda w, t: pretrain_argv(t / "r", "train.lr=-1e-3"), ("train.lr", "positive")),
-    Case("negative loader_workers", lambda w, t: pretrain_argv(t / "r", "data.loader_workers=-1"), ("data.loader_workers",)),
-    Case("options after overrides still parse", lambda w, t: ["pretrain", "train.max_steps=3", "--no-progress",
-                                                              "train.log_every=0"], ("train.log_every",)),
+    Case(
+        "negative loader_workers",
+        lambda w, t: pretrain_argv(t / "r", "data.loader_workers=-1"),
+        ("data.loader_workers",),
+    ),
+    Case(
+        "options after overrides still parse",
+        lambda w, t: ["pretrain", "train.max_steps=3", "--no-progress", "train.log_every=0"],
+        ("train.log_every",),
+    ),
     # NaN and inf passed checks written as `x < 0`; seeds beyond 32 bits crashed numpy or repeated smaller ones' masks.
-    Case("NaN mask_prob", lambda w, t: pretrain_argv(t / "r", "masking.mask_prob=.nan"), ("masking.mask_prob=nan", "[0, 1]")),
-    Case("NaN weight_decay", lambda w, t: pretrain_argv(t / "r", "train.weight_decay=.nan"),
-         ("train.weight_decay=nan", "finite")),
+    Case(
+        "NaN mask_prob",
+        lambda w, t: pretrain_argv(t / "r", "masking.mask_prob=.nan"),
+        ("masking.mask_prob=nan", "[0, 1]"),
+    ),
+    Case(
+        "NaN weight_decay",
+        lambda w, t: pretrain_argv(t / "r", "train.weight_decay=.nan"),
+        ("train.weight_decay=nan", "finite"),
+    ),
     Case("infinite lr", lambda w, t: pretrain_argv(t / "r", "train.lr=.inf"), ("train.lr=inf", "finite")),
     Case("infinite floor", lambda w, t: pretrain_argv(t / "r", "masking.floor=.inf"), ("masking.floor=inf", "finite")),
-    Case("NaN max_minutes", lambda w, t: pretrain_argv(t / "r", "train.max_minutes=.nan"),
-         ("train.max_minutes=nan", "finite")),
+    Case(
+        "NaN max_minutes",
+        lambda w, t: pretrain_argv(t / "r", "train.max_minutes=.nan"),
+        ("train.max_minutes=nan", "finite"),
+    ),
     Case("negative train.seed", lambda w, t: pretrain_argv(t / "r", "train.seed=-1"), ("train.seed=-1", "32-bit")),
-    Case("masking.seed beyond 32 bits", lambda w, t: pretrain_argv(t / "r", "masking.seed=4294967296"),
-         ("masking.seed=4294967296", "[0, 4294967295]")),
+    Case(
+        "masking.seed beyond 32 bits",
+        lambda w, t: pretrain_argv(t / "r", "masking.seed=4294967296"),
+        ("masking.seed=4294967296", "[0, 4294967295]"),
+    ),
     # Sizes that cannot fit: refused with the estimate and the limit, before anything is allocated.
-    Case("a batch no memory holds", lambda w, t: pretrain_argv(t / "r", "train.batch_size=100000"),
-         ("needs at least", "MLM logits", "train.batch_size")),
-    Case("a context table no memory holds", lambda w, t: pretrain_argv(
-        t / "r", "masking.strategy=adaptive", "masking.scorer=context", "masking.context_buckets=1000000000000"),
-         ("needs at least", "context table")),
+    Case(
+        "a batch no memory holds",
+        lambda w, t: pretrain_argv(t / "r", "train.batch_size=100000"),
+        ("needs at least", "MLM logits", "train.batch_size"),
+    ),
+    Case(
+        "a context table no memory holds",
+        lambda w, t: pretrain_argv(
+            t / "r", "masking.strategy=adaptive", "masking.scorer=context", "masking.context_buckets=1000000000000"
+        ),
+        ("needs at least", "context table"),
+    ),
     # The run folder.
     Case("out_dir is a file", lambda w, t: pretrain_argv((t / "f").touch() or t / "f"), ("is a file",)),
     Case("out_dir under a file", lambda w, t: pretrain_argv((t / "f").touch() or t / "f" / "run"), ("cannot create",)),
     Case("config.yaml deleted", run_without_config, ("no config.yaml", "--resume auto")),
     # Resumes that would load part of a checkpoint, or one of another vocabulary.
-    Case("resume after a layer change", lambda w, t: pretrain_argv(w.run, "--resume", "auto", "model.num_layers=2"),
-         ("num_hidden_layers=1", "model.num_layers")),
-    Case("resume after a head-count change (same shapes)",
-         lambda w, t: pretrain_argv(w.run, "--resume", "auto", "model.num_heads=4"), ("num_attention_heads", "model.num_heads")),
-    Case("resume with a renumbered vocabulary",
-         lambda w, t: pretrain_argv(w.run, "--resume", "auto", f"data.tokenizer={w.renumbered_vocab}"),
-         ("another vocabulary",)),
-    Case("--init from a model folder whose tokenizer was swapped", lambda w, t: pretrain_argv(
-        t / "r", "--init", str(model_with(w, t, swap_tokenizer(w)))), ("not the vocabulary the model was trained with",)),
+    Case(
+        "resume after a layer change",
+        lambda w, t: pretrain_argv(w.run, "--resume", "auto", "model.num_layers=2"),
+        ("num_hidden_layers=1", "model.num_layers"),
+    ),
+    Case(
+        "resume after a head-count change (same shapes)",
+        lambda w, t: pretrain_argv(w.run, "--resume", "auto", "model.num_heads=4"),
+        ("num_attention_heads", "model.num_heads"),
+    ),
+    Case(
+        "resume with a renumbered vocabulary",
+        lambda w, t: pretrain_argv(w.run, "--resume", "auto", f"data.tokenizer={w.renumbered_vocab}"),
+        ("another vocabulary",),
+    ),
+    Case(
+        "--init from a model folder whose tokenizer was swapped",
+        lambda w, t: pretrain_argv(t / "r", "--init", str(model_with(w, t, swap_tokenizer(w)))),
+        ("not the vocabulary the model was trained with",),
+    ),
     Case("resume from a checkpoint lacking a weight", checkpoint_lacking_a_weight, ("lacks cls.seq_relationship",)),
     # Corpora, vocabularies, prepared data.
-    Case("truncated gz corpus", lambda w, t: ["prepare", "--corpus", str(gz_cut_short(t)), "--tokenizer", str(w.tokenizer),
-                                              "--out", str(t / "p")], ("truncated or corrupt gzip",)),
-    Case("empty directory as corpus", lambda w, t: ["prepare", "--corpus", str(t), "--tokenizer", str(w.tokenizer)],
-         ("holds no corpus files",)),
-    Case("non-UTF-8 vocab", lambda w, t: ["tokenizer", "--vocab", str(latin1_vocab(t)), "--out", str(t / "tok")],
-         ("UTF-8", "line 30523")),
-    Case("blank line in vocab", lambda w, t: ["tokenizer", "--vocab", str(vocab_with_blank_line(t)), "--out", str(t / "tok")],
-         ("line 101 is blank",)),
-    Case("truncated shard", lambda w, t: ["dump", "--data", str(
-        truncated(copy_of(w.data, t) / "shard_00000" / "input_ids.npy").parent.parent)], ("truncated",)),
+    Case(
+        "truncated gz corpus",
+        lambda w, t: [
+            "prepare",
+            "--corpus",
+            str(gz_cut_short(t)),
+            "--tokenizer",
+            str(w.tokenizer),
+            "--out",
+            str(t / "p"),
+        ],
+        ("truncated or corrupt gzip",),
+    ),
+    Case(
+        "empty directory as corpus",
+        lambda w, t: ["prepare", "--corpus", str(t), "--tokenizer", str(w.tokenizer)],
+        ("holds no corpus files",),
+    ),
+    Case(
+        "non-UTF-8 vocab",
+        lambda w, t: ["tokenizer", "--vocab", str(latin1_vocab(t)), "--out", str(t / "tok")],
+        ("UTF-8", "line 30523"),
+    ),
+    Case(
+        "blank line in vocab",
+        lambda w, t: ["tokenizer", "--vocab", str(vocab_with_blank_line(t)), "--out", str(t / "tok")],
+        ("line 101 is blank",),
+    ),
+    Case(
+        "truncated shard",
+        lambda w, t: [
+            "dump",
+            "--data",
+            str(truncated(copy_of(w.data, t) / "shard_00000" / "input_ids.npy").parent.parent),
+        ],
+        ("truncated",),
+    ),
     Case("dump past the end", lambda w, t: ["dump", "--data", str(w.data), "--start", "1000000"], ("past the end",)),
     # Corpus formats decided by content, not by the first line alone; prepared data as a corpus; changed shards.
-    Case("tar.gz corpus", lambda w, t: prepare_argv(w, t, tar_gz_corpus(t)), ("tar archive (gzip-compressed)", "extract")),
-    Case("JSONL with a damaged first line", lambda w, t: prepare_argv(w, t, jsonl_with_a_cut_first_line(t)),
-         ("cut.jsonl line 1 is not valid JSON",)),
-    Case("prepared folder given to prepare", lambda w, t: prepare_argv(w, t, w.data),
-         ("`mlmlab prepare` wrote", "data.corpus=", "evaluate --data")),
-    Case("prepared folder as corpus, other sequence length", lambda w, t: pretrain_argv(
-        t / "r", f"data.corpus={w.data}", "data.max_seq_length=64"), ("prepared with max_seq_length 128", "data.max_seq_length=128")),
-    Case("prepared folder as corpus, other vocabulary", lambda w, t: pretrain_argv(
-        t / "r", f"data.corpus={w.renumbered_data}", f"data.tokenizer={SAMPLE / 'vocab.txt'}"), ("another vocabulary",)),
-    Case("shard with an id beyond the vocabulary", lambda w, t: ["dump", "--data", str(
-        shard_with_an_id_beyond_the_vocabulary(w, t))], ("token id 40000", "changed after `mlmlab prepare`")),
+    Case(
+        "tar.gz corpus", lambda w, t: prepare_argv(w, t, tar_gz_corpus(t)), ("tar archive (gzip-compressed)", "extract")
+    ),
+    Case(
+        "JSONL with a damaged first line",
+        lambda w, t: prepare_argv(w, t, jsonl_with_a_cut_first_line(t)),
+        ("cut.jsonl line 1 is not valid JSON",),
+    ),
+    Case(
+        "prepared folder given to prepare",
+        lambda w, t: prepare_argv(w, t, w.data),
+        ("`mlmlab prepare` wrote", "data.corpus=", "evaluate --data"),
+    ),
+    Case(
+        "prepared folder as corpus, other sequence length",
+        lambda w, t: pretrain_argv(t / "r", f"data.corpus={w.data}", "data.max_seq_length=64"),
+        ("prepared with max_seq_length 128", "data.max_seq_length=128"),
+    ),
+    Case(
+        "prepared folder as corpus, other vocabulary",
+        lambda w, t: pretrain_argv(
+            t / "r", f"data.corpus={w.renumbered_data}", f"data.tokenizer={SAMPLE / 'vocab.txt'}"
+        ),
+        ("another vocabulary",),
+    ),
+    Case(
+        "shard with an id beyond the vocabulary",
+        lambda w, t: ["dump", "--data", str(shard_with_an_id_beyond_the_vocabulary(w, t))],
+        ("token id 40000", "changed after `mlmlab prepare`"),
+    ),
     # Evaluation and GLUE.
-    Case("evaluate data of a same-size other vocabulary",
-         lambda w, t: ["evaluate", "--model", str(w.model), "--data", str(w.renumbered_data), "--max-batches", "1"],
-         ("another vocabulary",)),
-    Case("GLUE: non-UTF-8 TSV", lambda w, t: glue_with_bad_file(w, t, "sentence\tlabel\ncaf\xe9\t1\n".encode("latin-1")),
-         ("train.tsv:2", "UTF-8")),
+    Case(
+        "evaluate data of a same-size other vocabulary",
+        lambda w, t: ["evaluate", "--model", str(w.model), "--data", str(w.renumbered_data), "--max-batches", "1"],
+        ("another vocabulary",),
+    ),
+    Case(
+        "GLUE: non-UTF-8 TSV",
+        lambda w, t: glue_with_bad_file(w, t, "sentence\tlabel\ncaf\xe9\t1\n".encode("latin-1")),
+        ("train.tsv:2", "UTF-8"),
+    ),
     Case("GLUE: header-only train.tsv", lambda w, t: glue_with_bad_file(w, t, b"sentence\tlabel\n"), ("no examples",)),
-    Case("GLUE: truncated model file", lambda w, t: glue_argv(
-        model_with(w, t, lambda m: truncated(m / "model.safetensors")), w.glue), ("truncated",)),
-    Case("GLUE: every requested task missing", lambda w, t: glue_argv(w.model, w.glue, "RTE", "MRPC"),
-         ("none of the requested GLUE tasks",)),
-    Case("GLUE: model folder with another tokenizer", lambda w, t: glue_argv(model_with(w, t, swap_tokenizer(w)), w.glue),
-         ("not the vocabulary the model was trained with",)),
-    Case("GLUE: infinite learning rate", lambda w, t: [*glue_argv(w.model, w.glue), "--lr", "inf"],
-         ("learning_rates=inf", "finite")),
-    Case("GLUE: seed beyond 32 bits", lambda w, t: [*glue_argv(w.model, w.glue), "--seeds", "4294967296"],
-         ("seeds=4294967296", "32-bit")),
+    Case(
+        "GLUE: truncated model file",
+        lambda w, t: glue_argv(model_with(w, t, lambda m: truncated(m / "model.safetensors")), w.glue),
+        ("truncated",),
+    ),
+    Case(
+        "GLUE: every requested task missing",
+        lambda w, t: glue_argv(w.model, w.glue, "RTE", "MRPC"),
+        ("none of the requested GLUE tasks",),
+    ),
+    Case(
+        "GLUE: model folder with another tokenizer",
+        lambda w, t: glue_argv(model_with(w, t, swap_tokenizer(w)), w.glue),
+        ("not the vocabulary the model was trained with",),
+    ),
+    Case(
+        "GLUE: infinite learning rate",
+        lambda w, t: [*glue_argv(w.model, w.glue), "--lr", "inf"],
+        ("learning_rates=inf", "finite"),
+    ),
+    Case(
+        "GLUE: seed beyond 32 bits",
+        lambda w, t: [*glue_argv(w.model, w.glue), "--seeds", "4294967296"],
+        ("seeds=4294967296", "32-bit"),
+    ),
     Case("GLUE: negative seed", lambda w, t: [*glue_argv(w.model, w.glue), "--seeds", "-1"], ("seeds=-1", "32-bit")),
     # Tokenizer folders missing or cut short.
-    Case("tokenizer.json cut short", lambda w, t: [
-        "prepare", "--corpus", str(CORPUS), "--tokenizer",
-        str(tokenizer_with(w, t, lambda tok: truncated(tok / "tokenizer.json"))), "--out", str(t / "p")],
-         ("tokenizer.json", "truncated or not JSON")),
-    Case("model folder with a cut tokenizer.json", lambda w, t: [
-        "evaluate", "--model", str(model_with(w, t, lambda m: truncated(m / "tokenizer.json"))),
-        "--data", str(w.data), "--max-batches", "1"], ("tokenizer.json", "truncated or not JSON")),
+    Case(
+        "tokenizer.json cut short",
+        lambda w, t: [
+            "prepare",
+            "--corpus",
+            str(CORPUS),
+            "--tokenizer",
+            str(tokenizer_with(w, t, lambda tok: truncated(tok / "tokenizer.json"))),
+            "--out",
+            str(t / "p"),
+        ],
+        ("tokenizer.json", "truncated or not JSON"),
+    ),
+    Case(
+        "model folder with a cut tokenizer.json",
+        lambda w, t: [
+            "evaluate",
+            "--model",
+            str(model_with(w, t, lambda m: truncated(m / "tokenizer.json"))),
+            "--data",
+            str(w.data),
+            "--max-batches",
+            "1",
+        ],
+        ("tokenizer.json", "truncated or not JSON"),
+    ),
     # Prepared-data metadata of the wrong shape.
-    Case("meta.json a list", lambda w, t: ["dump", "--data", str(data_with_meta(w, t, "[1, 2]"))],
-         ("meta.json", "prepare")),
-    Case("meta.json cut short", lambda w, t: ["dump", "--data", str(data_with_meta(w, t, '{"shards": ['))],
-         ("meta.json", "truncated or not JSON", "prepare")),
-    Case("meta.json without shards", lambda w, t: ["dump", "--data", str(
-        data_with_meta(w, t, meta_with(w, lambda m: m.pop("shards"))))], ("meta.json", "shards")),
-    Case("meta.json shards of the wrong type", lambda w, t: ["dump", "--data", str(
-        data_with_meta(w, t, meta_with(w, lambda m: m.update(shards=[7]))))], ("meta.json",)),
-    Case("meta.json vocab_size a string", lambda w, t: ["dump", "--data", str(
-        data_with_meta(w, t, meta_with(w, lambda m: m.update(vocab_size="many"))))], ("meta.json", "vocab_size")),
+    Case(
+        "meta.json a list",
+        lambda w, t: ["dump", "--data", str(data_with_meta(w, t, "[1, 2]"))],
+        ("meta.json", "prepare"),
+    ),
+    Case(
+        "meta.json cut short",
+        lambda w, t: ["dump", "--data", str(data_with_meta(w, t, '{"shards": ['))],
+        ("meta.json", "truncated or not JSON", "prepare"),
+    ),
+    Case(
+        "meta.json without shards",
+        lambda w, t: ["dump", "--data", str(data_with_meta(w, t, meta_with(w, lambda m: m.pop("shards"))))],
+        ("meta.json", "shards"),
+    ),
+    Case(
+        "meta.json shards of the wrong type",
+        lambda w, t: ["dump", "--data", str(data_with_meta(w, t, meta_with(w, lambda m: m.update(shards=[7]))))],
+        ("meta.json",),
+    ),
+    Case(
+        "meta.json vocab_size a string",
+        lambda w, t: ["dump", "--data", str(data_with_meta(w, t, meta_with(w, lambda m: m.update(vocab_size="many"))))],
+        ("meta.json", "vocab_size"),
+    ),
     # Run folders whose config.yaml or checkpoint manifest is damaged.
-    Case("config.yaml not YAML", lambda w, t: pretrain_argv(run_with(w, t, "config.yaml", "train: [1\n")),
-         ("config.yaml is not valid YAML", "--resume auto")),
-    Case("config.yaml a list", lambda w, t: pretrain_argv(run_with(w, t, "config.yaml", "- 1\n- 2\n")),
-         ("config.yaml is not a config", "mapping")),
-    Case("config.yaml with a section that is a number", lambda w, t: pretrain_argv(
-        run_with(w, t, "config.yaml", "train: 5\n")), ("config.yaml is not a config", "'train' must be a mapping")),
-    Case("checkpoint manifest a list, resumed by name", lambda w, t: pretrain_argv(
-        t / "r", "--resume", str(run_with(w, t, newest_checkpoint_file(w, checkpoint.MANIFEST), "[]") /
-                                  newest_checkpoint_file(w, ""))), ("manifest.json",)),
+    Case(
+        "config.yaml not YAML",
+        lambda w, t: pretrain_argv(run_with(w, t, "config.yaml", "train: [1\n")),
+        ("config.yaml is not valid YAML", "--resume auto"),
+    ),
+    Case(
+        "config.yaml a list",
+        lambda w, t: pretrain_argv(run_with(w, t, "config.yaml", "- 1\n- 2\n")),
+        ("config.yaml is not a config", "mapping"),
+    ),
+    Case(
+        "config.yaml with a section that is a number",
+        lambda w, t: pretrain_argv(run_with(w, t, "config.yaml", "train: 5\n")),
+        ("config.yaml is not a config", "'train' must be a mapping"),
+    ),
+    Case(
+        "checkpoint manifest a list, resumed by name",
+        lambda w, t: pretrain_argv(
+            t / "r",
+            "--resume",
+            str(run_with(w, t, newest_checkpoint_file(w, checkpoint.MANIFEST), "[]") / newest_checkpoint_file(w, "")),
+        ),
+        ("manifest.json",),
+    ),
     # --config that is not a config file.
-    Case("--config a folder", lambda w, t: ["pretrain", "--config", str(t), "--no-progress"], ("is a folder, not a config file",)),
-    Case("--config with a section that is not a mapping",
-         lambda w, t: ["pretrain", "--config", str(corpus_of_bytes(t, "c.yaml", b"train: 5\n")), "--no-progress"],
-         ("train", "mapping")),
+    Case(
+        "--config a folder",
+        lambda w, t: ["pretrain", "--config", str(t), "--no-progress"],
+        ("is a folder, not a config file",),
+    ),
+    Case(
+        "--config with a section that is not a mapping",
+        lambda w, t: ["pretrain", "--config", str(corpus_of_bytes(t, "c.yaml", b"train: 5\n")), "--no-progress"],
+        ("train", "mapping"),
+    ),
     # Output paths that cannot be written, found before the run rather than after it.
-    Case("pretrain --json under a file", lambda w, t: [*pretrain_argv(t / "r"), "--json", str(
-        (t / "f").touch() or t / "f" / "s.json")], ("--json", "f is a file")),
-    Case("pretrain --json onto a folder", lambda w, t: [*pretrain_argv(t / "r"), "--json", str(t)], ("--json", "folder")),
-    Case("glue --out onto a file", lambda w, t: [*glue_argv(w.model, w.glue)[:-1], str((t / "f").touch() or t / "f")],
-         ("--out", "is a file")),
-    Case("evaluate --json onto a folder", lambda w, t: [
-        "evaluate", "--model", str(w.model), "--data", str(w.data), "--max-batches", "1", "--json", str(t)],
-         ("--json", "folder")),
-    Case("probe --out onto a file", lambda w, t: [
-        "probe", "--model", str(w.model), "--task", "SST-2", "--data-dir", str(w.glue), "--out",
-        str((t / "f").touch() or t / "f")], ("--out", "is a file")),
+    Case(
+        "pretrain --json under a file",
+        lambda w, t: [*pretrain_argv(t / "r"), "--json", str((t / "f").touch() or t / "f" / "s.json")],
+        ("--json", "f is a file"),
+    ),
+    Case(
+        "pretrain --json onto a folder", lambda w, t: [*pretrain_argv(t / "r"), "--json", str(t)], ("--json", "folder")
+    ),
+    Case(
+        "glue --out onto a file",
+        lambda w, t: [*glue_argv(w.model, w.glue)[:-1], str((t / "f").touch() or t / "f")],
+        ("--out", "is a file"),
+    ),
+    Case(
+        "evaluate --json onto a folder",
+        lambda w, t: [
+            "evaluate",
+            "--model",
+            str(w.model),
+            "--data",
+            str(w.data),
+            "--max-batches",
+            "1",
+            "--json",
+            str(t),
+        ],
+        ("--json", "folder"),
+    ),
+    Case(
+        "probe --out onto a file",
+        lambda w, t: [
+            "probe",
+            "--model",
+            str(w.model),
+            "--task",
+            "SST-2",
+            "--data-dir",
+            str(w.glue),
+            "--out",
+            str((t / "f").touch() or t / "f"),
+        ],
+        ("--out", "is a file"),
+    ),
     # A full disk or a read-only file while writing: one line naming the path, earlier files intact.
-    Case("disk full while a checkpoint is written", resumed_run, ("No space left on device", "intact"),
-         fault=failing(errno.ENOSPC, "mlmlab.utils.files._sync_tree")),
-    Case("disk full while preparing", lambda w, t: prepare_argv(w, t, CORPUS), ("No space left on device", "intact"),
-         fault=failing(errno.ENOSPC, "mlmlab.utils.files._sync_tree")),
-    Case("disk full while the tokenizer cache is written", lambda w, t: pretrain_argv(
-        t / "r", f"data.tokenizer={vocab_of_its_own(t)}"), ("No space left on device",),
-         fault=failing(errno.ENOSPC, "mlmlab.utils.files._sync_tree")),
-    Case("read-only metrics.jsonl", resumed_run, ("metrics.jsonl", "Permission denied"),
-         fault=failing(errno.EACCES, "mlmlab.train.metrics.open")),
-    Case("read-only file system under the run", resumed_run, ("Read-only file system",),
-         fault=failing(errno.EROFS, "mlmlab.utils.files.tempfile.mkstemp")),
+    Case(
+        "disk full while a checkpoint is written",
+        resumed_run,
+        ("No space left on device", "intact"),
+        fault=failing(errno.ENOSPC, "mlmlab.utils.files._sync_tree"),
+    ),
+    Case(
+        "disk full while preparing",
+        lambda w, t: prepare_argv(w, t, CORPUS),
+        ("No space left on device", "intact"),
+        fault=failing(errno.ENOSPC, "mlmlab.utils.files._sync_tree"),
+    ),
+    Case(
+        "disk full while the tokenizer cache is written",
+        lambda w, t: pretrain_argv(t / "r", f"data.tokenizer={vocab_of_its_own(t)}"),
+        ("No space left on device",),
+        fault=failing(errno.ENOSPC, "mlmlab.utils.files._sync_tree"),
+    ),
+    Case(
+        "read-only metrics.jsonl",
+        resumed_run,
+        ("metrics.jsonl", "Permission denied"),
+        fault=failing(errno.EACCES, "mlmlab.train.metrics.open"),
+    ),
+    Case(
+        "read-only file system under the run",
+        resumed_run,
+        ("Read-only file system",),
+        fault=failing(errno.EROFS, "mlmlab.utils.files.tempfile.mkstemp"),
+    ),
     # Messages that blamed the wrong cause.
-    Case("binary corpus", lambda w, t: prepare_argv(w, t, corpus_of_bytes(t, "c.txt", bytes(range(256)) * 64)),
-         ("binary",)),
-    Case("UTF-16 corpus", lambda w, t: prepare_argv(w, t, corpus_of_bytes(
-        t, "c.txt", "Some text. More text.\n\nOther text here.\n".encode("utf-16") * 20)), ("UTF-16", "iconv -f UTF-16")),
-    Case("run config.yaml with an unknown section", lambda w, t: pretrain_argv(
-        run_with(w, t, "config.yaml", (w.run / "config.yaml").read_text() + "extra: 1\n")),
-         ("config.yaml is not a config", "'extra'")),
-    Case("model config.json not JSON", lambda w, t: [
-        "evaluate", "--model", str(model_with(w, t, config_json_with('{"model_type": "bert",'))),
-        "--data", str(w.data), "--max-batches", "1"], ("config.json", "truncated or not JSON")),
+    Case(
+        "binary corpus",
+        lambda w, t: prepare_argv(w, t, corpus_of_bytes(t, "c.txt", bytes(range(256)) * 64)),
+        ("binary",),
+    ),
+    Case(
+        "UTF-16 corpus",
+        lambda w, t: prepare_argv(
+            w, t, corpus_of_bytes(t, "c.txt", "Some text. More text.\n\nOther text here.\n".encode("utf-16") * 20)
+        ),
+        ("UTF-16", "iconv -f UTF-16"),
+    ),
+    Case(
+        "run config.yaml with an unknown section",
+        lambda w, t: pretrain_argv(run_with(w, t, "config.yaml", (w.run / "config.yaml").read_text() + "extra: 1\n")),
+        ("config.yaml is not a config", "'extra'"),
+    ),
+    Case(
+        "model config.json not JSON",
+        lambda w, t: [
+            "evaluate",
+            "--model",
+            str(model_with(w, t, config_json_with('{"model_type": "bert",'))),
+            "--data",
+            str(w.data),
+            "--max-batches",
+            "1",
+        ],
+        ("config.json", "truncated or not JSON"),
+    ),
 ]
 
 
@@ -519,8 +833,16 @@ def _terminated(signum, frame):
 def test_sigterm_leaves_a_resumable_checkpoint(tmp_path, during):
     """save_every=0: before, SIGTERM during the final evaluation lost the whole run."""
     final = during == "the final evaluation"
-    cfg = load_config("tiny", [*TINY, "train.max_steps=2", "train.save_every=0", f"train.out_dir={tmp_path}",
-                               f"train.eval_every={0 if final else 1}"])
+    cfg = load_config(
+        "tiny",
+        [
+            *TINY,
+            "train.max_steps=2",
+            "train.save_every=0",
+            f"train.out_dir={tmp_path}",
+            f"train.eval_every={0 if final else 1}",
+        ],
+    )
     trainer = None
 
     def validate(*args, **kwargs):
@@ -551,12 +873,26 @@ def test_sigterm_leaves_a_resumable_checkpoint(tmp_path, during):
 def test_prepare_reports_tokens_used_and_warns_when_text_is_lost(world, tmp_path, capsys, caplog):
     """Lowercased documents split into no sentences, so NSP takes no pair from them; the instances do not change."""
     sentences = [f"The river number {i} runs through the old town. It floods in spring." for i in range(40)]
-    normal = "\n\n".join(" ".join(sentences[i:i + 4]) for i in range(0, 40, 4))
-    lowered = "\n\n".join(" ".join(sentences[i:i + 4]).lower() for i in range(0, 40, 4))
+    normal = "\n\n".join(" ".join(sentences[i : i + 4]) for i in range(0, 40, 4))
+    lowered = "\n\n".join(" ".join(sentences[i : i + 4]).lower() for i in range(0, 40, 4))
     corpus = tmp_path / "mixed.txt"
     corpus.write_text(normal + "\n\n" + lowered + "\n")
-    assert main(["prepare", "--corpus", str(corpus), "--tokenizer", str(world.tokenizer), "--out",
-                 str(tmp_path / "p"), "--workers", "1"]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                "--corpus",
+                str(corpus),
+                "--tokenizer",
+                str(world.tokenizer),
+                "--out",
+                str(tmp_path / "p"),
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert "corpus tokens" in capsys.readouterr().out
     (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert "10 document(s) of one sentence" in warning and "lowercased" in warning
@@ -608,7 +944,9 @@ def test_one_weight_loader_allows_only_the_listed_missing_keys(tmp_path):
         load_weights(BertForPreTraining(config), tmp_path / "model.safetensors")
     wider = BertConfig(**{**config.to_dict(), "intermediate_size": 32})
     with pytest.raises(UserError, match="intermediate.dense.bias of shape \\[16\\], this model's is \\[32\\]"):
-        load_weights(BertForPreTraining(wider), tmp_path / "model.safetensors", allowed_missing=tuple(Bert.optional_parts))
+        load_weights(
+            BertForPreTraining(wider), tmp_path / "model.safetensors", allowed_missing=tuple(Bert.optional_parts)
+        )
 
 
 def test_a_prepared_folder_given_as_the_corpus_is_trained_on_with_its_own_tokenizer(world, tmp_path):

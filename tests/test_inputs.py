@@ -11,8 +11,8 @@ from itertools import islice
 from pathlib import Path
 
 import pytest
-
 from conftest import SAMPLE
+
 from mlmlab.cli import main
 from mlmlab.config import DataConfig
 from mlmlab.data.build import prepare, prepared_hash
@@ -93,8 +93,9 @@ def test_a_folder_reads_the_corpus_files_under_it_in_sorted_order(documents, voc
 
 def test_jsonl_with_another_text_key(documents, vocab_dir, reference, tmp_path):
     path = tmp_path / "corpus.jsonl"
-    path.write_text("".join(json.dumps({"id": i, "body": "\n".join(p)}) + "\n" for i, p in enumerate(documents)),
-                    encoding="utf-8")
+    path.write_text(
+        "".join(json.dumps({"id": i, "body": "\n".join(p)}) + "\n" for i, p in enumerate(documents)), encoding="utf-8"
+    )
     out = prepare(path, vocab_dir, out_dir=tmp_path / "p", columns=Columns(text="body"), **SETTINGS)
     assert_same_instances(out, reference)
     with pytest.raises(UserError, match="line 1 has no string 'text' field .*--text-column"):
@@ -140,7 +141,9 @@ def test_the_bundled_sample_keeps_its_prepared_hashes():
     # by them (studies/adm-study-*). A change here reruns or refuses every finished run.
     assert dataset_hashes(DataConfig()) == {"train": "45aa3bd7c57ff7c8", "valid": "ac7ae8e507108116"}
     assert dataset_hashes(DataConfig(objective="mlm", max_seq_length=64)) == {
-        "train": "0ffd6be365cffebb", "valid": "a2d0553439da607f"}
+        "train": "0ffd6be365cffebb",
+        "valid": "a2d0553439da607f",
+    }
 
 
 def test_table_errors_are_one_line(documents, tmp_path, capsys):
@@ -150,15 +153,21 @@ def test_table_errors_are_one_line(documents, tmp_path, capsys):
         list(read_paragraph_documents(path))
     with pytest.raises(UserError, match=r"has no column 'nope' .*--id-column"):
         list(read_paragraph_documents(path, Columns(text="body", doc_id="nope")))
-    splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["A. B."]}),
-                                   "test": datasets.Dataset.from_dict({"text": ["C. D."]})})
+    splits = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"text": ["A. B."]}),
+            "test": datasets.Dataset.from_dict({"text": ["C. D."]}),
+        }
+    )
     splits.save_to_disk(str(tmp_path / "splits"))
     with pytest.raises(UserError, match="DatasetDict with splits train, test; give one split's folder"):
         list(read_paragraph_documents(tmp_path / "splits"))
     (tmp_path / "broken.parquet").write_bytes(b"not parquet at all")
     (tmp_path / "empty").mkdir()
-    for argv in (["prepare", "--corpus", str(tmp_path / "broken.parquet"), "--tokenizer", "x"],
-                 ["prepare", "--corpus", str(tmp_path / "empty"), "--tokenizer", "x"]):
+    for argv in (
+        ["prepare", "--corpus", str(tmp_path / "broken.parquet"), "--tokenizer", "x"],
+        ["prepare", "--corpus", str(tmp_path / "empty"), "--tokenizer", "x"],
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("mlmlab: error: ") and err.count("\n") == 1, err
@@ -170,8 +179,28 @@ def test_table_errors_are_one_line(documents, tmp_path, capsys):
 def test_prepare_command_reads_a_parquet_file_with_column_options(documents, vocab_dir, tmp_path, capsys):
     path = tmp_path / "corpus.parquet"
     datasets.Dataset.from_dict(paragraph_rows(documents)).to_parquet(str(path))
-    assert main(["prepare", "--corpus", str(path), "--tokenizer", str(vocab_dir), "--max-seq-length", "64",
-                 "--workers", "1", "--text-column", "body", "--id-column", "doc", "--out", str(tmp_path / "p")]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                "--corpus",
+                str(path),
+                "--tokenizer",
+                str(vocab_dir),
+                "--max-seq-length",
+                "64",
+                "--workers",
+                "1",
+                "--text-column",
+                "body",
+                "--id-column",
+                "doc",
+                "--out",
+                str(tmp_path / "p"),
+            ]
+        )
+        == 0
+    )
     assert "instances in" in capsys.readouterr().out
     meta = TokenStore(tmp_path / "p").meta
     assert meta["columns"] == {"text": "body", "doc_id": "doc"}
@@ -187,8 +216,9 @@ def byte_level_bpe_folder(folder: Path, corpus: Path, *, fast: bool) -> Path:
     from transformers import RobertaTokenizerFast
 
     bpe = ByteLevelBPETokenizer()
-    bpe.train([str(corpus)], vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
-              show_progress=False)
+    bpe.train(
+        [str(corpus)], vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"], show_progress=False
+    )
     folder.mkdir(parents=True)
     if fast:
         RobertaTokenizerFast(tokenizer_object=bpe._tokenizer).save_pretrained(str(folder))
@@ -202,8 +232,22 @@ def test_a_byte_level_bpe_tokenizer_folder_is_adopted(documents, tmp_path, capsy
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(plain_text(documents[:5]), encoding="utf-8")
     folder = byte_level_bpe_folder(tmp_path / "roberta", corpus, fast=fast)
-    assert main(["prepare", "--corpus", str(corpus), "--tokenizer", str(folder), "--out", str(tmp_path / "p"),
-                 "--objective", "mlm"]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                "--corpus",
+                str(corpus),
+                "--tokenizer",
+                str(folder),
+                "--out",
+                str(tmp_path / "p"),
+                "--objective",
+                "mlm",
+            ]
+        )
+        == 0
+    )
     store = TokenStore(tmp_path / "p")
     assert store[0]["input_ids"][0] == 0 and store.meta["special_token_ids"]["<mask>"] == 4  # RoBERTa's <s>, <mask>
     capsys.readouterr()

@@ -10,7 +10,8 @@ from mlmlab import choices
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "mlmlab"
 
-# Bottom up, as docs/architecture.md's layer map draws them. A module may import from its own layer or below, function-local imports included.
+# Bottom up, as docs/architecture.md's layer map draws them. A module may import from its own layer or below,
+# function-local imports included.
 LAYERS = [
     ("mlmlab.errors", "mlmlab.choices", "mlmlab.utils", "mlmlab"),
     ("mlmlab.config", "mlmlab.architectures"),  # config validation asks the architecture's adapter
@@ -61,9 +62,13 @@ def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
 
 def type_checking_imports(tree: ast.AST) -> set[ast.AST]:
     """Imports under ``if TYPE_CHECKING:``: they serve annotations only and never run, so they bind no layers."""
-    return {node for block in ast.walk(tree)
-            if isinstance(block, ast.If) and ast.unparse(block.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
-            for statement in block.body for node in ast.walk(statement)}
+    return {
+        node
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for statement in block.body
+        for node in ast.walk(statement)
+    }
 
 
 SOURCES = sorted(PACKAGE.rglob("*.py"))
@@ -72,8 +77,11 @@ SOURCES = sorted(PACKAGE.rglob("*.py"))
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_imports_point_down_the_layers(path):
     importer = module_name(path)
-    upward = [f"line {line}: {target} (layer {layer_of(target)})" for line, target in imported_modules(ast.parse(path.read_text()))
-              if layer_of(target) > layer_of(importer)]
+    upward = [
+        f"line {line}: {target} (layer {layer_of(target)})"
+        for line, target in imported_modules(ast.parse(path.read_text()))
+        if layer_of(target) > layer_of(importer)
+    ]
     assert not upward, f"{importer} (layer {layer_of(importer)}) imports upward: {upward}"
 
 
@@ -84,8 +92,11 @@ def room_of(module: str) -> str | None:
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_rooms_do_not_import_each_other(path):
     importer = room_of(module_name(path))
-    crossing = [f"line {line}: {target}" for line, target in imported_modules(ast.parse(path.read_text()))
-                if importer and room_of(target) not in (None, importer)]
+    crossing = [
+        f"line {line}: {target}"
+        for line, target in imported_modules(ast.parse(path.read_text()))
+        if importer and room_of(target) not in (None, importer)
+    ]
     assert not crossing, f"{module_name(path)} ({importer}) imports from another room: {crossing}"
 
 
@@ -97,6 +108,7 @@ def test_the_layer_check_sees_function_local_imports():
 
 def modules_in_cycles(imports: dict[str, set[str]]) -> list[str]:
     """The modules that reach themselves again through ``imports`` (module -> the modules it imports)."""
+
     def reachable(start: str) -> set[str]:
         seen, stack = set(), [start]
         while stack:
@@ -105,6 +117,7 @@ def modules_in_cycles(imports: dict[str, set[str]]) -> list[str]:
                     seen.add(target)
                     stack.append(target)
         return seen
+
     return sorted(module for module in imports if module in reachable(module))
 
 
@@ -112,8 +125,10 @@ def test_no_module_imports_itself_back():
     """Within one layer imports may point either way, but never round in a circle (function-local ones included):
     a cycle means two modules are one concept split in two, or a third module belongs above both."""
     names = {module_name(path): path for path in SOURCES}
-    imports = {name: {target for _, target in imported_modules(ast.parse(path.read_text())) if target in names}
-               for name, path in names.items()}
+    imports = {
+        name: {target for _, target in imported_modules(ast.parse(path.read_text())) if target in names}
+        for name, path in names.items()
+    }
     assert not modules_in_cycles(imports), f"import cycle through {modules_in_cycles(imports)}"
 
 
@@ -121,8 +136,14 @@ def test_the_cycle_check_sees_a_cycle_through_a_third_module():
     assert modules_in_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c"]
 
 
-CHOICE_NAMES = {*choices.STRATEGIES, *choices.SCORERS, *choices.ADAPT_SCHEDULES, *choices.RATE_SCHEDULES,
-                *choices.OBJECTIVES, *choices.ARCHITECTURES}
+CHOICE_NAMES = {
+    *choices.STRATEGIES,
+    *choices.SCORERS,
+    *choices.ADAPT_SCHEDULES,
+    *choices.RATE_SCHEDULES,
+    *choices.OBJECTIVES,
+    *choices.ARCHITECTURES,
+}
 # Strings that equal a choice name but name something else.
 NOT_CHOICES = {
     ("mlmlab/masking/scorers.py", "context"): "state-dict prefix of the context loss table (checkpoint format)",
@@ -132,25 +153,39 @@ NOT_CHOICES = {
 
 def string_constants(tree: ast.AST) -> list[tuple[int, str]]:
     """(line, value) of string constants that are not docstrings."""
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-    return [(node.lineno, node.value) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
 
 
-@pytest.mark.parametrize("path", SOURCES + sorted((ROOT / "benchmarks").glob("*.py")),
-                         ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "path", SOURCES + sorted((ROOT / "benchmarks").glob("*.py")), ids=lambda p: str(p.relative_to(ROOT))
+)
 def test_choice_names_are_spelled_only_in_choices(path):
     relative = str(path.relative_to(ROOT))
     if relative == "mlmlab/choices.py":
         return
-    spelled = [f"line {line}: {value!r}" for line, value in string_constants(ast.parse(path.read_text()))
-               if value in CHOICE_NAMES and (relative, value) not in NOT_CHOICES]
+    spelled = [
+        f"line {line}: {value!r}"
+        for line, value in string_constants(ast.parse(path.read_text()))
+        if value in CHOICE_NAMES and (relative, value) not in NOT_CHOICES
+    ]
     assert not spelled, f"{relative} spells choice names instead of importing them from mlmlab.choices: {spelled}"
 
 
 def test_imports_for_annotations_only_bind_no_layers():
-    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mlmlab.cli import Thing\n"
-                     "from mlmlab.config import Config\n")
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mlmlab.cli import Thing\n"
+        "from mlmlab.config import Config\n"
+    )
     assert [module for _, module in imported_modules(tree)] == ["mlmlab.config"]

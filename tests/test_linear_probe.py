@@ -7,6 +7,8 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from conftest import SAMPLE
+from test_experiments import DYNAMIC, TINY_BASE, write_study
 
 from mlmlab import choices
 from mlmlab.cli import main
@@ -16,9 +18,6 @@ from mlmlab.evaluate.linear_probe import load_encoder, run_probes
 from mlmlab.experiments import study as study_file
 from mlmlab.experiments.gates import gate_results, row_value
 from mlmlab.experiments.running import downstream, runner
-
-from conftest import SAMPLE
-from test_experiments import DYNAMIC, TINY_BASE, write_study
 
 POSITIVE = "good great happy fine nice lovely".split()
 NEGATIVE = "bad awful sad poor nasty ugly".split()
@@ -61,8 +60,9 @@ def tiny_model_dir(tmp_path_factory):
     from transformers import BertConfig, BertForPreTraining, BertTokenizerFast
 
     folder = tmp_path_factory.mktemp("tiny-bert")
-    config = BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=128)
+    config = BertConfig(
+        vocab_size=30522, hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128
+    )
     with torch.random.fork_rng(devices=[]):  # fixed weights, not the probes' random init; other tests' RNG untouched
         torch.manual_seed(12345)
         BertForPreTraining(config).save_pretrained(folder)
@@ -92,8 +92,9 @@ def test_features_are_computed_once_per_split_and_random_init_ones_reused(tiny_m
     monkeypatch.setattr(linear_probe, "split_features", lambda *args: calls.append(args[3]) or compute(*args))
     first = probe(tiny_model_dir, glue_dir, poolings=choices.POOLINGS)
     # both poolings come from one pass: each (split, init) once
-    assert sorted(calls) == sorted(f"SST-2 {split} ({init})" for split in ("train", "dev")
-                                   for init in ("pretrained", "random"))
+    assert sorted(calls) == sorted(
+        f"SST-2 {split} ({init})" for split in ("train", "dev") for init in ("pretrained", "random")
+    )
     calls.clear()
     again = probe(tiny_model_dir, glue_dir, poolings=choices.POOLINGS)
     assert sorted(calls) == ["SST-2 dev (pretrained)", "SST-2 train (pretrained)"]
@@ -116,7 +117,8 @@ def test_every_figure_has_its_random_init_baseline_and_gain(tiny_model_dir, glue
 
 
 def test_several_random_inits_average_the_baseline(tiny_model_dir, glue_dir, tmp_path):
-    """random_inits = 3: the baseline is the mean of draws from seeds 0, 1, 2; the first draw is the one-draw baseline."""
+    """random_inits = 3: the baseline is the mean of draws from seeds 0, 1, 2; the first draw is the one-draw
+    baseline."""
     noisy = write_glue(tmp_path / "noisy", label_noise=0.5)  # not separable: the draws' probes differ
     one = probe(tiny_model_dir, noisy, ["SST-2", "MRPC"])["poolings"]["mean"]["tasks"]
     three = probe(tiny_model_dir, noisy, ["SST-2", "MRPC"], random_inits=3)
@@ -151,8 +153,9 @@ def test_the_regularisation_is_chosen_on_training_rows_only(tiny_model_dir, tmp_
     dev.write_text("\n".join([header, *flips]) + "\n")
     seen = []
     choose = linear_probe.chosen_strength
-    monkeypatch.setattr(linear_probe, "chosen_strength",
-                        lambda task, x, y, seed: seen.append(len(y)) or choose(task, x, y, seed))
+    monkeypatch.setattr(
+        linear_probe, "chosen_strength", lambda task, x, y, seed: seen.append(len(y)) or choose(task, x, y, seed)
+    )
     first, second = (probe(tiny_model_dir, data)["poolings"]["mean"]["tasks"]["SST-2"] for data in (noisy, flipped))
     assert (first["C"], first["random_init_C"]) == (second["C"], second["random_init_C"])
     assert second["accuracy"] == pytest.approx(1 - first["accuracy"])  # the dev labels did reach the score
@@ -175,8 +178,26 @@ def test_the_random_init_encoder_is_the_same_config_from_a_fixed_seed(tiny_model
 
 def test_cli_prints_the_table_and_writes_results(tiny_model_dir, glue_dir, tmp_path, capsys):
     out = tmp_path / "probe"
-    assert main(["probe", "--model", str(tiny_model_dir), "--data-dir", str(glue_dir), "--task", "SST-2", "CoLA",
-                 "--pooling", "mean", "--out", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "probe",
+                "--model",
+                str(tiny_model_dir),
+                "--data-dir",
+                str(glue_dir),
+                "--task",
+                "SST-2",
+                "CoLA",
+                "--pooling",
+                "mean",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "| Task | Pooling | Score | Pretrained | Random init | Gain |" in text
     assert "| SST-2 | mean | accuracy |" in text and "| CoLA | mean | mcc |" in text and "| average | mean |" in text
@@ -185,13 +206,16 @@ def test_cli_prints_the_table_and_writes_results(tiny_model_dir, glue_dir, tmp_p
     assert (out / "probe_results.md").read_text() == text.rstrip("\n") + "\n"
 
 
-@pytest.mark.parametrize(("breakage", "expected"), [
-    ("columns", "missing column(s) sentence"),
-    ("dev file", "MRPC/dev.tsv is missing"),
-    ("model", "has no config.json"),
-    ("seed", "probe seed -1 must be an integer >= 0"),
-    ("random inits", "probe random_inits 0 must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    ("breakage", "expected"),
+    [
+        ("columns", "missing column(s) sentence"),
+        ("dev file", "MRPC/dev.tsv is missing"),
+        ("model", "has no config.json"),
+        ("seed", "probe seed -1 must be an integer >= 0"),
+        ("random inits", "probe random_inits 0 must be an integer >= 1"),
+    ],
+)
 def test_cli_errors_are_one_line(tiny_model_dir, glue_dir, tmp_path, capsys, breakage, expected):
     data, model = tmp_path / "glue", tiny_model_dir
     shutil.copytree(glue_dir, data)
@@ -213,26 +237,39 @@ def test_cli_errors_are_one_line(tiny_model_dir, glue_dir, tmp_path, capsys, bre
 
 
 def test_a_probe_block_validates_and_its_row_paths_are_known(tmp_path, glue_dir):
-    fields = {"glue_dir": str(glue_dir), "probe": {"tasks": ["sst2", "MRPC"], "pooling": "cls"},
-              "gates": {"arm": "dynamic", "min": {"probe.tasks.SST-2.gain": 0.03}},
-              "decision": {"metric": "eval.mlm_loss", "guard": {"probe.average_gain": 0.01,
-                                                               "probe.tasks.MRPC.random_init_f1": 0.01}}}
+    fields = {
+        "glue_dir": str(glue_dir),
+        "probe": {"tasks": ["sst2", "MRPC"], "pooling": "cls"},
+        "gates": {"arm": "dynamic", "min": {"probe.tasks.SST-2.gain": 0.03}},
+        "decision": {
+            "metric": "eval.mlm_loss",
+            "guard": {"probe.average_gain": 0.01, "probe.tasks.MRPC.random_init_f1": 0.01},
+        },
+    }
     study = study_file.load_study(write_study(tmp_path, **fields))
     assert study.probe == study_file.ProbeSettings(["SST-2", "MRPC"], "cls", 0)
     assert study_file.load_study(write_study(tmp_path, probe={})).probe.tasks == ["CoLA", "SST-2", "MRPC"]  # GLUE order
     assert study_file.load_study(write_study(tmp_path)).probe is None
 
 
-@pytest.mark.parametrize(("fields", "words"), [
-    ({"probe": {"tasks": ["SST-2"], "layers": 2}}, ["unknown probe key 'layers'", "valid keys: tasks, pooling, seed, random_inits"]),
-    ({"probe": {"pooling": "max"}}, ["study key 'probe'", "pooling"]),
-    ({"probe": {"pooling": ["mean", "cls"]}}, ["study key 'probe'", "one pooling"]),
-    ({"probe": {"tasks": ["SQuAD"]}}, ["study key 'probe'", "unknown GLUE task(s) SQuAD"]),
-    ({"probe": "SST-2"}, ["study key 'probe' must be a mapping"]),
-    ({"probe": {"tasks": ["SST-2"]}, "gates": {"arm": "dynamic", "min": {"probe.tasks.CoLA.gain": 0.0}}},
-     ["gates min", "'probe.tasks.CoLA.gain'"]),
-    ({"gates": {"arm": "dynamic", "min": {"probe.average_gain": 0.0}}}, ["gates min", "'probe.average_gain'"]),
-])
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        (
+            {"probe": {"tasks": ["SST-2"], "layers": 2}},
+            ["unknown probe key 'layers'", "valid keys: tasks, pooling, seed, random_inits"],
+        ),
+        ({"probe": {"pooling": "max"}}, ["study key 'probe'", "pooling"]),
+        ({"probe": {"pooling": ["mean", "cls"]}}, ["study key 'probe'", "one pooling"]),
+        ({"probe": {"tasks": ["SQuAD"]}}, ["study key 'probe'", "unknown GLUE task(s) SQuAD"]),
+        ({"probe": "SST-2"}, ["study key 'probe' must be a mapping"]),
+        (
+            {"probe": {"tasks": ["SST-2"]}, "gates": {"arm": "dynamic", "min": {"probe.tasks.CoLA.gain": 0.0}}},
+            ["gates min", "'probe.tasks.CoLA.gain'"],
+        ),
+        ({"gates": {"arm": "dynamic", "min": {"probe.average_gain": 0.0}}}, ["gates min", "'probe.average_gain'"]),
+    ],
+)
 def test_bad_probe_blocks_give_one_line_errors(tmp_path, capsys, fields, words):
     assert main(["study", write_study(tmp_path, **fields), "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
@@ -255,7 +292,9 @@ def test_the_probe_block_enters_run_keys_only_where_a_study_has_one(tmp_path):
 
 def test_a_studys_probe_cost_counts_each_random_init_draw(tmp_path, glue_dir, bert_tokenizer):
     def probe_encoders(**probe):
-        study = study_file.load_study(write_study(tmp_path, glue_dir=str(glue_dir), probe={"tasks": ["SST-2"], **probe}))
+        study = study_file.load_study(
+            write_study(tmp_path, glue_dir=str(glue_dir), probe={"tasks": ["SST-2"], **probe})
+        )
         [work] = downstream.probe_work(study, bert_tokenizer)
         return work.runs
 
@@ -276,8 +315,9 @@ def test_a_study_without_the_probes_data_stops_before_training(tmp_path):
 
 def test_a_study_probes_each_finished_run_and_gates_read_its_row(tmp_path, glue_dir):
     base = {**TINY_BASE, "train": {**TINY_BASE["train"], "max_steps": 2, "eval_every": 0}}
-    study = study_file.load_study(write_study(tmp_path, base=base, arms=[DYNAMIC], glue_dir=str(glue_dir),
-                                              probe={"tasks": ["CoLA"]}))
+    study = study_file.load_study(
+        write_study(tmp_path, base=base, arms=[DYNAMIC], glue_dir=str(glue_dir), probe={"tasks": ["CoLA"]})
+    )
     (row,) = runner.run_study(study, show_progress=False, log=lambda line: None)
     probed = row["probe"]
     assert probed["pooling"] == "mean" and list(probed["tasks"]) == ["CoLA"] and probed["seconds"] > 0

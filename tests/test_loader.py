@@ -2,13 +2,12 @@
 
 import numpy as np
 import torch
+from conftest import SHARED_DATA
 
 from mlmlab.data.loader import LoaderPosition, epoch_batches, epoch_plans, iterate_batches
 from mlmlab.data.wikitext import detokenize_line, wikitext_documents
 from mlmlab.masking.select import Corruption, mask_batch, token_info_for
 from mlmlab.show import dump_instances
-
-from conftest import SHARED_DATA
 
 
 def test_every_example_once_per_epoch_and_new_order_each_epoch():
@@ -16,7 +15,9 @@ def test_every_example_once_per_epoch_and_new_order_each_epoch():
     for bucket in (0, 5):
         first = epoch_batches(1000, 32, seed=1, epoch=0, lengths=lengths, bucket_batches=bucket)
         assert first.shape == (31, 32) and len(np.unique(first)) == first.size
-        assert not np.array_equal(first, epoch_batches(1000, 32, seed=1, epoch=1, lengths=lengths, bucket_batches=bucket))
+        assert not np.array_equal(
+            first, epoch_batches(1000, 32, seed=1, epoch=1, lengths=lengths, bucket_batches=bucket)
+        )
 
 
 def test_bucketing_reduces_padding():
@@ -59,8 +60,11 @@ def test_the_plan_without_a_loader_holds_the_loaders_batches():
     for bucket in (0, 4):
         start = LoaderPosition(0, 5)
         loaded = iterate_batches(store, batch_size=8, seed=3, start=start, bucket_batches=bucket)
-        planned = (ids for _, _, plan in epoch_plans(store, global_batch=8, seed=3, start=start, bucket_batches=bucket)
-                   for ids in plan)
+        planned = (
+            ids
+            for _, _, plan in epoch_plans(store, global_batch=8, seed=3, start=start, bucket_batches=bucket)
+            for ids in plan
+        )
         for _ in range(20):  # crosses an epoch boundary (12 batches per epoch)
             assert next(loaded)[1]["example_ids"].tolist() == next(planned).tolist()
 
@@ -68,8 +72,12 @@ def test_the_plan_without_a_loader_holds_the_loaders_batches():
 def test_ranks_split_each_global_batch():
     store = _FakeStore(100)
     whole = next(iterate_batches(store, batch_size=8, seed=3, start=LoaderPosition()))[1]["example_ids"]
-    parts = [next(iterate_batches(store, batch_size=4, seed=3, start=LoaderPosition(), rank=r, world_size=2))[1]["example_ids"]
-             for r in range(2)]
+    parts = [
+        next(iterate_batches(store, batch_size=4, seed=3, start=LoaderPosition(), rank=r, world_size=2))[1][
+            "example_ids"
+        ]
+        for r in range(2)
+    ]
     assert sorted(torch.cat(parts).tolist()) == sorted(whole.tolist())
 
 
@@ -92,8 +100,7 @@ def test_dump_masks_equal_the_training_step():
 
     train, _, tokenizer = prepare_datasets(load_config("tiny").data)
     info = token_info_for(tokenizer)
-    records = list(dump_instances(train.path, 4,
-                                  start=10, masked=True, seed=5, epoch=2))
+    records = list(dump_instances(train.path, 4, start=10, masked=True, seed=5, epoch=2))
     batch = next(iterate_batches(train, batch_size=16, seed=0, start=LoaderPosition(), pad_id=0))[1]
     batch["example_ids"][:4] = torch.arange(10, 14)  # the dumped examples, at other places in a batch
     for row, index in enumerate(range(10, 14)):
@@ -109,7 +116,10 @@ def test_dump_masks_equal_the_training_step():
 
 
 def test_wikitext_detokenised_into_articles():
-    assert detokenize_line(" 1 @,@ 000 well @-@ known ( 24 in ) , it 's \" red \" . ") == '1,000 well-known (24 in), it\'s "red".'
+    assert (
+        detokenize_line(' 1 @,@ 000 well @-@ known ( 24 in ) , it \'s " red " . ')
+        == '1,000 well-known (24 in), it\'s "red".'
+    )
     documents = wikitext_documents(SHARED_DATA / "wikitext103_eval" / "wiki.valid.tokens")
     assert len(documents) == 60
     assert documents[0][0].startswith("Homarus gammarus, known as the European lobster")

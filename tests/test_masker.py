@@ -44,7 +44,9 @@ def test_each_micro_batch_is_observed_with_its_own_scores(bert_tokenizer, sample
     apart = Masker(adm_entropy(), bert_tokenizer, token_counts=None)
     for batch, reference in zip(batches, masked):
         [alone] = apart.mask_step([(0, batch)], model, progress=0.5, step=1)
-        assert torch.equal(alone["input_ids"], reference["input_ids"]) and torch.equal(alone["labels"], reference["labels"])
+        assert torch.equal(alone["input_ids"], reference["input_ids"]) and torch.equal(
+            alone["labels"], reference["labels"]
+        )
         apart.learn_step([alone], [pretraining_loss(model, alone)])
     got, expected = together.stats(), apart.stats()
     assert {key: got[key] for key in SCORE_KEYS} == {key: expected[key] for key in SCORE_KEYS}

@@ -5,8 +5,15 @@ from torch.utils.data import DataLoader
 
 from mlmlab.config import ModelConfig
 from mlmlab.data.loader import collate
-from mlmlab.masking.select import (IGNORE_INDEX, Corruption, count_to_select, eligible_positions,
-                                   mask_batch, select_and_corrupt, token_info_for)
+from mlmlab.masking.select import (
+    IGNORE_INDEX,
+    Corruption,
+    count_to_select,
+    eligible_positions,
+    mask_batch,
+    select_and_corrupt,
+    token_info_for,
+)
 from mlmlab.model import SparsePretraining, build_model
 
 SEQ = 128
@@ -24,8 +31,9 @@ def test_exact_counts_8010_10_specials_and_labels(bert_tokenizer, sample_paragra
     ids = torch.cat([once, once])  # every paragraph in two epochs: (2N, T)
     example_ids = torch.arange(len(once)).repeat(2)
     epochs = torch.arange(2).repeat_interleave(len(once))
-    masked, labels, selected = select_and_corrupt(ids, example_ids, epochs, seed=3,
-                                                  rate=0.15, info=info, corruption=Corruption())
+    masked, labels, selected = select_and_corrupt(
+        ids, example_ids, epochs, seed=3, rate=0.15, info=info, corruption=Corruption()
+    )
     eligible = eligible_positions(ids, info.special_ids)
     assert selected.sum() >= 100_000
     assert torch.equal(selected.sum(1), count_to_select(eligible, 0.15))
@@ -49,16 +57,22 @@ def test_exact_counts_8010_10_specials_and_labels(bert_tokenizer, sample_paragra
 def test_loss_counts_only_selected_positions(bert_tokenizer, sample_paragraphs):
     info = token_info_for(bert_tokenizer)
     ids = real_batch(bert_tokenizer, sample_paragraphs, 4)
-    batch = {"input_ids": ids, "attention_mask": (ids != 0).long(), "token_type_ids": torch.zeros_like(ids),
-             "example_ids": torch.arange(4)}
+    batch = {
+        "input_ids": ids,
+        "attention_mask": (ids != 0).long(),
+        "token_type_ids": torch.zeros_like(ids),
+        "example_ids": torch.arange(4),
+    }
     masked = mask_batch(batch, seed=1, epoch_key=0, rate=0.15, info=info, corruption=Corruption())
-    bert = build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
-                       len(bert_tokenizer), 0).eval()
+    bert = build_model(
+        ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), len(bert_tokenizer), 0
+    ).eval()
     module = SparsePretraining(bert, use_nsp=False)
     sparse = module(**masked)["mlm_loss"]
     # Per-position CE of the full head against the original ids everywhere.
-    logits = bert(input_ids=masked["input_ids"], attention_mask=masked["attention_mask"],
-                  token_type_ids=masked["token_type_ids"]).prediction_logits  # (B, T, V)
+    logits = bert(
+        input_ids=masked["input_ids"], attention_mask=masked["attention_mask"], token_type_ids=masked["token_type_ids"]
+    ).prediction_logits  # (B, T, V)
     per_position = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids, reduction="none")  # (B, T)
     selected = masked["labels"] != IGNORE_INDEX
     torch.testing.assert_close(sparse, per_position[selected].mean(), rtol=1e-5, atol=1e-5)
@@ -81,13 +95,21 @@ class _Examples(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         n = int((self.ids[i] != 0).sum())
-        return {"input_ids": self.ids[i][:n].numpy(), "token_type_ids": torch.zeros(n, dtype=torch.long).numpy(),
-                "next_sentence_label": 0, "index": i}
+        return {
+            "input_ids": self.ids[i][:n].numpy(),
+            "token_type_ids": torch.zeros(n, dtype=torch.long).numpy(),
+            "next_sentence_label": 0,
+            "index": i,
+        }
 
 
 def _masks_via_loader(dataset, info, batch_size, workers, epoch):
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers,
-                        collate_fn=lambda ex: collate(ex, [e["index"] for e in ex], 0))
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        num_workers=workers,
+        collate_fn=lambda ex: collate(ex, [e["index"] for e in ex], 0),
+    )
     rows = {}
     for batch in loader:
         masked = mask_batch(batch, seed=11, epoch_key=epoch, rate=0.15, info=info, corruption=Corruption())

@@ -5,10 +5,10 @@ import time
 
 import pytest
 import torch
+from test_schedules_train import small_trainer
 
 from mlmlab.train import launch, mfu
 from mlmlab.utils.devices import cpu_features
-from test_schedules_train import small_trainer
 
 SLOW_BF16_FLOPS = 0.5e9  # bf16 matmuls on an AVX2-only AMD EPYC: 0.4-0.7 GFLOP/s
 
@@ -28,17 +28,20 @@ def slow_bf16_matmuls(monkeypatch):
 
 def timed(function, spent: list):
     """``function``, adding each call's seconds to ``spent``."""
+
     def wrapper(*args, **kwargs):
         start = time.perf_counter()
         try:
             return function(*args, **kwargs)
         finally:
             spent.append(time.perf_counter() - start)
+
     return wrapper
 
 
-def test_a_bf16_trainer_times_its_peak_in_seconds_on_a_cpu_without_bf16_units(tmp_path, monkeypatch, slow_bf16_matmuls,
-                                                                              capsys):
+def test_a_bf16_trainer_times_its_peak_in_seconds_on_a_cpu_without_bf16_units(
+    tmp_path, monkeypatch, slow_bf16_matmuls, capsys
+):
     """A fixed 2048^2 bf16 matmul took ~40 s there, several per trainer: 22 minutes for one test."""
     spent = []
     monkeypatch.setattr(mfu, "peak_matmul_flops", timed(mfu.peak_matmul_flops, spent))
@@ -55,8 +58,9 @@ def test_no_speed_note_on_cpus_with_bf16_units_or_in_fp32(monkeypatch, capsys):
     from mlmlab.config import load_config
 
     for amx, avx512_bf16, precision in ((True, False, "bf16"), (False, True, "bf16"), (False, False, "fp32")):
-        monkeypatch.setattr(launch, "cpu_features", lambda a=amx, b=avx512_bf16: {
-            **cpu_features(), "amx_bf16": a, "avx512_bf16": b})
+        monkeypatch.setattr(
+            launch, "cpu_features", lambda a=amx, b=avx512_bf16: {**cpu_features(), "amx_bf16": a, "avx512_bf16": b}
+        )
         cfg = load_config("tiny", [f"train.precision={precision}"])
         launch.say_precision(launch.make_accelerator(cfg), cfg)
         said = capsys.readouterr().err
@@ -102,8 +106,9 @@ def test_training_under_a_slow_start_up_peak_logs_mfu_at_most_one(tmp_path, monk
         return 1e6 if len(calls) == 1 else device_peak
 
     monkeypatch.setattr(mfu, "peak_matmul_flops", loaded_at_first)
-    trainer = small_trainer(tmp_path, "run", "train.max_steps=4", "train.warmup_steps=1", "train.log_every=1",
-                            "train.eval_every=0")
+    trainer = small_trainer(
+        tmp_path, "run", "train.max_steps=4", "train.warmup_steps=1", "train.log_every=1", "train.eval_every=0"
+    )
     summary = trainer.train()
     lines = [json.loads(line) for line in trainer.metrics.path.read_text().splitlines()]
     lines = [line for line in lines if "mfu" in line]

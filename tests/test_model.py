@@ -12,8 +12,11 @@ def train_mode_outputs_differ(*overrides) -> bool:
     """Whether two training-mode forwards of the same batch differ, i.e. whether any dropout is drawn."""
     torch.manual_seed(0)
     bert = build_model(load_config(None, list(overrides)).model, vocab_size=100, pad_token_id=0).train()
-    batch = {"input_ids": torch.randint(1, 100, (2, 16)), "attention_mask": torch.ones(2, 16, dtype=torch.long),
-             "token_type_ids": torch.zeros(2, 16, dtype=torch.long)}
+    batch = {
+        "input_ids": torch.randint(1, 100, (2, 16)),
+        "attention_mask": torch.ones(2, 16, dtype=torch.long),
+        "token_type_ids": torch.zeros(2, 16, dtype=torch.long),
+    }
     first, second = encode(bert, batch)[0], encode(bert, batch)[0]  # (B, T, H) each
     return not torch.equal(first, second)
 

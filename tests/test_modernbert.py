@@ -12,18 +12,23 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
-from torch.utils.flop_counter import FlopCounterMode
-from transformers import (AutoModelForMaskedLM, AutoModelForSequenceClassification, AutoTokenizer, ModernBertForMaskedLM,
-                          pipeline)
-
 from conftest import SAMPLE, SHARED_DATA
+from safetensors.torch import load_file
 from test_pretrain import assert_killed_run_resumes_bitwise
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import (
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    ModernBertForMaskedLM,
+    pipeline,
+)
+
 from mlmlab import choices
+from mlmlab.architectures import local_attention_pairs
 from mlmlab.cli import main
 from mlmlab.config import ModelConfig, load_config
 from mlmlab.evaluate.perplexity import evaluate_mlm
-from mlmlab.architectures import local_attention_pairs
 from mlmlab.flops import encoder_forward_flops
 from mlmlab.model import IGNORE_INDEX, SparsePretraining, build_model
 from mlmlab.train.loop import Trainer
@@ -32,17 +37,34 @@ from mlmlab.train.optim import parameter_groups
 CORPUS = SAMPLE / "valid.txt.gz"
 MODERNBERT = ["model.architecture=modernbert", "data.objective=mlm"]
 SMALL = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64"]
-COMMON = ["train.batch_size=8", "train.eval_batches=2", "train.eval_every=0", "train.warmup_steps=1", "train.log_every=1",
-          "data.loader_workers=0", f"data.corpus={CORPUS}", f"data.valid_corpus={CORPUS}", "data.max_seq_length=64",
-          "train.precision=fp32"]
+COMMON = [
+    "train.batch_size=8",
+    "train.eval_batches=2",
+    "train.eval_every=0",
+    "train.warmup_steps=1",
+    "train.log_every=1",
+    "data.loader_workers=0",
+    f"data.corpus={CORPUS}",
+    f"data.valid_corpus={CORPUS}",
+    "data.max_seq_length=64",
+    "train.precision=fp32",
+]
 GLUE_DIR = SHARED_DATA / "glue"
 
 pytestmark = pytest.mark.usefixtures("no_progress_bars")
 
 
 def small_config(**fields) -> ModelConfig:
-    return ModelConfig(**{"architecture": choices.MODERNBERT, "hidden_size": 32, "num_layers": 1, "num_heads": 2,
-                          "intermediate_size": 64, **fields})
+    return ModelConfig(
+        **{
+            "architecture": choices.MODERNBERT,
+            "hidden_size": 32,
+            "num_layers": 1,
+            "num_heads": 2,
+            "intermediate_size": 64,
+            **fields,
+        }
+    )
 
 
 def small_modernbert(**fields) -> ModernBertForMaskedLM:
@@ -68,8 +90,9 @@ def test_the_sparse_loss_is_the_librarys_own_loss_on_the_selected_positions():
     ids[2, 14:], attention[2, 14:] = 0, 0  # a padded row
     selected = (torch.rand(ids.shape, generator=generator) < 0.3) & attention.bool()  # (B, T)
     labels = torch.where(selected, torch.randint(5, 100, ids.shape, generator=generator), IGNORE_INDEX)
-    ours = SparsePretraining(model, use_nsp=False)(input_ids=ids, attention_mask=attention,
-                                                   token_type_ids=torch.zeros_like(ids), labels=labels)
+    ours = SparsePretraining(model, use_nsp=False)(
+        input_ids=ids, attention_mask=attention, token_type_ids=torch.zeros_like(ids), labels=labels
+    )
     theirs = model(input_ids=ids, attention_mask=attention, labels=labels)  # the full head over every position
     assert int(ours["mlm_count"]) == int(selected.sum()) > 0
     assert ours["mlm_loss"].item() == pytest.approx(theirs.loss.item(), rel=1e-5)
@@ -80,20 +103,25 @@ def test_weight_decay_spares_exactly_the_norms_and_the_decoder_bias():
     decay, spared = parameter_groups(model, 0.01)
     names = {id(p): name for name, p in model.named_parameters()}
     assert sorted(names[id(p)] for p in spared["params"]) == sorted(
-        name for name in names.values() if "norm" in name or name == "decoder.bias")
+        name for name in names.values() if "norm" in name or name == "decoder.bias"
+    )
     assert "model.embeddings.tok_embeddings.weight" in {names[id(p)] for p in decay["params"]}  # tied to the decoder
 
 
 def test_the_flop_model_counts_geglu_and_the_local_windows():
     reach = 3
-    assert all(local_attention_pairs(length, reach) == sum(abs(i - j) <= reach for i in range(length) for j in range(length))
-               for length in (1, 3, 4, 9, 20))
+    assert all(
+        local_attention_pairs(length, reach) == sum(abs(i - j) <= reach for i in range(length) for j in range(length))
+        for length in (1, 3, 4, 9, 20)
+    )
     cfg = small_config(num_layers=4, local_attention=2 * reach)
     model = build_model(cfg, vocab_size=100, pad_token_id=0)
     length = 16
     with FlopCounterMode(display=False) as counter:  # the projections' and MLPs' matmuls, as torch counts them
         model.model(input_ids=torch.randint(5, 100, (1, length)))
-    counted = sum(count for op, count in counter.get_flop_counts()["Global"].items() if str(op) in ("aten.mm", "aten.addmm"))
+    counted = sum(
+        count for op, count in counter.get_flop_counts()["Global"].items() if str(op) in ("aten.mm", "aten.addmm")
+    )
     attention = 4 * 32 * (2 * length * length + 2 * local_attention_pairs(length, reach))  # layers 0 and 3 global
     assert encoder_forward_flops(cfg, length) == counted + attention
     lengths = torch.tensor([length], dtype=torch.float64)  # as training counts them
@@ -101,9 +129,13 @@ def test_the_flop_model_counts_geglu_and_the_local_windows():
 
 
 def test_presets_match_bert_parameter_counts(bert_tokenizer):
-    counts = {name: sum(p.numel() for p in build_model(load_config(name).model, len(bert_tokenizer),
-                                                      bert_tokenizer.pad_token_id).parameters())
-              for name in ("tiny", "modernbert-tiny", "mini", "modernbert-mini")}
+    counts = {
+        name: sum(
+            p.numel()
+            for p in build_model(load_config(name).model, len(bert_tokenizer), bert_tokenizer.pad_token_id).parameters()
+        )
+        for name in ("tiny", "modernbert-tiny", "mini", "modernbert-mini")
+    }
     print("parameters with the bundled 30,522-token vocabulary:", counts)
     for size in ("tiny", "mini"):
         assert abs(counts[f"modernbert-{size}"] / counts[size] - 1) < 0.03
@@ -140,7 +172,9 @@ STRATEGIES = {
 
 @pytest.mark.parametrize("overrides", STRATEGIES.values(), ids=STRATEGIES.keys())
 def test_every_masking_strategy_trains_a_step(tmp_path, overrides):
-    cfg = load_config(None, [*MODERNBERT, *SMALL, *COMMON, "train.batch_size=4", f"train.out_dir={tmp_path}", *overrides])
+    cfg = load_config(
+        None, [*MODERNBERT, *SMALL, *COMMON, "train.batch_size=4", f"train.out_dir={tmp_path}", *overrides]
+    )
     trainer = Trainer(cfg, evaluator=None, show_progress=False)
     assert isinstance(trainer.model, ModernBertForMaskedLM)
     before = [p.detach().clone() for p in trainer.model.parameters()]
@@ -153,12 +187,27 @@ def test_every_masking_strategy_trains_a_step(tmp_path, overrides):
 
 
 def _command(out_dir, steps: int) -> list[str]:
-    return [sys.executable, "-m", "mlmlab.cli", "pretrain", "--no-progress", *MODERNBERT, *SMALL, *COMMON,
-            f"train.out_dir={out_dir}", f"train.max_steps={steps}", "train.save_every=2", "train.warmup_steps=3",
-            "masking.strategy=adaptive", "masking.scorer=context",  # state that must be restored too
-            "train.optimizer=stable-adamw", "train.max_grad_norm=0",  # ModernBERT's optimizer, its recipe's no clipping
-            "train.grad_accum=3", "train.batch_warmup_steps=6",  # and its batch warmup: a kill can land inside it
-            "model.dropout=0.1"]  # dropout on, so a bitwise resume must restore its generator too
+    return [
+        sys.executable,
+        "-m",
+        "mlmlab.cli",
+        "pretrain",
+        "--no-progress",
+        *MODERNBERT,
+        *SMALL,
+        *COMMON,
+        f"train.out_dir={out_dir}",
+        f"train.max_steps={steps}",
+        "train.save_every=2",
+        "train.warmup_steps=3",
+        "masking.strategy=adaptive",
+        "masking.scorer=context",  # state that must be restored too
+        "train.optimizer=stable-adamw",
+        "train.max_grad_norm=0",  # ModernBERT's optimizer, its recipe's no clipping
+        "train.grad_accum=3",
+        "train.batch_warmup_steps=6",  # and its batch warmup: a kill can land inside it
+        "model.dropout=0.1",
+    ]  # dropout on, so a bitwise resume must restore its generator too
 
 
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
@@ -168,10 +217,23 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
 # ----- the exported folder -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
-    """A small ModernBERT trained 4 steps (checkpoints at 2 and 4; its batch warms up over the first 2): its run folder."""
+    """A small ModernBERT trained 4 steps (checkpoints at 2 and 4; its batch warms up over the first 2): its run
+    folder."""
     run = tmp_path_factory.mktemp("modernbert") / "run"
-    cfg = load_config(None, [*MODERNBERT, *SMALL, *COMMON, f"train.out_dir={run}", "train.max_steps=4",
-                             "train.save_every=2", "train.keep_last=0", "train.grad_accum=2", "train.batch_warmup_steps=2"])
+    cfg = load_config(
+        None,
+        [
+            *MODERNBERT,
+            *SMALL,
+            *COMMON,
+            f"train.out_dir={run}",
+            "train.max_steps=4",
+            "train.save_every=2",
+            "train.keep_last=0",
+            "train.grad_accum=2",
+            "train.batch_warmup_steps=2",
+        ],
+    )
     Trainer(cfg, evaluator=evaluate_mlm, show_progress=False).train()
     return run
 
@@ -184,7 +246,9 @@ def test_the_exported_folder_loads_with_the_auto_classes_and_fill_mask(source):
     assert masked_lm.decoder.weight.data_ptr() == masked_lm.model.embeddings.tok_embeddings.weight.data_ptr()  # tied
     predictions = pipeline("fill-mask", model=str(folder))("the capital of france is [MASK].")
     assert len(predictions) == 5 and all("[MASK]" not in p["sequence"] for p in predictions)
-    classifier, info = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2, output_loading_info=True)
+    classifier, info = AutoModelForSequenceClassification.from_pretrained(
+        folder, num_labels=2, output_loading_info=True
+    )
     assert sorted(info["missing_keys"]) == ["classifier.bias", "classifier.weight"]  # the encoder is the pretrained one
     assert classifier.config.classifier_pooling == "mean"  # as the released ModernBERT folders, not the library's "cls"
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -200,48 +264,130 @@ def test_export_evaluate_glue_and_probes_work_on_it(source, tmp_path, capsys):
     assert main(["export", str(source / "ckpt-00000002"), "--out", str(tmp_path / "step2")]) == 0
     assert AutoModelForMaskedLM.from_pretrained(tmp_path / "step2").config.model_type == choices.MODERNBERT
     assert "- 2 steps," in (tmp_path / "step2" / "README.md").read_text()
-    assert main(["evaluate", "--model", str(source / "model"), "--data", str(CORPUS), "--max-batches", "2",
-                 "--json", str(tmp_path / "eval.json")]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--model",
+                str(source / "model"),
+                "--data",
+                str(CORPUS),
+                "--max-batches",
+                "2",
+                "--json",
+                str(tmp_path / "eval.json"),
+            ]
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "eval.json").read_text())
     assert np.isfinite(report["perplexity"]) and report["masked_tokens"] > 0 and "nsp_accuracy" not in report
     if GLUE_DIR.is_dir():
-        assert main(["glue", "--model", str(source / "model"), "--task", "RTE", "--data-dir", str(GLUE_DIR),
-                     "--out", str(tmp_path / "glue"), "--seeds", "0", "--lr", "1e-3", "--epochs", "1",
-                     "--max-train-examples", "16"]) == 0
+        assert (
+            main(
+                [
+                    "glue",
+                    "--model",
+                    str(source / "model"),
+                    "--task",
+                    "RTE",
+                    "--data-dir",
+                    str(GLUE_DIR),
+                    "--out",
+                    str(tmp_path / "glue"),
+                    "--seeds",
+                    "0",
+                    "--lr",
+                    "1e-3",
+                    "--epochs",
+                    "1",
+                    "--max-train-examples",
+                    "16",
+                ]
+            )
+            == 0
+        )
         results = json.loads((tmp_path / "glue" / "glue_results.json").read_text())
         assert np.isfinite(results["tasks"]["RTE"]["score"])
-        assert main(["probe", "--model", str(source / "model"), "--task", "RTE", "--data-dir", str(GLUE_DIR),
-                     "--pooling", choices.MEAN_POOLING, "--no-progress"]) == 0  # frozen linear probes
+        assert (
+            main(
+                [
+                    "probe",
+                    "--model",
+                    str(source / "model"),
+                    "--task",
+                    "RTE",
+                    "--data-dir",
+                    str(GLUE_DIR),
+                    "--pooling",
+                    choices.MEAN_POOLING,
+                    "--no-progress",
+                ]
+            )
+            == 0
+        )  # frozen linear probes
     capsys.readouterr()
 
 
 def test_a_run_starts_from_a_modernbert_folder(source, tmp_path, capsys):
-    cfg = load_config(None, [*COMMON, "data.objective=mlm", f"train.init={source / 'model'}",
-                             f"train.out_dir={tmp_path / 'init'}", "train.max_steps=1", "train.warmup_steps=0"])
+    cfg = load_config(
+        None,
+        [
+            *COMMON,
+            "data.objective=mlm",
+            f"train.init={source / 'model'}",
+            f"train.out_dir={tmp_path / 'init'}",
+            "train.max_steps=1",
+            "train.warmup_steps=0",
+        ],
+    )
     trainer = Trainer(cfg, evaluator=None, show_progress=False)  # no model.* keys: taken from the folder
     assert trainer.cfg.model.architecture == choices.MODERNBERT and trainer.cfg.model.hidden_size == 32
     saved = load_file(source / "model" / "model.safetensors")
     assert all(torch.equal(trainer.model.state_dict()[name], tensor) for name, tensor in saved.items())
     # without data.objective=mlm the run would train NSP, which ModernBERT cannot
-    err = one_line_error(["pretrain", "--no-progress", *COMMON, "--init", str(source / "model"),
-                          f"train.out_dir={tmp_path / 'nsp'}"], capsys)
+    err = one_line_error(
+        ["pretrain", "--no-progress", *COMMON, "--init", str(source / "model"), f"train.out_dir={tmp_path / 'nsp'}"],
+        capsys,
+    )
     assert "NSP head" in err
 
 
 def test_a_resume_into_the_other_architecture_is_refused(source, tmp_path, capsys):
-    err = one_line_error(["pretrain", "--no-progress", *SMALL, *COMMON, "data.objective=mlm",
-                          f"train.out_dir={tmp_path / 'bert'}", "--resume", str(source / "ckpt-00000002")], capsys)
+    err = one_line_error(
+        [
+            "pretrain",
+            "--no-progress",
+            *SMALL,
+            *COMMON,
+            "data.objective=mlm",
+            f"train.out_dir={tmp_path / 'bert'}",
+            "--resume",
+            str(source / "ckpt-00000002"),
+        ],
+        capsys,
+    )
     assert "model_type=modernbert" in err and "model.architecture" in err
 
 
 # ----- studies -------------------------------------------------------------------------------
 def test_a_study_arm_sets_the_architecture(tmp_path, capsys):
-    study = {"name": "architectures", "preset": "tiny", "seeds": [0], "baseline": "bert",
-             "base": {"model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
-                      "data": {"objective": choices.MLM}, "train": {"max_steps": 10, "warmup_steps": 1}},
-             "arms": [{"name": "bert"},
-                      {"name": "modernbert", "model.architecture": choices.MODERNBERT, "model.intermediate_size": 48}],
-             "out_dir": str(tmp_path / "out")}
+    study = {
+        "name": "architectures",
+        "preset": "tiny",
+        "seeds": [0],
+        "baseline": "bert",
+        "base": {
+            "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+            "data": {"objective": choices.MLM},
+            "train": {"max_steps": 10, "warmup_steps": 1},
+        },
+        "arms": [
+            {"name": "bert"},
+            {"name": "modernbert", "model.architecture": choices.MODERNBERT, "model.intermediate_size": 48},
+        ],
+        "out_dir": str(tmp_path / "out"),
+    }
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study))
     assert main(["study", str(path), "--dry-run"]) == 0

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import SHARED_DATA
 from safetensors.torch import load_file
 from transformers import AutoModelForMaskedLM, AutoTokenizer, BertForPreTraining
 
-from conftest import SHARED_DATA
 from mlmlab.cli import main
 from mlmlab.config import load_config
 from mlmlab.data.tokenizer import adopt_vocab
@@ -40,8 +40,17 @@ def trained(tmp_path_factory):
     """
     tokenizer = adopt_vocab(SAMPLE_VOCAB, tmp_path_factory.mktemp("tok") / "wp8k")
     out = tmp_path_factory.mktemp("pretrain") / "run"
-    config = load_config("tiny", [f"train.out_dir={out}", f"data.tokenizer={tokenizer}", f"train.max_steps={TRAIN_STEPS}",
-                                  "train.eval_every=0", "train.save_every=0", "data.loader_workers=0"])
+    config = load_config(
+        "tiny",
+        [
+            f"train.out_dir={out}",
+            f"data.tokenizer={tokenizer}",
+            f"train.max_steps={TRAIN_STEPS}",
+            "train.eval_every=0",
+            "train.save_every=0",
+            "data.loader_workers=0",
+        ],
+    )
     trainer = Trainer(config, evaluator=evaluate_mlm, show_progress=False)
     before = trainer.evaluate(20)
     summary = trainer.train()
@@ -66,11 +75,15 @@ def reject_bare_nan(constant):
 def test_run_folder_has_config_metrics_and_checkpoint(trained):
     run = trained["run_dir"]
     assert (run / "config.yaml").is_file() and (run / "summary.json").is_file()
-    lines = [json.loads(line, parse_constant=reject_bare_nan) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    lines = [
+        json.loads(line, parse_constant=reject_bare_nan) for line in (run / "metrics.jsonl").read_text().splitlines()
+    ]
     assert any("loss" in line for line in lines) and any("eval" in line for line in lines)
     # The default cut-off at rank 10,000 is beyond the 8k vocabulary: no empty bucket is reported.
     assert sorted(k for k in lines[-1]["eval"] if k.startswith("perplexity_freq_")) == [
-        "perplexity_freq_0_1000", "perplexity_freq_1000_rest"]
+        "perplexity_freq_0_1000",
+        "perplexity_freq_1000_rest",
+    ]
     assert checkpoint.latest(run).name == f"ckpt-{TRAIN_STEPS:08d}"
     summary = json.loads((run / "summary.json").read_text())
     # Model FLOPs over the matmul peak measured at start-up: a utilisation, so in (0, 1] over the run (tiny
@@ -85,8 +98,9 @@ def test_export_loads_with_auto_classes_and_matches_logits(trained):
     assert len(tokenizer) == VOCAB_SIZE
     auto = AutoModelForMaskedLM.from_pretrained(folder).eval()
     ours = trained["trainer"].model.eval()
-    batch = tokenizer(["The city lies on the river.", "She was born in 1990 and plays basketball."],
-                      padding=True, return_tensors="pt")
+    batch = tokenizer(
+        ["The city lies on the river.", "She was born in 1990 and plays basketball."], padding=True, return_tensors="pt"
+    )
     with torch.no_grad():
         hidden, _ = encode(ours, batch)
         expected = ours.cls.predictions(hidden)  # (B, T, V)
@@ -100,30 +114,65 @@ def test_evaluate_on_wikitext_is_deterministic_with_chosen_buckets(trained, tmp_
     wikitext = SHARED_DATA / "wikitext103_eval" / "wiki.valid.tokens"
     reports = []
     for name in ("first.json", "second.json"):
-        assert main(["evaluate", "--model", str(trained["run_dir"] / "model"), "--data", str(wikitext),
-                     "--max-batches", "3", "--freq-buckets", "100,2000", "--json", str(tmp_path / name)]) == 0
+        assert (
+            main(
+                [
+                    "evaluate",
+                    "--model",
+                    str(trained["run_dir"] / "model"),
+                    "--data",
+                    str(wikitext),
+                    "--max-batches",
+                    "3",
+                    "--freq-buckets",
+                    "100,2000",
+                    "--json",
+                    str(tmp_path / name),
+                ]
+            )
+            == 0
+        )
         reports.append(json.loads((tmp_path / name).read_text()))
     capsys.readouterr()
     assert reports[0] == reports[1]  # fixed masks, no dropout: the same numbers every run
     assert reports[0]["frequency_source"] == "pretraining corpus"
-    assert sum(reports[0][f"masked_tokens_freq_{name}"] for name in ("0_100", "100_2000", "2000_rest")) \
+    assert (
+        sum(reports[0][f"masked_tokens_freq_{name}"] for name in ("0_100", "100_2000", "2000_rest"))
         == reports[0]["masked_tokens"]
+    )
 
 
 def test_a_held_out_set_smaller_than_a_batch_is_evaluated_whole(trained):
     trainer = trained["trainer"]
     store = trainer.valid_store
-    reports = [evaluate_mlm(trainer.module, store, trainer.masker.info, batch_size=size,
-                            token_counts=trainer.train_store.token_counts) for size in (len(store), len(store) + 7)]
+    reports = [
+        evaluate_mlm(
+            trainer.module, store, trainer.masker.info, batch_size=size, token_counts=trainer.train_store.token_counts
+        )
+        for size in (len(store), len(store) + 7)
+    ]
     assert reports[1]["masked_tokens"] == reports[0]["masked_tokens"] > 0  # not 0 tokens and a perplexity of 1
     assert reports[1]["perplexity"] == pytest.approx(reports[0]["perplexity"], rel=1e-5)
 
 
 def _command(out_dir, steps):
-    return [sys.executable, "-m", "mlmlab.cli", "pretrain", "--no-progress", f"train.out_dir={out_dir}",
-            f"train.max_steps={steps}", "train.save_every=2", "train.eval_every=0", "train.eval_batches=2",
-            "train.batch_size=8", "train.warmup_steps=1", "data.loader_workers=0", "train.log_every=1",
-            "model.dropout=0.1"]  # dropout on, so a bitwise resume must restore its generator too
+    return [
+        sys.executable,
+        "-m",
+        "mlmlab.cli",
+        "pretrain",
+        "--no-progress",
+        f"train.out_dir={out_dir}",
+        f"train.max_steps={steps}",
+        "train.save_every=2",
+        "train.eval_every=0",
+        "train.eval_batches=2",
+        "train.batch_size=8",
+        "train.warmup_steps=1",
+        "data.loader_workers=0",
+        "train.log_every=1",
+        "model.dropout=0.1",
+    ]  # dropout on, so a bitwise resume must restore its generator too
 
 
 def _newest_step(run_dir):
@@ -240,9 +289,12 @@ def test_optimizer_state_in_another_format_is_refused_in_one_line(tmp_path, four
     states = checkpoint.load_torch(saved / "training_state.pt")
     by_name = states["optimizer"]
     index = {name: i for i, name in enumerate(by_name["state"])}
-    states["optimizer"] = {"state": {index[name]: value for name, value in by_name["state"].items()},
-                           "param_groups": [{**group, "params": [index.get(n, -1) for n in group["params"]]}
-                                            for group in by_name["param_groups"]]}
+    states["optimizer"] = {
+        "state": {index[name]: value for name, value in by_name["state"].items()},
+        "param_groups": [
+            {**group, "params": [index.get(n, -1) for n in group["params"]]} for group in by_name["param_groups"]
+        ],
+    }
     checkpoint.save_torch(states, saved / "training_state.pt")
     (saved / checkpoint.MANIFEST).unlink()
     checkpoint._write_manifest(saved)  # a complete checkpoint, not a corrupt one

@@ -49,7 +49,8 @@ def shipped_configs() -> list[Config]:
 
 
 def test_nothing_shipped_is_refused_where_it_is_meant_to_run():
-    """Base-size models (hidden 768) are for GPUs, in bf16 (80 GB: an H100); the rest for CPUs in fp32 (8 GB: a laptop)."""
+    """Base-size models (hidden 768) are for GPUs, in bf16 (80 GB: an H100); the rest for CPUs in fp32 (8 GB: a
+    laptop)."""
     for cfg in shipped_configs():
         bytes_per_value, limit = (2, 80 * GB) if cfg.model.hidden_size >= 768 else (4, 8 * GB)
         assert sum(training_bytes(cfg, BERT_VOCAB, bytes_per_value).values()) < limit, cfg
@@ -61,19 +62,35 @@ def test_a_large_batch_of_the_tiny_preset_is_estimated_beyond_a_small_host():
     assert parts["MLM logits"] > 19 * GB and sum(parts.values()) > 25 * GB
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"seeds": [0, -1]}, "seeds=-1 must be within [0, 4294967295]"),
-    ({"seeds": [2**32]}, "seeds=4294967296 must be within"),
-    ({"gates": {"arm": "dynamic", "min": {"eval.mlm_accuracy": float("nan")}}}, "gates min: values must be finite"),
-    ({"decision": {"metric": "eval.mlm_loss", "min_effect": float("inf")}}, "must be numbers >= 0 (finite)"),
-    ({"glue": {"tasks": ["RTE"], "learning_rates": ["inf"]}}, "learning_rates=inf must be positive and finite"),
-    ({"glue": {"tasks": ["RTE"], "seeds": [-3]}}, "seeds=-3 must be within"),
-], ids=["negative seed", "seed beyond 32 bits", "NaN gate", "infinite min_effect", "infinite GLUE lr", "negative GLUE seed"])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"seeds": [0, -1]}, "seeds=-1 must be within [0, 4294967295]"),
+        ({"seeds": [2**32]}, "seeds=4294967296 must be within"),
+        ({"gates": {"arm": "dynamic", "min": {"eval.mlm_accuracy": float("nan")}}}, "gates min: values must be finite"),
+        ({"decision": {"metric": "eval.mlm_loss", "min_effect": float("inf")}}, "must be numbers >= 0 (finite)"),
+        ({"glue": {"tasks": ["RTE"], "learning_rates": ["inf"]}}, "learning_rates=inf must be positive and finite"),
+        ({"glue": {"tasks": ["RTE"], "seeds": [-3]}}, "seeds=-3 must be within"),
+    ],
+    ids=[
+        "negative seed",
+        "seed beyond 32 bits",
+        "NaN gate",
+        "infinite min_effect",
+        "infinite GLUE lr",
+        "negative GLUE seed",
+    ],
+)
 def test_a_study_out_of_range_is_refused_when_read(tmp_path, fields, message):
     """Before, a seed out of range crashed its run hours into the study, and NaN bounds decided nothing."""
     import yaml
 
-    tree = {"base": {"model": {"hidden_size": 32, "num_heads": 2}}, "arms": [{"name": "dynamic"}], "seeds": [0], **fields}
+    tree = {
+        "base": {"model": {"hidden_size": 32, "num_heads": 2}},
+        "arms": [{"name": "dynamic"}],
+        "seeds": [0],
+        **fields,
+    }
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(tree))
     with pytest.raises(UserError, match=re.escape(message)):

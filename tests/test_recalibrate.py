@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 import torch
+from test_schedules_train import small_trainer
 
 from mlmlab.evaluate.recalibrate import recalibrated_loss, refit_bias
-from test_schedules_train import small_trainer
 
 
 def test_with_uninformative_features_and_ample_targets_the_refit_bias_is_their_log_frequency():
@@ -35,15 +35,28 @@ def test_an_id_without_fit_targets_takes_its_rank_bins_level_not_minus_infinity(
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     # LR rising by 1e-5 a step, as the default 100-step warmup to 1e-3 did when it took all 30 (now refused)
-    trainer = small_trainer(tmp_path_factory.mktemp("recal"), "run", "train.max_steps=30", "train.warmup_steps=29",
-                            "train.lr=3e-4", "train.eval_every=0")
+    trainer = small_trainer(
+        tmp_path_factory.mktemp("recal"),
+        "run",
+        "train.max_steps=30",
+        "train.warmup_steps=29",
+        "train.lr=3e-4",
+        "train.eval_every=0",
+    )
     trainer.train()
     return trainer
 
 
 def evaluate(trainer) -> dict:
-    return recalibrated_loss(trainer.model, trainer.valid_store, trainer.masker.info, batch_size=16, max_batches=6,
-                             token_counts=trainer.train_store.token_counts, freq_cuts=(100, 1000))
+    return recalibrated_loss(
+        trainer.model,
+        trainer.valid_store,
+        trainer.masker.info,
+        batch_size=16,
+        max_batches=6,
+        token_counts=trainer.train_store.token_counts,
+        freq_cuts=(100, 1000),
+    )
 
 
 def test_a_per_token_bias_offset_raises_the_raw_loss_and_leaves_the_recalibrated_one(trained):
@@ -67,8 +80,9 @@ def test_a_per_token_bias_offset_raises_the_raw_loss_and_leaves_the_recalibrated
 def test_the_refit_fits_one_half_and_scores_the_other(trained):
     report = evaluate(trained)
     assert report["scored_targets"] > 0 and report["fit_targets"] > 0
-    assert report["scored_targets"] == sum(report[f"scored_targets_freq_{name}"]
-                                           for name in ("0_100", "100_1000", "1000_rest"))
+    assert report["scored_targets"] == sum(
+        report[f"scored_targets_freq_{name}"] for name in ("0_100", "100_1000", "1000_rest")
+    )
     # 30 steps at a warming-up LR leave the model near uniform over 30k ids (raw ~10.3 nats = log 30k): the bias that
     # the refit gives it, the corpus prior and what the fit half adds, scores the other half far better.
     assert report["mlm_loss"] < report["raw_mlm_loss"] - 1.0

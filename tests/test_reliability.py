@@ -19,16 +19,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import SAMPLE
+from safetensors.torch import load_file
+from test_hostile_inputs import copy_of, glue_argv, moved_run, pretrain_argv, world  # noqa: F401 (world: a fixture)
+
 from mlmlab.cli import main
 from mlmlab.errors import UserError
 from mlmlab.experiments.running.runner import results_lock
 from mlmlab.train import checkpoint
 from mlmlab.train.metrics import MetricsWriter
 from mlmlab.utils.files import lock_beside, lock_folder, staging_folder
-from test_hostile_inputs import copy_of, glue_argv, moved_run, pretrain_argv, world  # noqa: F401 (world: a fixture)
 
 pytestmark = pytest.mark.usefixtures("no_progress_bars")
 
@@ -77,12 +77,14 @@ def straight_weights(tmp_path_factory) -> dict:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_stop_signal_to_the_process_group_saves_the_step_reached_and_resumes_bitwise(straight_weights, tmp_path,
-                                                                                         signum):
+def test_a_stop_signal_to_the_process_group_saves_the_step_reached_and_resumes_bitwise(
+    straight_weights, tmp_path, signum
+):
     """Before, the loader worker died of it first: a traceback (SIGTERM) or an exit (SIGINT), and no checkpoint."""
     run = tmp_path / "run"
-    job = subprocess.Popen(command(run, *STOPPABLE), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True)  # its own process group, as a job under timeout or a scheduler
+    job = subprocess.Popen(
+        command(run, *STOPPABLE), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )  # its own process group, as a job under timeout or a scheduler
     while last_step(run) < 2 and job.poll() is None:
         time.sleep(0.02)
     assert job.poll() is None, job.communicate()[1][-3000:]
@@ -99,16 +101,34 @@ def test_a_stop_signal_to_the_process_group_saves_the_step_reached_and_resumes_b
 
 
 def children(pid: int) -> list[str]:
-    return (Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-            if Path(f"/proc/{pid}/task/{pid}").exists() else [])
+    return (
+        Path(f"/proc/{pid}/task/{pid}/children").read_text().split() if Path(f"/proc/{pid}/task/{pid}").exists() else []
+    )
 
 
 def test_a_stop_signal_to_the_process_group_during_prepare_stops_it_cleanly(world, tmp_path):
     """Its pool workers let the job's SIGTERM pass; the main process stops them and its staging folder goes."""
     out = tmp_path / "prepared"
-    job = subprocess.Popen([sys.executable, "-m", "mlmlab.cli", "prepare", "--corpus", str(SAMPLE / "train.txt.gz"),
-                            "--tokenizer", str(world.tokenizer), "--out", str(out), "--workers", "2"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlmlab.cli",
+            "prepare",
+            "--corpus",
+            str(SAMPLE / "train.txt.gz"),
+            "--tokenizer",
+            str(world.tokenizer),
+            "--out",
+            str(out),
+            "--workers",
+            "2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     while len(children(job.pid)) < 2 and job.poll() is None:
         time.sleep(0.01)
     assert job.poll() is None, job.communicate()[1][-3000:]
@@ -125,9 +145,11 @@ def test_a_crash_while_metrics_jsonl_is_rewritten_leaves_it_whole(world, tmp_pat
     run = moved_run(world, tmp_path)
     metrics = (run / "metrics.jsonl").read_bytes()
     # The rewrite dies at 64 bytes (the file-size limit), as a kill would have stopped it.
-    crash = ("import resource, sys; from mlmlab.train.metrics import MetricsWriter; "
-             "writer = MetricsWriter(sys.argv[1], True); "
-             "resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64)); writer.drop_after(2)")
+    crash = (
+        "import resource, sys; from mlmlab.train.metrics import MetricsWriter; "
+        "writer = MetricsWriter(sys.argv[1], True); "
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64)); writer.drop_after(2)"
+    )
     crashed = subprocess.run([sys.executable, "-c", crash, str(run)], capture_output=True, text=True)
     assert crashed.returncode != 0, "the rewrite did not reach the file-size limit"
     assert (run / "metrics.jsonl").read_bytes() == metrics
@@ -138,9 +160,11 @@ def test_a_crash_while_metrics_jsonl_is_rewritten_leaves_it_whole(world, tmp_pat
 def test_a_resume_writes_the_records_it_keeps_back_byte_for_byte(tmp_path):
     """drop_after writes the records it read back through jsonio again: each must come out as the line it was."""
     writer = MetricsWriter(tmp_path, enabled=True)
-    for record in [{"step": 1, "loss": 0.1 + 0.2, "lr": 1e-05, "eval": {"perplexity": 1234.5678901234567, "x": None}},
-                   {"step": 2, "loss": 1 / 3, "note": "caf\u00e9 \"quoted\"", "flags": [True, 3, -0.0]},
-                   {"step": 3, "loss": 7.25}]:
+    for record in [
+        {"step": 1, "loss": 0.1 + 0.2, "lr": 1e-05, "eval": {"perplexity": 1234.5678901234567, "x": None}},
+        {"step": 2, "loss": 1 / 3, "note": 'caf\u00e9 "quoted"', "flags": [True, 3, -0.0]},
+        {"step": 3, "loss": 7.25},
+    ]:
         writer.write(record)
     written = (tmp_path / "metrics.jsonl").read_bytes()
     writer.drop_after(2)
@@ -180,8 +204,12 @@ def test_a_run_folder_moved_elsewhere_resumes_where_it_now_is(world, tmp_path):
 def test_two_pretrains_on_one_folder_one_trains_and_the_other_is_refused(tmp_path):
     """Before, both trained: every step twice in metrics.jsonl, and model/ from either run."""
     run = tmp_path / "race"
-    jobs = [subprocess.Popen(command(run, "train.max_steps=20"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True) for _ in range(2)]
+    jobs = [
+        subprocess.Popen(
+            command(run, "train.max_steps=20"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     errors = [job.communicate(timeout=300)[1] for job in jobs]
     codes = [job.returncode for job in jobs]
     assert sorted(codes) == [0, 2], errors
@@ -214,8 +242,9 @@ def busy_export_out(world, tmp):
     return ["export", str(world.run), "--out", str(tmp / "exported")], lock_beside(tmp / "exported", "--out", "")
 
 
-@pytest.mark.parametrize("busy", [busy_run, busy_glue_out, busy_probe_out, busy_export_out],
-                         ids=["pretrain", "glue", "probe", "export"])
+@pytest.mark.parametrize(
+    "busy", [busy_run, busy_glue_out, busy_probe_out, busy_export_out], ids=["pretrain", "glue", "probe", "export"]
+)
 def test_a_second_writer_is_refused_naming_the_first(world, tmp_path, capsys, busy):
     argv, held = busy(world, tmp_path)  # this process stands for the first writer
     with held:
@@ -236,8 +265,9 @@ def test_a_resume_keeps_the_staging_folder_of_a_live_writer(world, tmp_path):
     """Before, it deleted every partial checkpoint, a concurrent writer's included."""
     run = moved_run(world, tmp_path)
     live = staging_folder(run / "ckpt-00000009")  # this process's: alive
-    dead_pid = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                                  text=True).stdout)
+    dead_pid = int(
+        subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout
+    )
     dead = live.with_name(live.name.replace(f"-{os.getpid()}-", f"-{dead_pid}-"))
     dead.mkdir()
     assert main(pretrain_argv(run, "train.max_steps=5", "--resume", "auto")) == 0

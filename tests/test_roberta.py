@@ -10,33 +10,52 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import SAMPLE
 from safetensors.torch import load_file
+from test_pretrain import assert_killed_run_resumes_bitwise
 from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification, RobertaForMaskedLM, pipeline
 
-from conftest import SAMPLE
-from test_pretrain import assert_killed_run_resumes_bitwise
 from mlmlab import choices
 from mlmlab.cli import main
 from mlmlab.config import ModelConfig, load_config
 from mlmlab.evaluate.perplexity import evaluate_mlm
-from mlmlab.model import IGNORE_INDEX, SparsePretraining, build_model, pretraining_loss
 from mlmlab.fused_qkv import fuse_qkv
+from mlmlab.model import IGNORE_INDEX, SparsePretraining, build_model, pretraining_loss
 from mlmlab.train.loop import Trainer
 
 CORPUS = SAMPLE / "valid.txt.gz"
 ROBERTA = ["model.architecture=roberta", "data.objective=mlm"]
 SMALL = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64"]
-COMMON = ["train.batch_size=8", "train.eval_batches=2", "train.eval_every=0", "train.warmup_steps=1",
-          "train.log_every=1", "data.loader_workers=0", f"data.corpus={CORPUS}", f"data.valid_corpus={CORPUS}",
-          "data.max_seq_length=64", "train.precision=fp32"]
+COMMON = [
+    "train.batch_size=8",
+    "train.eval_batches=2",
+    "train.eval_every=0",
+    "train.warmup_steps=1",
+    "train.log_every=1",
+    "data.loader_workers=0",
+    f"data.corpus={CORPUS}",
+    f"data.valid_corpus={CORPUS}",
+    "data.max_seq_length=64",
+    "train.precision=fp32",
+]
 
 pytestmark = pytest.mark.usefixtures("no_progress_bars")
 
 
 def small_roberta(pad_token_id: int = 1, **fields) -> RobertaForMaskedLM:
     torch.manual_seed(0)
-    cfg = ModelConfig(**{"architecture": choices.ROBERTA, "hidden_size": 32, "num_layers": 1, "num_heads": 2,
-                         "intermediate_size": 64, "max_position_embeddings": 24, "pad_vocab_multiple": 1, **fields})
+    cfg = ModelConfig(
+        **{
+            "architecture": choices.ROBERTA,
+            "hidden_size": 32,
+            "num_layers": 1,
+            "num_heads": 2,
+            "intermediate_size": 64,
+            "max_position_embeddings": 24,
+            "pad_vocab_multiple": 1,
+            **fields,
+        }
+    )
     return build_model(cfg, vocab_size=100, pad_token_id=pad_token_id)
 
 
@@ -78,8 +97,12 @@ def test_the_sparse_loss_is_the_librarys_own_loss_on_the_selected_positions(fuse
 def test_fused_qkv_computes_the_same_loss():
     model = small_roberta().eval()
     ids = torch.randint(5, 100, (2, 12))
-    batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids),
-                 labels=torch.where(torch.rand(ids.shape) < 0.5, ids, IGNORE_INDEX))
+    batch = dict(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        token_type_ids=torch.zeros_like(ids),
+        labels=torch.where(torch.rand(ids.shape) < 0.5, ids, IGNORE_INDEX),
+    )
     before = pretraining_loss(model, batch)["mlm_loss"]
     assert fuse_qkv(model) == 1
     assert pretraining_loss(model, batch)["mlm_loss"].item() == pytest.approx(before.item(), rel=1e-6)
@@ -121,10 +144,23 @@ def test_every_masking_strategy_trains_a_step(tmp_path, overrides):
 
 
 def _command(out_dir, steps: int) -> list[str]:
-    return [sys.executable, "-m", "mlmlab.cli", "pretrain", "--no-progress", *ROBERTA, *SMALL, *COMMON,
-            f"train.out_dir={out_dir}", f"train.max_steps={steps}", "train.save_every=2", "train.warmup_steps=3",
-            "masking.strategy=adaptive", "masking.scorer=context",  # state that must be restored too
-            "model.dropout=0.1"]  # dropout on, so a bitwise resume must restore its generator too
+    return [
+        sys.executable,
+        "-m",
+        "mlmlab.cli",
+        "pretrain",
+        "--no-progress",
+        *ROBERTA,
+        *SMALL,
+        *COMMON,
+        f"train.out_dir={out_dir}",
+        f"train.max_steps={steps}",
+        "train.save_every=2",
+        "train.warmup_steps=3",
+        "masking.strategy=adaptive",
+        "masking.scorer=context",  # state that must be restored too
+        "model.dropout=0.1",
+    ]  # dropout on, so a bitwise resume must restore its generator too
 
 
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
@@ -136,8 +172,18 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
 def source(tmp_path_factory):
     """A small RoBERTa trained 4 steps (checkpoints at 2 and 4): its run folder."""
     run = tmp_path_factory.mktemp("roberta") / "run"
-    cfg = load_config(None, [*ROBERTA, *SMALL, *COMMON, f"train.out_dir={run}", "train.max_steps=4",
-                             "train.save_every=2", "train.keep_last=0"])
+    cfg = load_config(
+        None,
+        [
+            *ROBERTA,
+            *SMALL,
+            *COMMON,
+            f"train.out_dir={run}",
+            "train.max_steps=4",
+            "train.save_every=2",
+            "train.keep_last=0",
+        ],
+    )
     Trainer(cfg, evaluator=evaluate_mlm, show_progress=False).train()
     return run
 
@@ -162,16 +208,39 @@ def test_the_exported_folder_loads_with_the_auto_classes_and_fill_mask(source):
 def test_export_and_evaluate_work_on_it(source, tmp_path, capsys):
     assert main(["export", str(source / "ckpt-00000002"), "--out", str(tmp_path / "step2")]) == 0
     assert AutoModelForMaskedLM.from_pretrained(tmp_path / "step2").config.model_type == choices.ROBERTA
-    assert main(["evaluate", "--model", str(source / "model"), "--data", str(CORPUS), "--max-batches", "2",
-                 "--json", str(tmp_path / "eval.json")]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--model",
+                str(source / "model"),
+                "--data",
+                str(CORPUS),
+                "--max-batches",
+                "2",
+                "--json",
+                str(tmp_path / "eval.json"),
+            ]
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "eval.json").read_text())
     assert np.isfinite(report["perplexity"]) and report["masked_tokens"] > 0 and "nsp_accuracy" not in report
     capsys.readouterr()
 
 
 def test_a_run_starts_from_a_roberta_folder(source, tmp_path):
-    cfg = load_config(None, [*COMMON, "data.objective=mlm", f"train.init={source / 'model'}",
-                             f"train.out_dir={tmp_path / 'init'}", "train.max_steps=1", "train.warmup_steps=0"])
+    cfg = load_config(
+        None,
+        [
+            *COMMON,
+            "data.objective=mlm",
+            f"train.init={source / 'model'}",
+            f"train.out_dir={tmp_path / 'init'}",
+            "train.max_steps=1",
+            "train.warmup_steps=0",
+        ],
+    )
     trainer = Trainer(cfg, evaluator=None, show_progress=False)  # no model.* keys: taken from the folder
     assert trainer.cfg.model.architecture == choices.ROBERTA and trainer.cfg.model.max_position_embeddings == 512
     saved = load_file(source / "model" / "model.safetensors")
@@ -179,8 +248,19 @@ def test_a_run_starts_from_a_roberta_folder(source, tmp_path):
 
 
 def test_a_resume_into_the_other_architecture_is_refused(source, tmp_path, capsys):
-    err = one_line_error(["pretrain", "--no-progress", *SMALL, *COMMON, "data.objective=mlm",
-                          f"train.out_dir={tmp_path / 'bert'}", "--resume", str(source / "ckpt-00000002")], capsys)
+    err = one_line_error(
+        [
+            "pretrain",
+            "--no-progress",
+            *SMALL,
+            *COMMON,
+            "data.objective=mlm",
+            f"train.out_dir={tmp_path / 'bert'}",
+            "--resume",
+            str(source / "ckpt-00000002"),
+        ],
+        capsys,
+    )
     assert "model_type=roberta" in err and "model.architecture" in err
 
 
@@ -192,8 +272,9 @@ def test_roberta_base_with_robertas_vocabulary_has_the_released_models_parameter
     assert (cfg.model.architecture, cfg.data.objective, cfg.data.max_seq_length) == (choices.ROBERTA, choices.MLM, 512)
     with torch.device("meta"):
         ours = build_model(cfg.model, vocab_size=50265, pad_token_id=1)  # GPT-2's BPE as RoBERTa numbers it
-        released = RobertaForMaskedLM(RobertaConfig(max_position_embeddings=514, type_vocab_size=1,
-                                                     layer_norm_eps=1e-5))
+        released = RobertaForMaskedLM(
+            RobertaConfig(max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5)
+        )
     assert ours.config.max_position_embeddings == 514
     count = sum(p.numel() for p in ours.parameters())
     assert count == sum(p.numel() for p in released.parameters()) and round(count / 1e6, 1) == 124.7
@@ -201,8 +282,21 @@ def test_roberta_base_with_robertas_vocabulary_has_the_released_models_parameter
 
 def test_pretrain_roberta_tiny_gives_a_roberta_folder_with_its_bpe_tokenizer(tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(["pretrain", "--no-progress", "--config", "roberta-tiny", "train.max_steps=3", "train.warmup_steps=1",
-                 "train.eval_every=0", f"train.out_dir={run}"]) == 0  # the bundled sample, the bundled BPE
+    assert (
+        main(
+            [
+                "pretrain",
+                "--no-progress",
+                "--config",
+                "roberta-tiny",
+                "train.max_steps=3",
+                "train.warmup_steps=1",
+                "train.eval_every=0",
+                f"train.out_dir={run}",
+            ]
+        )
+        == 0
+    )  # the bundled sample, the bundled BPE
     said = capsys.readouterr().out
     assert "is <mask>." in said  # the fill-mask line it prints names the tokenizer's own mask token
     folder = run / "model"
@@ -241,8 +335,14 @@ def _released(kind: str, tokenizer):
     from transformers import ModernBertConfig, ModernBertForMaskedLM, RobertaConfig
 
     torch.manual_seed(0)
-    shape = dict(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                 intermediate_size=64, pad_token_id=tokenizer.pad_token_id)
+    shape = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     if kind == choices.ROBERTA:  # as roberta-base's config.json: 2 + 128 position rows, one token type
         config = RobertaConfig(**shape, max_position_embeddings=130, type_vocab_size=1, layer_norm_eps=1e-5)
         return RobertaForMaskedLM(config), {"roberta.pooler.dense.weight": torch.ones(32, 32)}
@@ -254,8 +354,22 @@ def test_init_continues_a_released_folder_with_the_tokenizer_it_brings(kind, bpe
     model, extra = _released(kind, bpe_tokenizer)
     source = released_folder(tmp_path / "released", model, bpe_tokenizer, extra)
     run = tmp_path / "run"
-    assert main(["pretrain", "--no-progress", *COMMON, "data.objective=mlm", "--init", str(source),
-                 f"train.out_dir={run}", "train.max_steps=2", "train.warmup_steps=0"]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--no-progress",
+                *COMMON,
+                "data.objective=mlm",
+                "--init",
+                str(source),
+                f"train.out_dir={run}",
+                "train.max_steps=2",
+                "train.warmup_steps=0",
+            ]
+        )
+        == 0
+    )
     said = capsys.readouterr()
     assert "starting from the weights of" in said.out + said.err
     exported = AutoModelForMaskedLM.from_pretrained(run / "model")
@@ -266,19 +380,39 @@ def test_init_continues_a_released_folder_with_the_tokenizer_it_brings(kind, bpe
     trained, started = exported.state_dict(), model.state_dict()
     moved = [name for name in started if name in trained and not torch.equal(trained[name], started[name])]
     assert moved  # trained on from the released weights ...
-    embeddings = {choices.ROBERTA: "roberta.embeddings.position_embeddings.weight",
-                  choices.MODERNBERT: "model.embeddings.tok_embeddings.weight"}[kind]
+    embeddings = {
+        choices.ROBERTA: "roberta.embeddings.position_embeddings.weight",
+        choices.MODERNBERT: "model.embeddings.tok_embeddings.weight",
+    }[kind]
     assert trained[embeddings].shape == started[embeddings].shape  # ... into the same shapes
 
 
 def test_init_of_an_unsupported_architecture_is_refused_listing_the_supported(bpe_tokenizer, tmp_path, capsys):
     from transformers import ElectraConfig, ElectraForMaskedLM
 
-    model = ElectraForMaskedLM(ElectraConfig(vocab_size=len(bpe_tokenizer), hidden_size=32, embedding_size=32,
-                                             num_hidden_layers=1, num_attention_heads=2, intermediate_size=64))
+    model = ElectraForMaskedLM(
+        ElectraConfig(
+            vocab_size=len(bpe_tokenizer),
+            hidden_size=32,
+            embedding_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+        )
+    )
     source = released_folder(tmp_path / "electra", model, bpe_tokenizer)
-    err = one_line_error(["pretrain", "--no-progress", *COMMON, "data.objective=mlm", "--init", str(source),
-                          f"train.out_dir={tmp_path / 'run'}"], capsys)
+    err = one_line_error(
+        [
+            "pretrain",
+            "--no-progress",
+            *COMMON,
+            "data.objective=mlm",
+            "--init",
+            str(source),
+            f"train.out_dir={tmp_path / 'run'}",
+        ],
+        capsys,
+    )
     assert "model_type='electra'" in err and "'bert', 'roberta' or 'modernbert'" in err
 
 
@@ -286,6 +420,16 @@ def test_init_whose_tokenizer_pads_with_another_id_than_its_weights_is_refused(b
     model, _ = _released(choices.ROBERTA, bpe_tokenizer)
     model.config.pad_token_id = 0  # <s>: the position rows count from another id than the tokenizer pads with
     source = released_folder(tmp_path / "released", model, bpe_tokenizer)
-    err = one_line_error(["pretrain", "--no-progress", *COMMON, "data.objective=mlm", "--init", str(source),
-                          f"train.out_dir={tmp_path / 'run'}"], capsys)
+    err = one_line_error(
+        [
+            "pretrain",
+            "--no-progress",
+            *COMMON,
+            "data.objective=mlm",
+            "--init",
+            str(source),
+            f"train.out_dir={tmp_path / 'run'}",
+        ],
+        capsys,
+    )
     assert "pad_token_id=0" in err and "disagree" in err

@@ -74,8 +74,9 @@ def test_compiled_training_follows_the_eager_one_in_a_few_graphs(tmp_path):
     from mlmlab.model import eval_mode
 
     def run(compile_flag: bool) -> list[dict]:
-        trainer = small_trainer(tmp_path, str(compile_flag), "train.batch_size=8", "data.max_seq_length=64",
-                                f"train.compile={compile_flag}")
+        trainer = small_trainer(
+            tmp_path, str(compile_flag), "train.batch_size=8", "data.max_seq_length=64", f"train.compile={compile_flag}"
+        )
         batches = trainer.batches()
         steps = [trainer.train_step(batches) for _ in range(50)]
         with torch.no_grad(), eval_mode(trainer.model):  # evaluation and ADM's scorers run eager: no graph of theirs
@@ -94,15 +95,17 @@ def test_compiled_training_follows_the_eager_one_in_a_few_graphs(tmp_path):
 
 def test_cosine_decay_follows_the_half_cosine_over_the_decay_window():
     total, warmup = 100, 10
-    factors = [lr_factor(step, warmup, step / total, warmup / total, decay_fraction=1.0, shape=choices.COSINE)
-               for step in range(total + 1)]
+    factors = [
+        lr_factor(step, warmup, step / total, warmup / total, decay_fraction=1.0, shape=choices.COSINE)
+        for step in range(total + 1)
+    ]
     assert factors[9] == pytest.approx(1.0) and factors[10] == pytest.approx(1.0)
     assert factors[55] == pytest.approx(0.5)  # half way through the window: half the peak, as linear
     assert factors[32] == pytest.approx(0.5 * (1 + math.cos(math.pi * 22 / 90)))
     assert factors[100] == pytest.approx(0.0, abs=1e-12)
     assert all(a >= b for a, b in zip(factors[10:], factors[11:]))
     linear = [lr_factor(step, warmup, step / total, warmup / total, decay_fraction=1.0) for step in range(total + 1)]
-    assert all(c >= l for c, l in zip(factors[10:55], linear[10:55]))  # cosine keeps more LR early on
+    assert all(c >= lin for c, lin in zip(factors[10:55], linear[10:55]))  # cosine keeps more LR early on
     # With a shorter decay window, the peak holds until it starts, as for warmup-stable-decay.
     held = lr_factor(70, warmup, 0.7, warmup / total, decay_fraction=0.2, shape=choices.COSINE)
     assert held == 1.0 and lr_factor(90, warmup, 0.9, 0.1, 0.2, choices.COSINE) == pytest.approx(0.5)
@@ -110,13 +113,15 @@ def test_cosine_decay_follows_the_half_cosine_over_the_decay_window():
 
 def test_one_minus_sqrt_decay_drops_fast_then_slowly_and_stays_below_linear():
     total, warmup = 100, 10
-    window = [lr_factor(step, warmup, step / total, warmup / total, decay_fraction=0.2, shape=choices.ONE_MINUS_SQRT)
-              for step in range(total + 1)]
+    window = [
+        lr_factor(step, warmup, step / total, warmup / total, decay_fraction=0.2, shape=choices.ONE_MINUS_SQRT)
+        for step in range(total + 1)
+    ]
     assert window[10] == 1.0 and window[80] == 1.0  # the peak holds until the last 20%
     assert window[85] == pytest.approx(1 - math.sqrt(0.25))  # a quarter through the window: half the peak
     assert window[90] == pytest.approx(1 - math.sqrt(0.5)) and window[100] == pytest.approx(0.0, abs=1e-12)
     linear = [lr_factor(step, warmup, step / total, warmup / total, decay_fraction=0.2) for step in range(total + 1)]
-    assert all(s < l for s, l in zip(window[81:100], linear[81:100]))
+    assert all(s < lin for s, lin in zip(window[81:100], linear[81:100]))
     assert all(a > b for a, b in zip(window[80:], window[81:]))
 
 
@@ -135,8 +140,18 @@ def small_trainer(tmp_path, name: str, *overrides: str):
     from mlmlab.config import load_config
     from mlmlab.train.loop import Trainer
 
-    cfg = load_config("tiny", [f"train.out_dir={tmp_path / name}", "data.loader_workers=0", "model.hidden_size=32",
-                               "model.num_layers=1", "model.intermediate_size=64", "train.batch_size=4", *overrides])
+    cfg = load_config(
+        "tiny",
+        [
+            f"train.out_dir={tmp_path / name}",
+            "data.loader_workers=0",
+            "model.hidden_size=32",
+            "model.num_layers=1",
+            "model.intermediate_size=64",
+            "train.batch_size=4",
+            *overrides,
+        ],
+    )
     return Trainer(cfg, evaluator=None, show_progress=False)
 
 
@@ -146,7 +161,8 @@ def matmul_dtypes(trainer) -> set:
 
     seen = set()
     hook = torch.nn.modules.module.register_module_forward_hook(
-        lambda module, args, output: seen.add(output.dtype) if isinstance(module, torch.nn.Linear) else None)
+        lambda module, args, output: seen.add(output.dtype) if isinstance(module, torch.nn.Linear) else None
+    )
     try:
         trainer.train_step(trainer.batches())
     finally:
@@ -160,7 +176,9 @@ def test_runs_of_different_precisions_train_side_by_side_in_one_process(tmp_path
     import torch
 
     fp32 = small_trainer(tmp_path, "a", "train.precision=fp32")
-    bf16 = small_trainer(tmp_path, "b", "train.precision=bf16")  # accelerate alone refuses this Accelerator: "restart your runtime"
+    bf16 = small_trainer(
+        tmp_path, "b", "train.precision=bf16"
+    )  # accelerate alone refuses this Accelerator: "restart your runtime"
     assert matmul_dtypes(fp32) == {torch.float32}  # the earlier run keeps its own precision ...
     later_fp32 = small_trainer(tmp_path, "c", "train.precision=fp32")
     assert matmul_dtypes(bf16) == {torch.bfloat16}  # ... and so does this one
@@ -194,14 +212,16 @@ def test_held_out_evaluation_is_fp32_in_a_bf16_run_as_mlmlab_evaluate_is(tmp_pat
     bf16.evaluator = evaluate_mlm
     seen = set()
     hook = torch.nn.modules.module.register_module_forward_hook(
-        lambda module, args, output: seen.add(output.dtype) if isinstance(module, torch.nn.Linear) else None)
+        lambda module, args, output: seen.add(output.dtype) if isinstance(module, torch.nn.Linear) else None
+    )
     try:
         in_run = bf16.evaluate(max_batches=2)
     finally:
         hook.remove()
     assert seen == {torch.float32}
-    alone = evaluate_mlm(bf16.model, bf16.valid_store, bf16.masker.info, batch_size=bf16.cfg.train.eval_batch_size,
-                         max_batches=2)
+    alone = evaluate_mlm(
+        bf16.model, bf16.valid_store, bf16.masker.info, batch_size=bf16.cfg.train.eval_batch_size, max_batches=2
+    )
     assert in_run["mlm_loss"] == alone["mlm_loss"] and in_run["mlm_accuracy"] == alone["mlm_accuracy"]
     assert matmul_dtypes(bf16) == {torch.bfloat16}  # training is back in bf16 after it
 
@@ -241,14 +261,17 @@ def test_auto_precision_is_bf16_on_cpus_with_amx_and_fp32_on_others(tmp_path, mo
     """Where bf16 autocast measured faster and ended where fp32 does (studies/precision-bf16-cpu)."""
     import torch
 
-    from mlmlab.utils.devices import cpu_features
     from mlmlab.train import launch
+    from mlmlab.utils.devices import cpu_features
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for amx, expected in ((True, "bf16"), (False, "no")):
         monkeypatch.setattr(launch, "cpu_features", lambda amx=amx: {**cpu_features(), "amx_bf16": amx})
         assert launch.resolve_precision("auto").accelerate == expected
-        assert (launch.resolve_precision("fp32").accelerate, launch.resolve_precision("bf16").accelerate) == ("no", "bf16")
+        assert (launch.resolve_precision("fp32").accelerate, launch.resolve_precision("bf16").accelerate) == (
+            "no",
+            "bf16",
+        )
     monkeypatch.setattr(launch, "cpu_features", lambda: {**cpu_features(), "amx_bf16": True})
     on_amx = small_trainer(tmp_path, "amx", "train.precision=auto")
     assert on_amx.precision == "bf16" and matmul_dtypes(on_amx) == {torch.bfloat16}
@@ -284,11 +307,14 @@ def test_time_left_during_a_batch_warmup_counts_batches_not_steps(monkeypatch):
     assert progress_line(cfg, 10, 0.5, 5.0, {}, pace) == "step 10/20 (50%): loss 5.000; about 20 min left"
 
 
-@pytest.mark.parametrize("overrides, words", [
-    (["train.batch_warmup_steps=10"], ["train.grad_accum=1", "train.batch_warmup_start=1"]),
-    (["train.grad_accum=4", "train.batch_warmup_steps=10", "train.batch_warmup_start=4"], ["micro-batches"]),
-    (["train.grad_accum=4", "train.batch_warmup_steps=1000", "train.max_steps=1000"], ["never reach"]),
-])
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["train.batch_warmup_steps=10"], ["train.grad_accum=1", "train.batch_warmup_start=1"]),
+        (["train.grad_accum=4", "train.batch_warmup_steps=10", "train.batch_warmup_start=4"], ["micro-batches"]),
+        (["train.grad_accum=4", "train.batch_warmup_steps=1000", "train.max_steps=1000"], ["never reach"]),
+    ],
+)
 def test_a_batch_warmup_that_cannot_grow_is_refused_in_one_line(overrides, words):
     from mlmlab.config import load_config
     from mlmlab.errors import UserError
@@ -301,8 +327,14 @@ def test_a_batch_warmup_that_cannot_grow_is_refused_in_one_line(overrides, words
 def test_a_warming_step_reads_fewer_micro_batches_and_loses_no_data(tmp_path):
     """Steps 1-6 of grad_accum 3 read 1, 1, 1, 2, 2, 2 micro-batches, then 3: the loader moves on by exactly those,
     so no batch is skipped, and the losses stay normalised over the step's own targets."""
-    trainer = small_trainer(tmp_path, "warm", "train.grad_accum=3", "train.batch_warmup_steps=6", "train.max_steps=20",
-                            "train.warmup_steps=2")
+    trainer = small_trainer(
+        tmp_path,
+        "warm",
+        "train.grad_accum=3",
+        "train.batch_warmup_steps=6",
+        "train.max_steps=20",
+        "train.warmup_steps=2",
+    )
     batches, read = trainer.batches(), []
     for _ in range(8):
         before = trainer.state.position.batch

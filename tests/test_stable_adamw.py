@@ -1,4 +1,5 @@
-"""train.optimizer=stable-adamw: AdamW with update clipping per tensor, against optimi's formulation written out here."""
+"""train.optimizer=stable-adamw: AdamW with update clipping per tensor, against optimi's formulation written out
+here."""
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ BETAS, EPS, LR = (0.9, 0.98), 1e-6, 1e-2
 
 def _debiased(beta: float, step: int) -> float:
     """optimi's debias_beta: the bias correction folded into the beta, so the averages are the corrected moments."""
-    return (beta ** step - beta) / (beta ** step - 1)
+    return (beta**step - beta) / (beta**step - 1)
 
 
 def optimi_step(param, grad, moments, step, weight_decay) -> float:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from accelerate.utils import DistributedType
+from reference import naive_entropy_scores
 from transformers import BertConfig
 
 from mlmlab.choices import ADAPT_SCHEDULES
@@ -19,12 +20,21 @@ from mlmlab.experiments.budget import scorer_flops
 from mlmlab.masking import scorers, seeding
 from mlmlab.masking.buckets import frequency_buckets
 from mlmlab.masking.schedules import adapt_factor, adapt_shape, mask_rate, rate_at
-from mlmlab.masking.select import (Corruption, TokenInfo, continuation_table, count_to_select, eligible_positions,
-                                   group_quotas, gumbel_top_k, mask_batch, select_and_corrupt, token_info_for)
+from mlmlab.masking.select import (
+    Corruption,
+    TokenInfo,
+    continuation_table,
+    count_to_select,
+    eligible_positions,
+    group_quotas,
+    gumbel_top_k,
+    mask_batch,
+    select_and_corrupt,
+    token_info_for,
+)
 from mlmlab.masking.strategies import blend, build_strategy, normalise
 from mlmlab.model import build_model, pretraining_loss
 from mlmlab.train.launch import check_fsdp
-from reference import naive_entropy_scores
 
 V = 300  # small vocabulary: ids 0-4 special, the rest ordinary
 INFO = TokenInfo(mask_id=4, special_ids=(0, 1, 2, 3, 4), ordinary_ids=torch.arange(5, V))
@@ -37,10 +47,13 @@ def make_batch(batch_size=8, length=24, seed=0, vocab=V):
     ids = torch.randint(5, vocab, (batch_size, length), generator=g)  # (B, T)
     ids[:, 0], ids[:, length // 2] = 2, 3  # [CLS] ... [SEP] ...
     ids[:, -1] = 3
-    ids[0, length - 6:] = 0  # padding in row 0
+    ids[0, length - 6 :] = 0  # padding in row 0
     return {
-        "input_ids": ids, "attention_mask": (ids != 0).long(), "token_type_ids": torch.zeros_like(ids),
-        "example_ids": torch.arange(batch_size) + 100 * seed, "next_sentence_label": torch.zeros(batch_size, dtype=torch.long),
+        "input_ids": ids,
+        "attention_mask": (ids != 0).long(),
+        "token_type_ids": torch.zeros_like(ids),
+        "example_ids": torch.arange(batch_size) + 100 * seed,
+        "next_sentence_label": torch.zeros(batch_size, dtype=torch.long),
     }
 
 
@@ -74,7 +87,9 @@ def test_gumbel_top_k_inclusion_matches_exact_probabilities(weights, k):
     rows = 40_000
     w = torch.tensor(weights).expand(rows, -1)  # (R, n)
     eligible = torch.ones_like(w, dtype=torch.bool)
-    u = seeding.uniforms(7, [seeding.STREAM_SELECT], torch.arange(rows), torch.zeros(rows, dtype=torch.long), len(weights))[0]
+    u = seeding.uniforms(
+        7, [seeding.STREAM_SELECT], torch.arange(rows), torch.zeros(rows, dtype=torch.long), len(weights)
+    )[0]
     selected = gumbel_top_k(w, eligible, torch.full((rows,), k), u)
     assert (selected.sum(1) == k).all()
     empirical = selected.float().mean(0).numpy()
@@ -114,15 +129,28 @@ def test_special_tokens_never_selected_even_with_the_highest_score():
 def test_a_zero_gives_exactly_the_dynamic_masks():
     batch, model = make_batch(), tiny_model()
     dynamic = build_strategy(MaskingConfig(strategy="dynamic"))
-    reference = mask_batch(batch, seed=5, epoch_key=dynamic.epoch_key(3), rate=0.15, info=INFO, corruption=Corruption(),
-                           weights=dynamic.weights(model, batch, 0.0))
+    reference = mask_batch(
+        batch,
+        seed=5,
+        epoch_key=dynamic.epoch_key(3),
+        rate=0.15,
+        info=INFO,
+        corruption=Corruption(),
+        weights=dynamic.weights(model, batch, 0.0),
+    )
     for cfg, progress in [(adaptive(), 0.0), (adaptive(a_max=0.0, adapt_schedule="constant"), 0.7)]:
         strategy = build_strategy(cfg, info=INFO, vocab_size=V)
         w = strategy.weights(model, batch, progress)
-        got = mask_batch(batch, seed=5, epoch_key=strategy.epoch_key(3), rate=0.15, info=INFO, corruption=Corruption(), weights=w)
+        got = mask_batch(
+            batch, seed=5, epoch_key=strategy.epoch_key(3), rate=0.15, info=INFO, corruption=Corruption(), weights=w
+        )
         assert torch.equal(got["input_ids"], reference["input_ids"]) and torch.equal(got["labels"], reference["labels"])
     # the blend itself at a = 0 is all ones, whatever the scores
-    scores = normalise(torch.rand(8, 24, generator=torch.Generator().manual_seed(1)) * 5, eligible_positions(batch["input_ids"], INFO.special_ids), "mean")
+    scores = normalise(
+        torch.rand(8, 24, generator=torch.Generator().manual_seed(1)) * 5,
+        eligible_positions(batch["input_ids"], INFO.special_ids),
+        "mean",
+    )
     ones = blend(scores, 0.0, 0.1)
     got = mask_batch(batch, seed=5, epoch_key=3, rate=0.15, info=INFO, corruption=Corruption(), weights=ones)
     assert torch.equal(got["labels"], reference["labels"])
@@ -143,8 +171,9 @@ def test_static_repeats_with_period_dupe_factor_and_dynamic_does_not():
     batch = make_batch(8, 32)
 
     def labels(strategy, epoch):
-        return mask_batch(batch, seed=0, epoch_key=strategy.epoch_key(epoch), rate=0.15, info=INFO,
-                          corruption=Corruption())["labels"]
+        return mask_batch(
+            batch, seed=0, epoch_key=strategy.epoch_key(epoch), rate=0.15, info=INFO, corruption=Corruption()
+        )["labels"]
 
     static = build_strategy(MaskingConfig(strategy="static", dupe_factor=3))
     masks = [labels(static, e) for e in range(7)]
@@ -170,8 +199,9 @@ def test_chunked_entropy_and_max_prob_equal_the_full_softmax():
     assert naive[eligible].std() > 0.01
     assert torch.allclose(chunked, naive, atol=1e-5, rtol=0)
     with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       token_type_ids=batch["token_type_ids"]).prediction_logits[..., :V]
+        logits = model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
+        ).prediction_logits[..., :V]
     inv_max = 1 / torch.softmax(logits, -1).max(-1).values
     got = scorers.max_prob_scores(model, batch, eligible, V, chunk=5)
     assert torch.allclose(got[eligible], inv_max[eligible], rtol=1e-5)
@@ -221,8 +251,9 @@ def test_grad_norm_scores_are_positive_where_eligible_and_leave_parameter_grads_
 
 
 def test_scoring_restores_training_mode_and_leaves_the_global_rng_alone():
-    model = build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, dropout=0.1),
-                        V, 0).train()  # dropout on: a training-mode forward would draw from the global RNG
+    model = build_model(
+        ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, dropout=0.1), V, 0
+    ).train()  # dropout on: a training-mode forward would draw from the global RNG
     batch = make_batch(4, 20)
     state = torch.get_rng_state()
     strategy = build_strategy(adaptive(adapt_schedule="constant"), info=INFO, vocab_size=V)
@@ -235,7 +266,9 @@ def test_loss_ema_and_context_learn_which_tokens_are_hard():
     ids = batch["input_ids"]
     hard_id = int(ids[1, 3])
     for scorer in ("loss_ema", "context"):
-        strategy = build_strategy(adaptive(scorer=scorer, adapt_schedule="constant", floor=0.01), info=INFO, vocab_size=V)
+        strategy = build_strategy(
+            adaptive(scorer=scorer, adapt_schedule="constant", floor=0.01), info=INFO, vocab_size=V
+        )
         assert strategy.weights(None, batch, 1.0) is not None  # untrained table: uniform weights
         masked = mask_batch(batch, seed=0, epoch_key=0, rate=0.9, info=INFO, corruption=Corruption())
         index = (masked["labels"] != -100).flatten().nonzero().squeeze(1)
@@ -298,12 +331,17 @@ def test_rate_schedule_endpoints():
 def test_whole_word_masking_selects_whole_words_at_the_right_rate(bert_tokenizer, sample_paragraphs):
     info = token_info_for(bert_tokenizer)
     table = continuation_table(bert_tokenizer)
-    assert table[bert_tokenizer.convert_tokens_to_ids("##ing")] and not table[bert_tokenizer.convert_tokens_to_ids("the")]
-    enc = bert_tokenizer(sample_paragraphs[:300], truncation=True, max_length=128, padding="max_length", return_tensors="pt")
+    assert (
+        table[bert_tokenizer.convert_tokens_to_ids("##ing")] and not table[bert_tokenizer.convert_tokens_to_ids("the")]
+    )
+    enc = bert_tokenizer(
+        sample_paragraphs[:300], truncation=True, max_length=128, padding="max_length", return_tensors="pt"
+    )
     ids = enc["input_ids"]
     batch = {"input_ids": ids, "example_ids": torch.arange(len(ids))}
-    masked = mask_batch(batch, seed=2, epoch_key=0, rate=0.15, info=info, corruption=Corruption(), whole_word=True,
-                        continuation=table)
+    masked = mask_batch(
+        batch, seed=2, epoch_key=0, rate=0.15, info=info, corruption=Corruption(), whole_word=True, continuation=table
+    )
     selected = masked["labels"] != -100
     eligible = eligible_positions(ids, info.special_ids)
     cont = table[ids] & torch.roll(eligible, 1, 1)
@@ -352,7 +390,9 @@ def test_stats_report_a_scores_cost_and_frequency_shares():
 
 def test_score_every_and_fraction_control_cost():
     model, batch = tiny_model(), make_batch()
-    strategy = build_strategy(adaptive(adapt_schedule="constant", score_every=3, score_fraction=0.5), info=INFO, vocab_size=V)
+    strategy = build_strategy(
+        adaptive(adapt_schedule="constant", score_every=3, score_fraction=0.5), info=INFO, vocab_size=V
+    )
     got = [strategy.weights(model, batch, 0.5, step=step) for step in range(1, 7)]
     assert [w is not None for w in got] == [True, False, False, True, False, False]
     uniform_rows = (got[0] == 1).all(dim=1)  # (B,) the rows not scored
@@ -364,8 +404,12 @@ def test_the_scored_rows_do_not_depend_on_how_the_batch_is_split():
     model, batch = tiny_model(), make_batch(16)
     cfg = adaptive(adapt_schedule="constant", score_fraction=0.5)
     whole = build_strategy(cfg, info=INFO, vocab_size=V).weights(model, batch, 0.5, epoch_key=3)
-    halves = [build_strategy(cfg, info=INFO, vocab_size=V).weights(
-        model, {key: value[part] for key, value in batch.items()}, 0.5, epoch_key=3) for part in (slice(0, 8), slice(8, 16))]
+    halves = [
+        build_strategy(cfg, info=INFO, vocab_size=V).weights(
+            model, {key: value[part] for key, value in batch.items()}, 0.5, epoch_key=3
+        )
+        for part in (slice(0, 8), slice(8, 16))
+    ]
     torch.testing.assert_close(torch.cat(halves), whole, rtol=1e-5, atol=1e-6)
     strategy = build_strategy(cfg, info=INFO, vocab_size=V)
     many = {"example_ids": torch.arange(4000)}
@@ -388,9 +432,16 @@ def test_a_steps_micro_batches_are_scored_alike_whatever_the_split():
     assert not torch.equal(other_step, whole)  # grad_norm's masked copy is drawn anew each step
 
 
-@pytest.mark.parametrize("scorer,extra", [("context", {}), ("loss_ema", {}), ("entropy", {"score_every": 2}),
-                                          ("frequency", {}),
-                                          ("loss_ema", {"frequency_neutral": True, "freq_buckets": "50,150"})])
+@pytest.mark.parametrize(
+    "scorer,extra",
+    [
+        ("context", {}),
+        ("loss_ema", {}),
+        ("entropy", {"score_every": 2}),
+        ("frequency", {}),
+        ("loss_ema", {"frequency_neutral": True, "freq_buckets": "50,150"}),
+    ],
+)
 def test_state_round_trip_reproduces_the_uninterrupted_run(scorer, extra):
     cfg = adaptive(scorer=scorer, adapt_schedule="linear", context_buckets=4096, **extra)
     model = tiny_model()
@@ -401,8 +452,16 @@ def test_state_round_trip_reproduces_the_uninterrupted_run(scorer, extra):
         for step in steps:
             batch = batches[step]
             w = strategy.weights(model, batch, step / 6, step=step + 1)
-            masked = mask_batch(batch, seed=0, epoch_key=strategy.epoch_key(0), rate=0.3, info=INFO, corruption=Corruption(),
-                                weights=w, groups=strategy.selection_groups(batch))
+            masked = mask_batch(
+                batch,
+                seed=0,
+                epoch_key=strategy.epoch_key(0),
+                rate=0.3,
+                info=INFO,
+                corruption=Corruption(),
+                weights=w,
+                groups=strategy.selection_groups(batch),
+            )
             strategy.observe(masked, pretraining_loss(model, masked))
             strategy.learn()
             out.append((w, masked["input_ids"], masked["labels"]))
@@ -426,13 +485,23 @@ def test_state_round_trip_reproduces_the_uninterrupted_run(scorer, extra):
     build_strategy(cfg, info=INFO, vocab_size=V, token_counts=COUNTS).load_state_dict(legacy)
     with pytest.raises(UserError):
         build_strategy(adaptive(scorer="context", context_buckets=8), info=INFO, vocab_size=V).load_state_dict(
-            copy.deepcopy(first.state_dict()) if scorer == "context" else {"step": torch.tensor(1)})
+            copy.deepcopy(first.state_dict()) if scorer == "context" else {"step": torch.tensor(1)}
+        )
 
 
 def test_masking_config_validation_says_what_to_change():
-    for bad in ({"scorer": "oracle"}, {"adapt_schedule": "cubic"}, {"floor": 0.0}, {"a_max": 1.5},
-                {"normalize": "softmax"}, {"score_every": 0}, {"rate_schedule": "step"}, {"freq_buckets": "10,5"},
-                {"frequency_neutral": True}, {"frequency_neutral": True, "strategy": "adaptive", "whole_word": True}):
+    for bad in (
+        {"scorer": "oracle"},
+        {"adapt_schedule": "cubic"},
+        {"floor": 0.0},
+        {"a_max": 1.5},
+        {"normalize": "softmax"},
+        {"score_every": 0},
+        {"rate_schedule": "step"},
+        {"freq_buckets": "10,5"},
+        {"frequency_neutral": True},
+        {"frequency_neutral": True, "strategy": "adaptive", "whole_word": True},
+    ):
         with pytest.raises(UserError) as err:
             Config(masking=MaskingConfig(**bad))
         assert "\n" not in str(err.value) and "masking." in str(err.value)
@@ -469,13 +538,20 @@ def test_frequency_scores_rank_rarer_ids_higher_and_are_never_negative():
 
 def test_adm_with_the_frequency_scorer_targets_rare_ids_more_than_uniform():
     batch = make_batch(16, 32)
-    strategy = build_strategy(adaptive(scorer="frequency", adapt_schedule="constant"), info=INFO, vocab_size=V,
-                              token_counts=COUNTS)
+    strategy = build_strategy(
+        adaptive(scorer="frequency", adapt_schedule="constant"), info=INFO, vocab_size=V, token_counts=COUNTS
+    )
     weights = strategy.weights(None, batch, 1.0)
 
     def rare_share(w):
-        labels = torch.stack([mask_batch(batch, seed=2, epoch_key=e, rate=0.15, info=INFO, corruption=Corruption(),
-                                         weights=w)["labels"] for e in range(100)])
+        labels = torch.stack(
+            [
+                mask_batch(batch, seed=2, epoch_key=e, rate=0.15, info=INFO, corruption=Corruption(), weights=w)[
+                    "labels"
+                ]
+                for e in range(100)
+            ]
+        )
         return float((labels >= 150).sum() / (labels != -100).sum())
 
     adm, uniform = rare_share(weights), rare_share(None)
@@ -528,8 +604,16 @@ def test_frequency_neutral_keeps_the_uniform_expectation_per_bucket_where_plain_
     def targets(with_groups):  # (R, B, G): R draws at once, one epoch key each, rows repeated
         rows = torch.arange(8).repeat(draws)
         _, _, selected = select_and_corrupt(
-            ids[rows], batch["example_ids"][rows], torch.arange(draws).repeat_interleave(8), seed=3, rate=0.15,
-            info=INFO, corruption=Corruption(), weights=weights[rows], groups=groups[rows] if with_groups else None)
+            ids[rows],
+            batch["example_ids"][rows],
+            torch.arange(draws).repeat_interleave(8),
+            seed=3,
+            rate=0.15,
+            info=INFO,
+            corruption=Corruption(),
+            weights=weights[rows],
+            groups=groups[rows] if with_groups else None,
+        )
         assert torch.equal(selected.sum(1), k[rows]) and not (selected & ~eligible[rows]).any()  # k, never a special
         return per_group(selected, groups[rows]).view(draws, 8, 3).double()
 
@@ -545,14 +629,16 @@ def test_frequency_neutral_applies_the_quotas_with_every_scorer_and_at_uniform_s
     batch, model = make_batch(8, 40), tiny_model()
     ids = batch["input_ids"]
     eligible = eligible_positions(ids, INFO.special_ids)
-    for scorer, progress in [(name, 1.0) for name in ("entropy", "max_prob", "grad_norm", "loss_ema", "context",
-                                                      "frequency")] + [("entropy", 0.0)]:
+    for scorer, progress in [
+        (name, 1.0) for name in ("entropy", "max_prob", "grad_norm", "loss_ema", "context", "frequency")
+    ] + [("entropy", 0.0)]:
         strategy = build_strategy(frequency_neutral(scorer=scorer), info=INFO, vocab_size=V, token_counts=COUNTS)
         w = strategy.weights(model, batch, progress)
         assert (w is None) == (progress == 0.0)  # a = 0: uniform weights, still stratified
         groups = strategy.selection_groups(batch)
-        labels = mask_batch(batch, seed=1, epoch_key=4, rate=0.15, info=INFO, corruption=Corruption(), weights=w,
-                            groups=groups)["labels"]
+        labels = mask_batch(
+            batch, seed=1, epoch_key=4, rate=0.15, info=INFO, corruption=Corruption(), weights=w, groups=groups
+        )["labels"]
         selected = labels != -100
         k, n_g = count_to_select(eligible, 0.15), per_group(eligible, groups)
         share = k[:, None] * n_g / n_g.sum(1, keepdim=True)
@@ -569,8 +655,16 @@ def test_frequency_neutral_chooses_within_a_bucket_by_weight_with_exact_probabil
     groups = strategy.selection_groups({"input_ids": ids[None]})[0]
     assert groups[1:-1].tolist() == [0, 0, 0, 1, 1, 1, 1]
     _, _, selected = select_and_corrupt(
-        ids.expand(rows, -1), torch.arange(rows), torch.zeros(rows, dtype=torch.long), seed=9, rate=0.43, info=INFO,
-        corruption=Corruption(), weights=weights.expand(rows, -1), groups=groups.expand(rows, -1))
+        ids.expand(rows, -1),
+        torch.arange(rows),
+        torch.zeros(rows, dtype=torch.long),
+        seed=9,
+        rate=0.43,
+        info=INFO,
+        corruption=Corruption(),
+        weights=weights.expand(rows, -1),
+        groups=groups.expand(rows, -1),
+    )
     empirical = selected.float().mean(0).numpy()
     # k = 3 of 7; bucket 0's quota 3 * 3/7 = 9/7: 2 targets with probability 2/7, else 1; bucket 1 gets the rest
     p2 = 2 / 7
@@ -588,8 +682,16 @@ def test_frequency_neutral_masks_depend_on_seed_example_and_epoch_only():
 
     def masks(batch, epoch):
         weights = 1.0 + (batch["input_ids"] % 7).float()  # row-local, as ADM's per-row normalised weights are
-        return mask_batch(batch, seed=4, epoch_key=epoch, rate=0.3, info=INFO, corruption=Corruption(),
-                          weights=weights, groups=strategy.selection_groups(batch))
+        return mask_batch(
+            batch,
+            seed=4,
+            epoch_key=epoch,
+            rate=0.3,
+            info=INFO,
+            corruption=Corruption(),
+            weights=weights,
+            groups=strategy.selection_groups(batch),
+        )
 
     whole = masks(full, 2)
     picked = [5, 2, 7]  # another batch: other rows, another order, padded to a longer length

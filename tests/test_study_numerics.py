@@ -54,10 +54,20 @@ def guarded_config(arm: str, out_dir: Path):
     study = load_study(STUDY)
     cfg, seed = arm_config(study, next(a for a in study.arms if a.name == arm)), study.seeds[0]
     return dataclasses.replace(
-        cfg, masking=dataclasses.replace(cfg.masking, seed=seed),
+        cfg,
+        masking=dataclasses.replace(cfg.masking, seed=seed),
         data=dataclasses.replace(cfg.data, loader_workers=0),  # the batches are the same with or without a worker
-        train=dataclasses.replace(cfg.train, seed=seed, max_steps=STEPS, warmup_steps=WARMUP, log_every=1, eval_every=0,
-                                  save_every=0, out_dir=str(out_dir)))
+        train=dataclasses.replace(
+            cfg.train,
+            seed=seed,
+            max_steps=STEPS,
+            warmup_steps=WARMUP,
+            log_every=1,
+            eval_every=0,
+            save_every=0,
+            out_dir=str(out_dir),
+        ),
+    )
 
 
 def numbers(arm: str, out_dir: Path) -> dict:
@@ -70,16 +80,23 @@ def numbers(arm: str, out_dir: Path) -> dict:
     # fp32 sums split by thread: under OMP_NUM_THREADS=1 the bits would differ
     with restoring(torch.get_num_threads, torch.set_num_threads, RECORDED_THREADS):
         trainer.train()
-        held_out = evaluate_mlm(trainer.model, trainer.valid_store, trainer.masker.info,
-                                batch_size=trainer.cfg.train.eval_batch_size, max_batches=EVAL_BATCHES)
+        held_out = evaluate_mlm(
+            trainer.model,
+            trainer.valid_store,
+            trainer.masker.info,
+            batch_size=trainer.cfg.train.eval_batch_size,
+            max_batches=EVAL_BATCHES,
+        )
     records = [json.loads(line) for line in trainer.metrics.path.read_text().splitlines()]
     weights = hashlib.sha256()
     for name, tensor in sorted(trainer.model.state_dict().items()):
         weights.update(name.encode() + tensor.detach().cpu().numpy().tobytes())
-    return {"shards": shard_digest(trainer.train_store.path),
-            "losses": [[r["loss"], r["mlm_loss"]] for r in records if "loss" in r],
-            "weights": weights.hexdigest(),
-            "eval": [held_out["mlm_loss"], held_out["mlm_accuracy"], held_out["masked_tokens"]]}
+    return {
+        "shards": shard_digest(trainer.train_store.path),
+        "losses": [[r["loss"], r["mlm_loss"]] for r in records if "loss" in r],
+        "weights": weights.hexdigest(),
+        "eval": [held_out["mlm_loss"], held_out["mlm_accuracy"], held_out["masked_tokens"]],
+    }
 
 
 def shard_digest(folder: Path) -> str:
@@ -112,7 +129,9 @@ def test_the_study_config_computes_what_its_first_runs_computed(computed, arm):
     assert got["eval"] == pytest.approx(want["eval"], rel=1e-5), "the study's held-out evaluation changed"
     if host_kind() in recorded["hosts"]:  # fp32 bits are only comparable on the host kind they were made on
         assert got["weights"] == want["weights"], "the study's weights changed bit for bit on a recorded host kind"
-        assert got["eval"] == want["eval"], "the study's held-out evaluation changed bit for bit on a recorded host kind"
+        assert got["eval"] == want["eval"], (
+            "the study's held-out evaluation changed bit for bit on a recorded host kind"
+        )
 
 
 def test_the_study_keys_its_runs_as_its_first_runs_did(monkeypatch):

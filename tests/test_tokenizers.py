@@ -10,9 +10,9 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from conftest import SAMPLE
 from transformers import AutoTokenizer, RobertaTokenizerFast
 
-from conftest import SAMPLE
 from mlmlab import choices
 from mlmlab.cli import main
 from mlmlab.config import load_config
@@ -27,8 +27,11 @@ from mlmlab.model import IGNORE_INDEX
 from mlmlab.train.loop import Trainer
 
 CORPUS = SAMPLE / "valid.txt.gz"
-NAMES = {choices.WORDPIECE: ("[CLS]", "[SEP]", "[PAD]", "[MASK]"), choices.BPE: ("<s>", "</s>", "<pad>", "<mask>"),
-         choices.UNIGRAM: ("<s>", "</s>", "<pad>", "<mask>")}
+NAMES = {
+    choices.WORDPIECE: ("[CLS]", "[SEP]", "[PAD]", "[MASK]"),
+    choices.BPE: ("<s>", "</s>", "<pad>", "<mask>"),
+    choices.UNIGRAM: ("<s>", "</s>", "<pad>", "<mask>"),
+}
 
 pytestmark = pytest.mark.usefixtures("no_progress_bars")
 
@@ -38,8 +41,23 @@ def trained(tmp_path_factory):
     """{kind: tokenizer folder}, each trained on the bundled validation sample through the command."""
     root = tmp_path_factory.mktemp("tokenizers")
     for kind in choices.TOKENIZER_KINDS:
-        assert main(["tokenizer", "--kind", kind, "--corpus", str(CORPUS), "--vocab-size", "2000",
-                     "--out", str(root / kind), "--no-progress"]) == 0
+        assert (
+            main(
+                [
+                    "tokenizer",
+                    "--kind",
+                    kind,
+                    "--corpus",
+                    str(CORPUS),
+                    "--vocab-size",
+                    "2000",
+                    "--out",
+                    str(root / kind),
+                    "--no-progress",
+                ]
+            )
+            == 0
+        )
     return {kind: root / kind for kind in choices.TOKENIZER_KINDS}
 
 
@@ -70,9 +88,11 @@ def test_random_replacements_and_selection_avoid_the_tokenizers_special_ids(trai
     info = token_info_for(tokenizer)
     texts = ["The quick brown fox jumps over the lazy dog near the river bank today."] * 64
     ids = [tokenizer(text)["input_ids"] for text in texts]
-    batch = collate([{"input_ids": row, "token_type_ids": [0] * len(row), "next_sentence_label": 0} for row in ids],
-                    list(range(len(ids))),
-                    tokenizer.pad_token_id)
+    batch = collate(
+        [{"input_ids": row, "token_type_ids": [0] * len(row), "next_sentence_label": 0} for row in ids],
+        list(range(len(ids))),
+        tokenizer.pad_token_id,
+    )
     out = mask_batch(batch, seed=0, epoch_key=0, rate=0.5, info=info, corruption=Corruption(0.0, 1.0))  # all random
     selected = out["labels"] != IGNORE_INDEX
     assert selected.any() and not torch.isin(batch["input_ids"][selected], torch.tensor(info.special_ids)).any()
@@ -112,31 +132,49 @@ def test_the_begins_a_word_table_agrees_with_word_ids_on_real_text(trained, kind
         # as word_starts documents: after a token never selected (Unigram's <unk> inside a word) a new word begins
         expected[1:] |= ~eligible[0, :-1]
         expected &= eligible[0]
-        assert torch.equal(ours, expected), [(t, o, e) for t, o, e in zip(encoding.tokens(), ours.tolist(),
-                                                                         expected.tolist()) if o != e][:5]
+        assert torch.equal(ours, expected), [
+            (t, o, e) for t, o, e in zip(encoding.tokens(), ours.tolist(), expected.tolist()) if o != e
+        ][:5]
         checked += int(eligible.sum())
     assert checked > 20000 and 0 < int(table.sum()) < len(table)
 
 
 # ----- training with each kind ---------------------------------------------------------------
-SMALL = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
-         "train.batch_size=4", "train.eval_every=0", "train.warmup_steps=1", "data.loader_workers=0",
-         f"data.corpus={CORPUS}", f"data.valid_corpus={CORPUS}", "data.max_seq_length=64", "train.precision=fp32"]
-MODELS = {"bert-nsp": ["model.architecture=bert", "data.objective=nsp"],
-          "roberta": ["model.architecture=roberta", "data.objective=mlm"],
-          "modernbert": ["model.architecture=modernbert", "data.objective=mlm"]}
-STRATEGIES = {"static": ["masking.strategy=static"], "whole-word": ["masking.whole_word=true"],
-              "adaptive-entropy": ["masking.strategy=adaptive", "masking.adapt_schedule=constant"],
-              "adaptive-context": ["masking.strategy=adaptive", "masking.adapt_schedule=constant",
-                                   "masking.scorer=context"]}
+SMALL = [
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.intermediate_size=64",
+    "train.batch_size=4",
+    "train.eval_every=0",
+    "train.warmup_steps=1",
+    "data.loader_workers=0",
+    f"data.corpus={CORPUS}",
+    f"data.valid_corpus={CORPUS}",
+    "data.max_seq_length=64",
+    "train.precision=fp32",
+]
+MODELS = {
+    "bert-nsp": ["model.architecture=bert", "data.objective=nsp"],
+    "roberta": ["model.architecture=roberta", "data.objective=mlm"],
+    "modernbert": ["model.architecture=modernbert", "data.objective=mlm"],
+}
+STRATEGIES = {
+    "static": ["masking.strategy=static"],
+    "whole-word": ["masking.whole_word=true"],
+    "adaptive-entropy": ["masking.strategy=adaptive", "masking.adapt_schedule=constant"],
+    "adaptive-context": ["masking.strategy=adaptive", "masking.adapt_schedule=constant", "masking.scorer=context"],
+}
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=STRATEGIES.keys())
 @pytest.mark.parametrize("model", MODELS, ids=MODELS.keys())
 @pytest.mark.parametrize("kind", [choices.BPE, choices.UNIGRAM])
 def test_every_architecture_trains_with_each_kind(trained, tmp_path, kind, model, strategy):
-    cfg = load_config(None, [*MODELS[model], *SMALL, *STRATEGIES[strategy], f"data.tokenizer={trained[kind]}",
-                             f"train.out_dir={tmp_path}"])
+    cfg = load_config(
+        None,
+        [*MODELS[model], *SMALL, *STRATEGIES[strategy], f"data.tokenizer={trained[kind]}", f"train.out_dir={tmp_path}"],
+    )
     trainer = Trainer(cfg, evaluator=None, show_progress=False)
     tokenizer = trainer.tokenizer
     first = trainer.train_store[0]["input_ids"]
@@ -189,8 +227,15 @@ def test_special_tokens_that_collide_are_refused(trained, tmp_path):
 
 
 def test_packing_separates_documents_with_the_tokenizers_own_separator(trained, tmp_path):
-    store = TokenStore(prepare([CORPUS], tokenizer_dir=trained[choices.BPE], max_seq_length=64,
-                               objective=choices.MLM, out_dir=tmp_path / "packed"))
+    store = TokenStore(
+        prepare(
+            [CORPUS],
+            tokenizer_dir=trained[choices.BPE],
+            max_seq_length=64,
+            objective=choices.MLM,
+            out_dir=tmp_path / "packed",
+        )
+    )
     tokenizer = load_tokenizer(trained[choices.BPE])
     assert store.meta["pad_token_id"] == tokenizer.pad_token_id
     assert store.meta["special_token_ids"]["<mask>"] == tokenizer.mask_token_id

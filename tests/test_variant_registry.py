@@ -16,10 +16,22 @@ from mlmlab.masking.variants import READS_COUNTS, READS_LOSSES, READS_MODEL, Str
 
 pytestmark = pytest.mark.usefixtures("no_progress_bars")
 
-TINY_RUN = ["--config", "tiny", "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
-            "model.intermediate_size=64", "train.batch_size=8", "train.max_steps=5", "train.warmup_steps=1",
-            "train.eval_batches=2", "train.eval_every=0", "train.log_every=1", "train.precision=fp32",
-            "data.loader_workers=0"]
+TINY_RUN = [
+    "--config",
+    "tiny",
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.intermediate_size=64",
+    "train.batch_size=8",
+    "train.max_steps=5",
+    "train.warmup_steps=1",
+    "train.eval_batches=2",
+    "train.eval_every=0",
+    "train.log_every=1",
+    "train.precision=fp32",
+    "data.loader_workers=0",
+]
 
 
 class OddPositions(UniformStrategy):
@@ -40,8 +52,11 @@ class OddPositions(UniformStrategy):
 
 
 BUILT: list[OddPositions] = []
-ODD = StrategyEntry("odd-positions", build=lambda cfg, info, vocab_size, counts: OddPositions(cfg, vocab_size, counts),
-                    card_lines=lambda cfg: ["- odd-positions masking: targets only at odd positions"])
+ODD = StrategyEntry(
+    "odd-positions",
+    build=lambda cfg, info, vocab_size, counts: OddPositions(cfg, vocab_size, counts),
+    card_lines=lambda cfg: ["- odd-positions masking: targets only at odd positions"],
+)
 
 
 @pytest.fixture
@@ -77,15 +92,23 @@ SENTENCE = "The quick brown fox jumps over the lazy dog, unbelievably."
 # Every option the command shows without a model: (mask flags, the training config's masking keys, epoch).
 SHOWN = {
     "dynamic": ([], [], 3),
-    "static, past its dupe_factor": (["--strategy", "static", "--dupe-factor", "3"],
-                                     ["masking.strategy=static", "masking.dupe_factor=3"], 4),
+    "static, past its dupe_factor": (
+        ["--strategy", "static", "--dupe-factor", "3"],
+        ["masking.strategy=static", "masking.dupe_factor=3"],
+        4,
+    ),
     "whole words, rate 0.4": (["--whole-word", "--rate", "0.4"], ["masking.whole_word=true", "masking.rate=0.4"], 1),
     "seed": (["--mask-seed", "7"], ["masking.seed=7"], 0),
-    "frequency scorer": (["--strategy", "adaptive", "--scorer", "frequency"],
-                         ["masking.strategy=adaptive", "masking.scorer=frequency"], 2),
-    "frequency-neutral": (["--strategy", "adaptive", "--scorer", "frequency", "--frequency-neutral", "--rate", "0.5"],
-                          ["masking.strategy=adaptive", "masking.scorer=frequency", "masking.frequency_neutral=true",
-                           "masking.rate=0.5"], 2),
+    "frequency scorer": (
+        ["--strategy", "adaptive", "--scorer", "frequency"],
+        ["masking.strategy=adaptive", "masking.scorer=frequency"],
+        2,
+    ),
+    "frequency-neutral": (
+        ["--strategy", "adaptive", "--scorer", "frequency", "--frequency-neutral", "--rate", "0.5"],
+        ["masking.strategy=adaptive", "masking.scorer=frequency", "masking.frequency_neutral=true", "masking.rate=0.5"],
+        2,
+    ),
 }
 
 
@@ -104,13 +127,19 @@ def shown_targets(table: str) -> dict[int, str]:
 @pytest.mark.parametrize("flags, keys, epoch", SHOWN.values(), ids=SHOWN.keys())
 def test_the_mask_command_shows_a_training_steps_masks(capsys, prepared, flags, keys, epoch):
     train, tokenizer = prepared
-    assert main(["mask", SENTENCE, "--data", str(train.path), "--epoch", str(epoch),
-                 "--training-progress", "0.5", *flags]) == 0
+    assert (
+        main(["mask", SENTENCE, "--data", str(train.path), "--epoch", str(epoch), "--training-progress", "0.5", *flags])
+        == 0
+    )
     shown = shown_targets(capsys.readouterr().out)
     cfg = load_config("tiny", keys)
     ids = torch.tensor([tokenizer(SENTENCE)["input_ids"]])  # (1, T)
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
-             "example_ids": torch.zeros(1, dtype=torch.long)}
+    batch = {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "token_type_ids": torch.zeros_like(ids),
+        "example_ids": torch.zeros(1, dtype=torch.long),
+    }
     [step] = Masker(cfg.masking, tokenizer, train.token_counts).mask_step([(epoch, batch)], None, progress=0.5, step=1)
     selected = (step["labels"][0] != IGNORE_INDEX).nonzero()[:, 0].tolist()
     assert sorted(shown) == selected and selected
@@ -122,17 +151,33 @@ def test_dump_shows_a_training_steps_whole_word_and_static_masks(prepared):
     train, tokenizer = prepared
     from mlmlab.show import dump_instances
 
-    records = list(dump_instances(train.path, 4, start=10, masked=True, seed=5, epoch=7, strategy=choices.STATIC,
-                                  dupe_factor=3, whole_word=True))
-    cfg = load_config("tiny", ["masking.strategy=static", "masking.dupe_factor=3", "masking.whole_word=true",
-                               "masking.seed=5"])
+    records = list(
+        dump_instances(
+            train.path,
+            4,
+            start=10,
+            masked=True,
+            seed=5,
+            epoch=7,
+            strategy=choices.STATIC,
+            dupe_factor=3,
+            whole_word=True,
+        )
+    )
+    cfg = load_config(
+        "tiny", ["masking.strategy=static", "masking.dupe_factor=3", "masking.whole_word=true", "masking.seed=5"]
+    )
     examples = [train[index] for index in range(10, 14)]
     length = max(len(example["input_ids"]) for example in examples)
     ids = torch.zeros(4, length, dtype=torch.long)  # (B, T) padded as a training batch is
     for row, example in enumerate(examples):
         ids[row, : len(example["input_ids"])] = torch.from_numpy(example["input_ids"])
-    batch = {"input_ids": ids, "attention_mask": (ids != 0).long(), "token_type_ids": torch.zeros_like(ids),
-             "example_ids": torch.arange(10, 14)}
+    batch = {
+        "input_ids": ids,
+        "attention_mask": (ids != 0).long(),
+        "token_type_ids": torch.zeros_like(ids),
+        "example_ids": torch.arange(10, 14),
+    }
     [step] = Masker(cfg.masking, tokenizer, train.token_counts).mask_step([(7, batch)], None, progress=0.0, step=1)
     for row, record in enumerate(records):
         n = len(record["input_ids"])
@@ -140,11 +185,14 @@ def test_dump_shows_a_training_steps_whole_word_and_static_masks(prepared):
         assert step["labels"][row, :n].tolist() == record["labels"]
 
 
-@pytest.mark.parametrize("flags, words", [
-    (["--strategy", "adaptive", "--scorer", "loss_ema"], ["loss tables", "--model", "--data"]),
-    (["--strategy", "adaptive", "--scorer", "entropy"], ["--model"]),
-    (["--strategy", "adaptive", "--scorer", "frequency"], ["--data"]),
-])
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--strategy", "adaptive", "--scorer", "loss_ema"], ["loss tables", "--model", "--data"]),
+        (["--strategy", "adaptive", "--scorer", "entropy"], ["--model"]),
+        (["--strategy", "adaptive", "--scorer", "frequency"], ["--data"]),
+    ],
+)
 def test_the_mask_command_says_what_a_scorer_needs(capsys, flags, words):
     assert main(["mask", SENTENCE, *flags]) == 2
     err = capsys.readouterr().err.strip()

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import SAMPLE
 from safetensors.torch import load_file, save_file
 
-from conftest import SAMPLE
 from mlmlab.cli import main
 from mlmlab.config import config_text, load_config
 from mlmlab.evaluate.perplexity import evaluate_mlm
@@ -23,11 +23,27 @@ from mlmlab.train import checkpoint
 from mlmlab.train.loop import Trainer
 
 CORPUS = SAMPLE / "valid.txt.gz"
-COMMON = ["train.batch_size=8", "train.eval_batches=4", "train.eval_every=0", "train.warmup_steps=1",
-          "train.log_every=1", "data.loader_workers=0", f"data.corpus={CORPUS}", f"data.valid_corpus={CORPUS}"]
+COMMON = [
+    "train.batch_size=8",
+    "train.eval_batches=4",
+    "train.eval_every=0",
+    "train.warmup_steps=1",
+    "train.log_every=1",
+    "data.loader_workers=0",
+    f"data.corpus={CORPUS}",
+    f"data.valid_corpus={CORPUS}",
+]
 TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64"]
-PHASE_1 = [*TINY, *COMMON, "data.max_seq_length=64", "model.max_position_embeddings=128", "train.max_steps=30", "train.lr=3e-3",
-           "train.save_every=10", "train.keep_last=0"]
+PHASE_1 = [
+    *TINY,
+    *COMMON,
+    "data.max_seq_length=64",
+    "model.max_position_embeddings=128",
+    "train.max_steps=30",
+    "train.lr=3e-3",
+    "train.save_every=10",
+    "train.keep_last=0",
+]
 
 
 pytestmark = pytest.mark.usefixtures("no_progress_bars")
@@ -37,15 +53,17 @@ pytestmark = pytest.mark.usefixtures("no_progress_bars")
 def source(tmp_path_factory):
     """Phase 1 in miniature: its run folder and final summary."""
     run = tmp_path_factory.mktemp("source") / "run"
-    summary = Trainer(load_config(None, [*PHASE_1, f"train.out_dir={run}"]), evaluator=evaluate_mlm,
-                      show_progress=False).train()
+    summary = Trainer(
+        load_config(None, [*PHASE_1, f"train.out_dir={run}"]), evaluator=evaluate_mlm, show_progress=False
+    ).train()
     return run, summary
 
 
 def trainer_from(model_dir, out_dir, *overrides) -> Trainer:
     """A run that starts from ``model_dir``, on the source's data and evaluation settings, not trained yet."""
-    config = load_config(None, [*COMMON, "data.max_seq_length=64", f"train.init={model_dir}", f"train.out_dir={out_dir}",
-                                *overrides])
+    config = load_config(
+        None, [*COMMON, "data.max_seq_length=64", f"train.init={model_dir}", f"train.out_dir={out_dir}", *overrides]
+    )
     return Trainer(config, evaluator=evaluate_mlm, show_progress=False)
 
 
@@ -60,10 +78,15 @@ def test_init_starts_where_the_source_ended(source, tmp_path, capsys):
     trainer = trainer_from(run / "model", tmp_path / "init")  # no model.* keys: taken from the checkpoint
     assert "starting from the weights of" in capsys.readouterr().err
     start = trainer.evaluate(4)
-    fresh = Trainer(load_config(None, [*PHASE_1, f"train.out_dir={tmp_path / 'fresh'}"]), evaluator=evaluate_mlm,
-                    show_progress=False).evaluate(4)
-    print(f"mlm loss: source's final {summary['eval']['mlm_loss']:.6f}, init's step 0 {start['mlm_loss']:.6f}, "
-          f"fresh {fresh['mlm_loss']:.6f}")
+    fresh = Trainer(
+        load_config(None, [*PHASE_1, f"train.out_dir={tmp_path / 'fresh'}"]),
+        evaluator=evaluate_mlm,
+        show_progress=False,
+    ).evaluate(4)
+    print(
+        f"mlm loss: source's final {summary['eval']['mlm_loss']:.6f}, init's step 0 {start['mlm_loss']:.6f}, "
+        f"fresh {fresh['mlm_loss']:.6f}"
+    )
     assert_same_evaluation(start, summary["eval"])
     assert fresh["mlm_loss"] > start["mlm_loss"] + 1.0  # far below a fresh model's (measured: 8.14 vs 10.33)
     assert trainer.state.step == 0 and not trainer.optimizer.state  # weights only: optimizer and step fresh
@@ -82,8 +105,10 @@ def masked_lm_copy(run: Path, folder: Path, legacy_names: bool = False) -> Path:
         shutil.copy(run / "model" / name, folder / name)
     if legacy_names:
         weights = load_file(folder / "model.safetensors")
-        renamed = {name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): value
-                   for name, value in weights.items()}
+        renamed = {
+            name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): value
+            for name, value in weights.items()
+        }
         renamed["bert.embeddings.position_ids"] = torch.arange(128)[None]
         save_file(renamed, folder / "model.safetensors", metadata={"format": "pt"})
     return folder
@@ -113,6 +138,7 @@ def edit_config(**entries):
     def change(folder: Path) -> None:
         config = json.loads((folder / "config.json").read_text())
         (folder / "config.json").write_text(json.dumps({**config, **entries}))
+
     return change
 
 
@@ -128,23 +154,42 @@ def pickled_only(folder: Path) -> None:
 
 
 REFUSALS = [
-    ("positions beyond the checkpoint's", lambda run, t: ["--init", str(run / "model"), "data.max_seq_length=256"],
-     ("data.max_seq_length=256 needs 256 positions", "max_position_embeddings=128")),
-    ("another architecture set explicitly", lambda run, t: ["--init", str(run / "model"), "model.hidden_size=64"],
-     ("hidden_size=32", "model.hidden_size=64")),
-    ("another vocabulary of the same size", lambda run, t: ["--init", str(run / "model"),
-                                                            f"data.tokenizer={renumbered_tokenizer(t)}"],
-     ("another vocabulary", "leave data.tokenizer empty")),
-    ("weights only as pytorch_model.bin", lambda run, t: ["--init", str(model_variant(run, t / "m", pickled_only))],
-     ("pytorch_model.bin", "never unpickles")),
-    ("a DeBERTa checkpoint",
-     lambda run, t: ["--init", str(model_variant(run, t / "m", edit_config(model_type="deberta")))],
-     ("model_type='deberta'", "'bert', 'roberta' or 'modernbert'")),
-    ("untied output embeddings", lambda run, t: ["--init", str(model_variant(
-        run, t / "m", edit_config(tie_word_embeddings=False)))], ("tie_word_embeddings=False",)),
+    (
+        "positions beyond the checkpoint's",
+        lambda run, t: ["--init", str(run / "model"), "data.max_seq_length=256"],
+        ("data.max_seq_length=256 needs 256 positions", "max_position_embeddings=128"),
+    ),
+    (
+        "another architecture set explicitly",
+        lambda run, t: ["--init", str(run / "model"), "model.hidden_size=64"],
+        ("hidden_size=32", "model.hidden_size=64"),
+    ),
+    (
+        "another vocabulary of the same size",
+        lambda run, t: ["--init", str(run / "model"), f"data.tokenizer={renumbered_tokenizer(t)}"],
+        ("another vocabulary", "leave data.tokenizer empty"),
+    ),
+    (
+        "weights only as pytorch_model.bin",
+        lambda run, t: ["--init", str(model_variant(run, t / "m", pickled_only))],
+        ("pytorch_model.bin", "never unpickles"),
+    ),
+    (
+        "a DeBERTa checkpoint",
+        lambda run, t: ["--init", str(model_variant(run, t / "m", edit_config(model_type="deberta")))],
+        ("model_type='deberta'", "'bert', 'roberta' or 'modernbert'"),
+    ),
+    (
+        "untied output embeddings",
+        lambda run, t: ["--init", str(model_variant(run, t / "m", edit_config(tie_word_embeddings=False)))],
+        ("tie_word_embeddings=False",),
+    ),
     ("no such folder", lambda run, t: ["--init", str(t / "nowhere")], ("no such folder",)),
-    ("--resume with a model folder", lambda run, t: ["--resume", str(run / "model")],
-     ("is a model folder, not a checkpoint", "--init")),
+    (
+        "--resume with a model folder",
+        lambda run, t: ["--resume", str(run / "model")],
+        ("is a model folder, not a checkpoint", "--init"),
+    ),
 ]
 
 
@@ -152,8 +197,16 @@ REFUSALS = [
 def test_init_refusals_are_one_line(source, tmp_path, capsys, case):
     _, argv, words = case
     run, _ = source
-    code = main(["pretrain", "--no-progress", *COMMON, "train.max_steps=2", f"train.out_dir={tmp_path / 'run'}",
-                 *argv(run, tmp_path)])
+    code = main(
+        [
+            "pretrain",
+            "--no-progress",
+            *COMMON,
+            "train.max_steps=2",
+            f"train.out_dir={tmp_path / 'run'}",
+            *argv(run, tmp_path),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("mlmlab: error: ") and err.count("\n") == 1, err
     assert all(word in err for word in words), err
@@ -164,9 +217,26 @@ def test_init_refusals_are_one_line(source, tmp_path, capsys, case):
 def test_phase_2_continues_at_length_128_with_its_own_cosine_schedule(source, tmp_path, capsys):
     run, _ = source
     out = tmp_path / "phase2"
-    assert main(["pretrain", "--no-progress", "--init", str(run / "model"), *COMMON, "data.max_seq_length=128",
-                 "train.max_steps=6", "train.warmup_steps=2", "train.lr_schedule=cosine", "train.decay_fraction=1.0",
-                 f"train.out_dir={out}", "--json", str(tmp_path / "summary.json")]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--no-progress",
+                "--init",
+                str(run / "model"),
+                *COMMON,
+                "data.max_seq_length=128",
+                "train.max_steps=6",
+                "train.warmup_steps=2",
+                "train.lr_schedule=cosine",
+                "train.decay_fraction=1.0",
+                f"train.out_dir={out}",
+                "--json",
+                str(tmp_path / "summary.json"),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 6
     lrs = [line["lr"] for line in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "lr" in line]
@@ -179,9 +249,25 @@ def test_phase_2_continues_at_length_128_with_its_own_cosine_schedule(source, tm
     assert f"model: {out}/model" in text and "held-out: perplexity" in text and "NSP accuracy" in text
     assert f"mlmlab evaluate --model {out}/model --data" in text and "pipeline('fill-mask'" in text
     # --json alone: the summary as JSON on stdout (a rerun of the finished run trains no further step).
-    assert main(["pretrain", "--no-progress", "--init", str(run / "model"), *COMMON, "data.max_seq_length=128",
-                 "train.max_steps=6", "train.warmup_steps=2", "train.lr_schedule=cosine", "train.decay_fraction=1.0",
-                 f"train.out_dir={out}", "--json"]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--no-progress",
+                "--init",
+                str(run / "model"),
+                *COMMON,
+                "data.max_seq_length=128",
+                "train.max_steps=6",
+                "train.warmup_steps=2",
+                "train.lr_schedule=cosine",
+                "train.decay_fraction=1.0",
+                f"train.out_dir={out}",
+                "--json",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert json.loads(captured.out)["steps"] == 6 and "resuming from" in captured.err  # the JSON alone on stdout
 
@@ -199,11 +285,21 @@ def test_the_model_card_says_what_the_model_is_and_how_it_was_made(source):
     run, summary = source
     card = (run / "model" / "README.md").read_text()
     meta = json.loads((Path(summary["run_dir"]) / "model" / "config.json").read_text())
-    for fact in ("pipeline_tag: fill-mask", "L1/H32", "| 1 | 32 | 2 | 64 | 128 |", "WordPiece, 30,522 tokens, lowercased",
-                 meta["vocab_hash"], "`valid.txt.gz`", "objective: `nsp`", "masking strategy: `dynamic`; 15%",
-                 f"{summary['steps']} steps, {summary['tokens_seen']:,} tokens seen",
-                 f"{summary['eval']['perplexity']:.2f}", f"{summary['eval']['mlm_accuracy']:.4f}",
-                 f"{summary['eval']['nsp_accuracy']:.4f}", "random initialisation"):
+    for fact in (
+        "pipeline_tag: fill-mask",
+        "L1/H32",
+        "| 1 | 32 | 2 | 64 | 128 |",
+        "WordPiece, 30,522 tokens, lowercased",
+        meta["vocab_hash"],
+        "`valid.txt.gz`",
+        "objective: `nsp`",
+        "masking strategy: `dynamic`; 15%",
+        f"{summary['steps']} steps, {summary['tokens_seen']:,} tokens seen",
+        f"{summary['eval']['perplexity']:.2f}",
+        f"{summary['eval']['mlm_accuracy']:.4f}",
+        f"{summary['eval']['nsp_accuracy']:.4f}",
+        "random initialisation",
+    ):
         assert fact in card, fact
     store_meta = _train_meta(run)
     assert f"{store_meta['num_corpus_tokens']:,}" in card and f"{store_meta['num_documents']:,}" in card
@@ -234,7 +330,9 @@ def test_export_of_the_last_checkpoint_is_the_final_model_folder(source, tmp_pat
     assert main(["export", str(run), "--out", str(tmp_path / "exported")]) == 0
     assert "model card" in capsys.readouterr().out
     final = sorted(p.relative_to(run / "model") for p in (run / "model").rglob("*") if p.is_file())
-    assert final == sorted(p.relative_to(tmp_path / "exported") for p in (tmp_path / "exported").rglob("*") if p.is_file())
+    assert final == sorted(
+        p.relative_to(tmp_path / "exported") for p in (tmp_path / "exported").rglob("*") if p.is_file()
+    )
     for relative in final:
         assert (run / "model" / relative).read_bytes() == (tmp_path / "exported" / relative).read_bytes(), relative
 
@@ -247,8 +345,10 @@ def test_export_of_an_earlier_checkpoint_evaluates_it(source, tmp_path, capsys):
     from transformers import AutoModelForMaskedLM
 
     AutoModelForMaskedLM.from_pretrained(tmp_path / "step10")
-    for argv, words in ((["export", str(run), "--out", str(tmp_path / "step10")], "not empty"),
-                        (["export", str(tmp_path), "--out", str(tmp_path / "x")], "neither a run folder")):
+    for argv, words in (
+        (["export", str(run), "--out", str(tmp_path / "step10")], "not empty"),
+        (["export", str(tmp_path), "--out", str(tmp_path / "x")], "neither a run folder"),
+    ):
         capsys.readouterr()
         assert main(argv) == 2
         err = capsys.readouterr().err
@@ -267,8 +367,21 @@ def test_export_of_a_checkpoint_from_before_a_resume_shows_the_config_it_was_mad
     copy = Path(shutil.copytree(run, tmp_path / "run"))
     (copy / "config.yaml").write_text((copy / "config.yaml").read_text().replace(str(run), str(copy)))
     before = (copy / "config.yaml").read_text()
-    assert main(["pretrain", "--no-progress", *PHASE_1, f"train.out_dir={copy}", "train.max_steps=40", "train.lr=1e-3",
-                 "--resume", "auto"]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--no-progress",
+                *PHASE_1,
+                f"train.out_dir={copy}",
+                "train.max_steps=40",
+                "train.lr=1e-3",
+                "--resume",
+                "auto",
+            ]
+        )
+        == 0
+    )
     after = (copy / "config.yaml").read_text()
     assert main(["export", str(copy / "ckpt-00000010"), "--out", str(tmp_path / "step10")]) == 0
     assert main(["export", str(copy / "ckpt-00000040"), "--out", str(tmp_path / "step40")]) == 0
@@ -283,7 +396,9 @@ def test_a_run_recorded_before_the_new_settings_existed_resumes(source, tmp_path
     copy = Path(shutil.copytree(run, tmp_path / "run"))
     added = ("  init: ", "  lr_schedule: ", "  text_column: ", "  id_column: ")
     text = (copy / "config.yaml").read_text().replace(str(run), str(copy))
-    (copy / "config.yaml").write_text("".join(line for line in text.splitlines(keepends=True) if not line.startswith(added)))
+    (copy / "config.yaml").write_text(
+        "".join(line for line in text.splitlines(keepends=True) if not line.startswith(added))
+    )
     assert main(["pretrain", "--no-progress", *PHASE_1, f"train.out_dir={copy}", "--json"]) == 0
     captured = capsys.readouterr()
     assert "resuming from" in captured.err and json.loads(captured.out)["steps"] == 30

@@ -25,8 +25,15 @@ RUNS = {
     "static-decay-mlm": ["masking.strategy=static", "masking.rate_schedule=linear_decay", "data.objective=mlm"],
 }
 # 10 warmup steps: the default 100 would take the whole budget, which a run refuses; the LR then also decays.
-COMMON = ["train.max_steps=50", "train.warmup_steps=10", "train.log_every=5", "train.eval_every=25",
-          "train.eval_batches=2", "train.precision=fp32", "data.loader_workers=0"]
+COMMON = [
+    "train.max_steps=50",
+    "train.warmup_steps=10",
+    "train.log_every=5",
+    "train.eval_every=25",
+    "train.eval_batches=2",
+    "train.precision=fp32",
+    "data.loader_workers=0",
+]
 TIMINGS = {"tokens_per_s", "mfu", "clock", "peak_flops"}  # and every "*seconds*" figure
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,32 +42,44 @@ def train_all(tree: Path, out: Path) -> None:
     """The four runs with ``tree``'s mlmlab, in one fresh process each."""
     env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "MLMLAB_CACHE": str(out / "cache")}
     for name, overrides in RUNS.items():
-        code = ("import sys; from mlmlab.cli import main; "
-                "sys.exit(main(['pretrain', '--no-progress', *sys.argv[1:]]))")
-        subprocess.run([sys.executable, "-c", code, *COMMON, *overrides, f"train.out_dir={out / name}"],
-                       env=env, cwd=tree, check=True, stdout=subprocess.DEVNULL)
+        code = "import sys; from mlmlab.cli import main; sys.exit(main(['pretrain', '--no-progress', *sys.argv[1:]]))"
+        subprocess.run(
+            [sys.executable, "-c", code, *COMMON, *overrides, f"train.out_dir={out / name}"],
+            env=env,
+            cwd=tree,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
 
 
 def differences(a: Path, b: Path) -> list[str]:
-    from safetensors.torch import load_file
     import torch
+    from safetensors.torch import load_file
 
     found = []
     for name in RUNS:
         wa, wb = (load_file(run / name / "model" / "model.safetensors") for run in (a, b))
-        found += [f"{name}: weight {key}" for key in sorted(wa.keys() | wb.keys())
-                  if key not in wa or key not in wb or not torch.equal(wa[key], wb[key])]
+        found += [
+            f"{name}: weight {key}"
+            for key in sorted(wa.keys() | wb.keys())
+            if key not in wa or key not in wb or not torch.equal(wa[key], wb[key])
+        ]
         ma, mb = (metrics(run / name / "metrics.jsonl") for run in (a, b))
         if len(ma) != len(mb):
             found.append(f"{name}: metrics.jsonl has {len(ma)} vs {len(mb)} records")
-        found += [f"{name}: metrics.jsonl step {ra.get('step')} differs in {changed_keys(ra, rb)}"
-                  for ra, rb in zip(ma, mb) if ra != rb]
+        found += [
+            f"{name}: metrics.jsonl step {ra.get('step')} differs in {changed_keys(ra, rb)}"
+            for ra, rb in zip(ma, mb)
+            if ra != rb
+        ]
     return found
 
 
 def metrics(path: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMINGS and "seconds" not in k}
-            for line in path.read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if k not in TIMINGS and "seconds" not in k}
+        for line in path.read_text().splitlines()
+    ]
 
 
 def changed_keys(a: dict, b: dict) -> list[str]:
@@ -73,8 +92,12 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
-        subprocess.run(["git", "worktree", "add", "--detach", str(folder / "ref"), args.ref], cwd=ROOT, check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(folder / "ref"), args.ref],
+            cwd=ROOT,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         try:
             train_all(folder / "ref", folder / "runs-ref")
             train_all(ROOT, folder / "runs-here")

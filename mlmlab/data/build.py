@@ -147,17 +147,28 @@ def prepare(
         log.info("reusing prepared dataset %s", target)
         return target
     # Into the cache, unasked: where it goes is news (--out named it). A line, so logs have it too.
-    say(f"preparing {named_files(paths)} into {target} (the cache; MLMLAB_CACHE moves it)",
-        show_progress and out_dir is None)
+    say(
+        f"preparing {named_files(paths)} into {target} (the cache; MLMLAB_CACHE moves it)",
+        show_progress and out_dir is None,
+    )
     with building(target) as staging, progress_bar("prepare", None, show_progress, unit="doc") as bar:
         _build(paths, columns, unk_marker, split, tokenizer, tokenizer_dir, config, digest, staging, num_workers, bar)
     _holds_dataset(target, digest)  # refuses a different dataset that a concurrent writer published there
     return target
 
 
-def prepared_hash(corpus_paths, tokenizer_dir: str | Path, max_seq_length: int, objective: str = choices.NSP,
-                  short_seq_prob: float = 0.1, seed: int = 12345, docs_per_shard: int = 2000,
-                  columns: Columns = Columns(), unk_marker: str = "", split: DocumentSplit | None = None) -> str:
+def prepared_hash(
+    corpus_paths,
+    tokenizer_dir: str | Path,
+    max_seq_length: int,
+    objective: str = choices.NSP,
+    short_seq_prob: float = 0.1,
+    seed: int = 12345,
+    docs_per_shard: int = 2000,
+    columns: Columns = Columns(),
+    unk_marker: str = "",
+    split: DocumentSplit | None = None,
+) -> str:
     """The hash ``prepare`` would give these inputs and settings, without preparing anything."""
     config = _validated_config(objective, max_seq_length, short_seq_prob, seed, docs_per_shard)
     return dataset_hash(resolve_paths(corpus_paths), Path(tokenizer_dir), config, columns, unk_marker, split)
@@ -204,8 +215,9 @@ def _holds_dataset(target: Path, digest: str) -> bool:
     return False
 
 
-def _build(paths, columns, unk_marker, split, tokenizer, tokenizer_dir, config, digest, staging: Path,
-           num_workers: int, bar) -> None:
+def _build(
+    paths, columns, unk_marker, split, tokenizer, tokenizer_dir, config, digest, staging: Path, num_workers: int, bar
+) -> None:
     shutil.copytree(tokenizer_dir, staging / "tokenizer")
     vocab_size = len(tokenizer)
     spec = _ShardSpec(config, str(staging), tokenizer.cls_token_id, tokenizer.sep_token_id, vocab_size)
@@ -248,7 +260,7 @@ LOW_USE = 0.8
 
 
 def token_use(meta: dict) -> str:
-    """"N corpus tokens, M (P%) in instances" from a dataset's meta (empty for folders made before it was counted)."""
+    """ "N corpus tokens, M (P%) in instances" from a dataset's meta (empty for folders made before it was counted)."""
     if "num_used_tokens" not in meta:
         return ""
     corpus, used = meta["num_corpus_tokens"], meta["num_used_tokens"]
@@ -261,11 +273,15 @@ def lost_text_warning(meta: dict) -> str | None:
         return None
     causes = []
     if meta["long_sentences"]:
-        causes.append(f"{meta['long_sentences']:,} sentence(s) longer than an instance were cut (text without "
-                      "sentence ends? put one sentence or paragraph per line)")
+        causes.append(
+            f"{meta['long_sentences']:,} sentence(s) longer than an instance were cut (text without "
+            "sentence ends? put one sentence or paragraph per line)"
+        )
     if meta["one_sentence_documents"]:
-        causes.append(f"{meta['one_sentence_documents']:,} document(s) of one sentence give no NSP pair (sentences are "
-                      "split at . ! ? before a capital letter: lowercased text is not split; put one sentence per line)")
+        causes.append(
+            f"{meta['one_sentence_documents']:,} document(s) of one sentence give no NSP pair (sentences are "
+            "split at . ! ? before a capital letter: lowercased text is not split; put one sentence per line)"
+        )
     return f"mlmlab: warning: only {token_use(meta)}; {'; '.join(causes) or 'instances were truncated'}"
 
 
@@ -315,8 +331,10 @@ def _built_shards(pool, chunks: Iterable[_Chunk], spec: _ShardSpec, pieces: int)
 def _split(chunk: _Chunk, pieces: int) -> list[tuple[list[list[str]], int]]:
     """(paragraph documents, corpus index of the first) of up to ``pieces`` consecutive parts of a chunk."""
     size = -(-len(chunk.paragraph_docs) // pieces)  # ceiling: no part is empty
-    return [(chunk.paragraph_docs[start : start + size], chunk.first_doc + start)
-            for start in range(0, len(chunk.paragraph_docs), size)]
+    return [
+        (chunk.paragraph_docs[start : start + size], chunk.first_doc + start)
+        for start in range(0, len(chunk.paragraph_docs), size)
+    ]
 
 
 def _build_async(pool, chunk: _Chunk, parts: list, spec: _ShardSpec):
@@ -326,8 +344,15 @@ def _build_async(pool, chunk: _Chunk, parts: list, spec: _ShardSpec):
 
 
 def _accumulate(summaries: Iterable[_ShardSummary], vocab_size: int, bar) -> dict:
-    totals = {"num_documents": 0, "num_instances": 0, "num_instance_tokens": 0, "num_random_next": 0,
-              "num_used_tokens": 0, "long_sentences": 0, "one_sentence_documents": 0}
+    totals = {
+        "num_documents": 0,
+        "num_instances": 0,
+        "num_instance_tokens": 0,
+        "num_random_next": 0,
+        "num_used_tokens": 0,
+        "long_sentences": 0,
+        "one_sentence_documents": 0,
+    }
     counts = np.zeros(vocab_size, dtype=np.int64)
     shards = []
     for summary in summaries:
@@ -390,10 +415,12 @@ def _without_gc(function):
     cycles; the collector's passes over them took 75% of turning a chunk's arrays into
     documents (0.23 s of which 0.056 s without it, 2,000 documents of the bundled sample).
     """
+
     @functools.wraps(function)
     def paused(*args, **kwargs):
         with restoring(gc.isenabled, lambda on: gc.enable() if on else gc.disable(), False):
             return function(*args, **kwargs)
+
     return paused
 
 

@@ -37,7 +37,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 from mlmlab.data.records import (
-    Columns, clean_paragraph, is_saved_dataset, is_table, record_documents, table_fields, table_records,
+    Columns,
+    clean_paragraph,
+    is_saved_dataset,
+    is_table,
+    record_documents,
+    table_fields,
+    table_records,
 )
 from mlmlab.errors import UserError
 
@@ -98,8 +104,9 @@ def document_sentences(paragraphs: list[str]) -> list[str]:
     return [sentence for paragraph in paragraphs for sentence in split_sentences(paragraph)]
 
 
-def read_paragraph_documents(paths: str | Path | Iterable[str | Path],
-                             columns: Columns = Columns()) -> Iterator[list[str]]:
+def read_paragraph_documents(
+    paths: str | Path | Iterable[str | Path], columns: Columns = Columns()
+) -> Iterator[list[str]]:
     """Yield every document with text as a list of paragraphs (HTML entities unescaped).
 
     Sentence splitting is left to the caller so that `prepare` can do it in worker
@@ -119,7 +126,7 @@ def read_paragraph_documents(paths: str | Path | Iterable[str | Path],
 
 
 def named_files(paths: list[Path], shown: int = 3) -> str:
-    """"a.txt", or "5 files: a.txt, b.txt, c.txt and 2 more": what a corpus read, in a line."""
+    """ "a.txt", or "5 files: a.txt, b.txt, c.txt and 2 more": what a corpus read, in a line."""
     names = ", ".join(str(p) for p in paths[:shown]) + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
     return names if len(paths) == 1 else f"{len(paths)} files: {names}"
 
@@ -137,8 +144,10 @@ def resolve_paths(paths: str | Path | Iterable[str | Path]) -> list[Path]:
             _refuse_prepared(path)
             files = [path] if is_saved_dataset(path) else _folder_files(path)
             if not files:
-                raise UserError(f"corpus folder {path} holds no corpus files (.txt .text .tokens .raw .jsonl, none, .gz, "
-                                ".parquet, .arrow); give a folder of text files or name the files themselves")
+                raise UserError(
+                    f"corpus folder {path} holds no corpus files (.txt .text .tokens .raw .jsonl, none, .gz, "
+                    ".parquet, .arrow); give a folder of text files or name the files themselves"
+                )
             resolved += files
         elif path.is_file():
             resolved.append(path)
@@ -155,7 +164,8 @@ _NOT_CORPUS = ("readme", "license", "licence", "copying", "notice", "authors")
 
 
 def _folder_files(folder: Path) -> list[Path]:
-    """The corpus files under ``folder``, recursively, sorted by path; hidden names skipped; saved datasets kept whole."""
+    """The corpus files under ``folder``, recursively, sorted by path; hidden names skipped; saved datasets kept
+    whole."""
     found = []
     for entry in sorted(folder.iterdir()):
         if entry.name.startswith("."):  # .git, .DS_Store, editors' swap files: never corpus text
@@ -179,9 +189,11 @@ def is_prepared_dataset(folder: Path) -> bool:
 def _refuse_prepared(folder: Path) -> None:
     """Read as text, a prepared folder's tokenizer/vocab.txt trained silently as if it were the corpus."""
     if is_prepared_dataset(folder):
-        raise UserError(f"{folder} is a dataset `mlmlab prepare` wrote, not corpus text; train on it as the only "
-                        f"corpus (data.corpus={folder}), evaluate on it (mlmlab evaluate --data {folder}), or give "
-                        "the text it was prepared from")
+        raise UserError(
+            f"{folder} is a dataset `mlmlab prepare` wrote, not corpus text; train on it as the only "
+            f"corpus (data.corpus={folder}), evaluate on it (mlmlab evaluate --data {folder}), or give "
+            "the text it was prepared from"
+        )
 
 
 def _is_corpus_file(path: Path) -> bool:
@@ -197,8 +209,10 @@ def refuse_missing_fields(corpus, columns: Columns, text_key: str) -> None:
     fields = _first_record_fields(path)
     for name, key in ((columns.text, text_key), (columns.doc_id, "data.id_column")):
         if fields is not None and name and name not in fields:
-            raise UserError(f"{path} has no {name!r} field (its fields: {', '.join(map(str, fields)) or 'none'}); "
-                            f"name the right one with {key}")
+            raise UserError(
+                f"{path} has no {name!r} field (its fields: {', '.join(map(str, fields)) or 'none'}); "
+                f"name the right one with {key}"
+            )
 
 
 def _first_record_fields(path: Path) -> list | None:
@@ -224,8 +238,9 @@ def _gzip_errors_refused(path: Path) -> Iterator[None]:
     try:
         yield
     except (EOFError, zlib.error, gzip.BadGzipFile) as err:  # raised while decompressing, mid-stream
-        raise UserError(f"{path} is a truncated or corrupt gzip file ({err}); copy or compress it again "
-                        "(`gzip -t` checks a file)") from None
+        raise UserError(
+            f"{path} is a truncated or corrupt gzip file ({err}); copy or compress it again (`gzip -t` checks a file)"
+        ) from None
 
 
 def _read_documents(path: Path, columns: Columns) -> Iterator[list[str]]:
@@ -330,8 +345,9 @@ def _decoded_lines(raw: BinaryIO, path: Path) -> Iterator[tuple[int, str]]:
         except UnicodeDecodeError as err:
             where = "uncompressed byte" if isinstance(raw, gzip.GzipFile) else "byte"
             kind = _undecodable(line, number)
-            raise UserError(f"{path} {kind} at line {number} ({where} offset {offset + err.start}); "
-                            f"{_ENCODING_REMEDY[kind]}") from None
+            raise UserError(
+                f"{path} {kind} at line {number} ({where} offset {offset + err.start}); {_ENCODING_REMEDY[kind]}"
+            ) from None
         offset += len(line)
         if number == 1:  # a byte-order mark (Windows editors write one) would hide a JSONL or <doc> file's format
             text = text.removeprefix("\ufeff")

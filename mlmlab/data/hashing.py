@@ -23,8 +23,14 @@ class BuildConfig:
     docs_per_shard: int
 
 
-def dataset_hash(paths: list[Path], tokenizer_dir: Path, config: BuildConfig, columns: Columns = Columns(),
-                 unk_marker: str = "", split: DocumentSplit | None = None) -> str:
+def dataset_hash(
+    paths: list[Path],
+    tokenizer_dir: Path,
+    config: BuildConfig,
+    columns: Columns = Columns(),
+    unk_marker: str = "",
+    split: DocumentSplit | None = None,
+) -> str:
     """sha256 over format version, config, corpus contents, how it is read (if not the default), the side of a
     held-out split (if any) and tokenizer files.
 

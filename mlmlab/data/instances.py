@@ -152,9 +152,7 @@ def pick_segment_a_end(start: int, end: int, rng: np.random.Generator) -> int:
     return int(rng.integers(start + 1, end))
 
 
-def pick_random_b(
-    documents: list[Document], doc_pos: int, target_b_length: int, rng: np.random.Generator
-) -> _Span:
+def pick_random_b(documents: list[Document], doc_pos: int, target_b_length: int, rng: np.random.Generator) -> _Span:
     """A random run of segments from a document other than doc_pos (there must be one)."""
     other = int(rng.integers(len(documents) - 1))
     other += other >= doc_pos  # skip doc_pos itself: every other document equally likely
@@ -233,8 +231,13 @@ def create_mlm_blocks(
 
 
 def _mlm_block(
-    tokens: list[int], first: tuple[int, int], last: tuple[int, int], documents: list[Document],
-    doc_ids: list[int], cls_id: int, sep_id: int,
+    tokens: list[int],
+    first: tuple[int, int],
+    last: tuple[int, int],
+    documents: list[Document],
+    doc_ids: list[int],
+    cls_id: int,
+    sep_id: int,
 ) -> Instance:
     """A block's "A" is its part of the first document, "B" its part of the last one."""
     same_doc = first[0] == last[0]

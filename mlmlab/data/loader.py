@@ -45,8 +45,9 @@ class LoaderPosition:
         return LoaderPosition(self.epoch, self.batch * self.global_batch // global_batch, global_batch)
 
 
-def epoch_batches(num_examples: int, global_batch: int, seed: int, epoch: int, lengths=None,
-                  bucket_batches: int = 0) -> np.ndarray:
+def epoch_batches(
+    num_examples: int, global_batch: int, seed: int, epoch: int, lengths=None, bucket_batches: int = 0
+) -> np.ndarray:
     """(num_batches, global_batch) example ids of one epoch; the ragged tail is dropped.
 
     With ``lengths`` and ``bucket_batches`` > 0, each run of ``bucket_batches`` batches of the
@@ -61,8 +62,8 @@ def epoch_batches(num_examples: int, global_batch: int, seed: int, epoch: int, l
     if lengths is not None and bucket_batches > 0:
         window = bucket_batches * global_batch
         for start in range(0, len(order), window):
-            chunk = order[start:start + window]
-            order[start:start + window] = chunk[np.argsort(lengths[chunk], kind="stable")]
+            chunk = order[start : start + window]
+            order[start : start + window] = chunk[np.argsort(lengths[chunk], kind="stable")]
         return order.reshape(num_batches, global_batch)[rng.permutation(num_batches)]
     return order.reshape(num_batches, global_batch)
 
@@ -70,7 +71,10 @@ def epoch_batches(num_examples: int, global_batch: int, seed: int, epoch: int, l
 def collate(examples: list[dict], example_ids, pad_id: int) -> dict:
     """Pad to the longest example of the batch; returns HF-named (B, T) tensors + example_ids."""
     length = max(len(e["input_ids"]) for e in examples)
-    batch = {key: np.full((len(examples), length), pad_id if key == "input_ids" else 0, dtype=np.int64) for key in KEYS_PADDED}
+    batch = {
+        key: np.full((len(examples), length), pad_id if key == "input_ids" else 0, dtype=np.int64)
+        for key in KEYS_PADDED
+    }
     attention = np.zeros((len(examples), length), dtype=np.int64)
     for row, example in enumerate(examples):
         n = len(example["input_ids"])
@@ -100,8 +104,18 @@ class _BatchDataset(Dataset):
         return collate([self.store[int(i)] for i in example_ids], example_ids, self.pad_id)
 
 
-def iterate_batches(store, *, batch_size: int, seed: int, start: LoaderPosition, rank: int = 0,
-                    world_size: int = 1, workers: int = 0, pad_id: int = 0, bucket_batches: int = 0):
+def iterate_batches(
+    store,
+    *,
+    batch_size: int,
+    seed: int,
+    start: LoaderPosition,
+    rank: int = 0,
+    world_size: int = 1,
+    workers: int = 0,
+    pad_id: int = 0,
+    bucket_batches: int = 0,
+):
     """Yield (LoaderPosition after this batch, batch) forever, starting at ``start``.
 
     Each yielded batch is this rank's share (batch_size examples) of a global batch of
@@ -110,22 +124,33 @@ def iterate_batches(store, *, batch_size: int, seed: int, start: LoaderPosition,
     dataset = _BatchDataset(store, pad_id)
     global_batch = batch_size * world_size
     if len(store) < global_batch:
-        raise UserError(f"the dataset has {len(store)} instances, fewer than one global batch of {global_batch}; "
-                        "use more text or a smaller train.batch_size")
-    for epoch, first, plan in epoch_plans(store, global_batch=global_batch, seed=seed, start=start,
-                                          bucket_batches=bucket_batches):
+        raise UserError(
+            f"the dataset has {len(store)} instances, fewer than one global batch of {global_batch}; "
+            "use more text or a smaller train.batch_size"
+        )
+    for epoch, first, plan in epoch_plans(
+        store, global_batch=global_batch, seed=seed, start=start, bucket_batches=bucket_batches
+    ):
         # Its own generator: a DataLoader draws a worker base seed when iterated, and from torch's
         # default generator that would shift the dropout stream of a resumed run.
         # Its workers leave a stop signal to the training loop, which saves before it exits.
-        loader = DataLoader(dataset, batch_size=None, sampler=list(plan[:, rank::world_size]), num_workers=workers,
-                            prefetch_factor=4 if workers else None, persistent_workers=False,
-                            generator=torch.Generator().manual_seed(seed), worker_init_fn=ignore_stop_signals)
+        loader = DataLoader(
+            dataset,
+            batch_size=None,
+            sampler=list(plan[:, rank::world_size]),
+            num_workers=workers,
+            prefetch_factor=4 if workers else None,
+            persistent_workers=False,
+            generator=torch.Generator().manual_seed(seed),
+            worker_init_fn=ignore_stop_signals,
+        )
         for offset, batch in enumerate(loader):
             yield LoaderPosition(epoch, first + offset + 1, global_batch), batch
 
 
 def epoch_plans(store, *, global_batch: int, seed: int, start: LoaderPosition, bucket_batches: int = 0):
-    """Yield (epoch, index of its first batch, its (num_batches, global_batch) example ids from there) from ``start``, forever.
+    """Yield (epoch, index of its first batch, its (num_batches, global_batch) example ids from there) from
+    ``start``, forever.
 
     The loader's order without the loader: what a run's batches hold, for anyone who must draw the same ones
     (benchmarks/throughput.py gives every arm these batches).

@@ -22,8 +22,16 @@ from mlmlab.data.store import TokenStore
 _STREAM = 0x6D6978  # "mix": the permutations' key differs from the loader's (seed, epoch) order
 
 # meta.json counts that add up over the sources (the model card shows them).
-_SUMMED = ("num_documents", "num_instances", "num_instance_tokens", "num_random_next", "num_used_tokens",
-           "long_sentences", "one_sentence_documents", "num_corpus_tokens")
+_SUMMED = (
+    "num_documents",
+    "num_instances",
+    "num_instance_tokens",
+    "num_random_next",
+    "num_used_tokens",
+    "long_sentences",
+    "one_sentence_documents",
+    "num_corpus_tokens",
+)
 
 
 class MixedStore:
@@ -53,13 +61,19 @@ class MixedStore:
     def token_counts(self) -> np.ndarray:
         """int64[vocab_size]: the corpus token counts an epoch draws, in expectation (a source's counts times the
         times each of its examples is drawn): the frequencies training sees, which frequency buckets rank."""
-        drawn = sum(store.token_counts * (quota / size) for store, quota, size in zip(self.stores, self.quotas, self.sizes))
+        drawn = sum(
+            store.token_counts * (quota / size) for store, quota, size in zip(self.stores, self.quotas, self.sizes)
+        )
         return np.rint(drawn).astype(np.int64)
 
     def epoch_examples(self, seed: int, epoch: int) -> np.ndarray:
         """(len(self),) the example ids epoch ``epoch`` draws, source by source (the loader shuffles them)."""
-        return np.concatenate([start + _drawn(size, quota * epoch, quota, (seed, _STREAM, source))
-                               for source, (start, size, quota) in enumerate(zip(self._starts, self.sizes, self.quotas))])
+        return np.concatenate(
+            [
+                start + _drawn(size, quota * epoch, quota, (seed, _STREAM, source))
+                for source, (start, size, quota) in enumerate(zip(self._starts, self.sizes, self.quotas))
+            ]
+        )
 
 
 def normalized(weights: list[float]) -> list[float]:
@@ -76,7 +90,8 @@ def draw_quotas(weights: list[float], total: int) -> np.ndarray:
 
 
 def _drawn(size: int, first: int, count: int, key: tuple) -> np.ndarray:
-    """(count,) draws ``first`` .. ``first + count - 1`` of a source's endless sequence of permutations of range(size)."""
+    """(count,) draws ``first`` .. ``first + count - 1`` of a source's endless sequence of permutations of
+    range(size)."""
     if not count:  # a weight too small for one draw in an epoch of this size
         return np.zeros(0, dtype=np.int64)
     passes = range(first // size, (first + count - 1) // size + 1)
@@ -95,8 +110,14 @@ def _mixture_meta(stores: list[TokenStore], weights: list[float]) -> dict:
     """The first source's meta (the settings, tokenizer and special ids every source shares), with the counts
     summed, every source's files, and the mixture: each source's hash, weight and files."""
     metas = [store.meta for store in stores]
-    sources = [{"hash": meta["hash"], "weight": weight, "corpus": meta["corpus"]} for meta, weight in zip(metas, weights)]
+    sources = [
+        {"hash": meta["hash"], "weight": weight, "corpus": meta["corpus"]} for meta, weight in zip(metas, weights)
+    ]
     shared = {key: value for key, value in metas[0].items() if key != "shards"}
-    return {**shared, **{key: sum(meta.get(key, 0) for meta in metas) for key in _SUMMED},
-            "hash": mixture_hash([meta["hash"] for meta in metas], weights),
-            "corpus": [path for meta in metas for path in meta["corpus"]], "mixture": sources}
+    return {
+        **shared,
+        **{key: sum(meta.get(key, 0) for meta in metas) for key in _SUMMED},
+        "hash": mixture_hash([meta["hash"] for meta in metas], weights),
+        "corpus": [path for meta in metas for path in meta["corpus"]],
+        "mixture": sources,
+    }

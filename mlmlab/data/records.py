@@ -57,7 +57,9 @@ def record_documents(records: Iterator[tuple[str, dict]], columns: Columns, sour
     document: list[str] = []
     current = None
     for where, record in records:
-        paragraphs = [p for p in (clean_paragraph(line) for line in _text(record, columns, source, where).split("\n")) if p]
+        paragraphs = [
+            p for p in (clean_paragraph(line) for line in _text(record, columns, source, where).split("\n")) if p
+        ]
         key = _doc_id(record, columns, source, where) if columns.doc_id else None
         if document and (key is None or key != current):
             yield document
@@ -72,16 +74,20 @@ def _text(record: dict, columns: Columns, source: Path, where: str) -> str:
     text = record.get(columns.text)
     if not isinstance(text, str):
         fields = ", ".join(map(str, record)) or "none"
-        raise UserError(f"{source} {where} has no string {columns.text!r} field (its fields: {fields}); every record "
-                        "needs one: name the text field with --text-column / data.text_column")
+        raise UserError(
+            f"{source} {where} has no string {columns.text!r} field (its fields: {fields}); every record "
+            "needs one: name the text field with --text-column / data.text_column"
+        )
     return text
 
 
 def _doc_id(record: dict, columns: Columns, source: Path, where: str):
     if columns.doc_id not in record:
         fields = ", ".join(map(str, record)) or "none"
-        raise UserError(f"{source} {where} has no {columns.doc_id!r} field for the document id (its fields: {fields}); "
-                        "name the right one with --id-column / data.id_column, or leave it empty")
+        raise UserError(
+            f"{source} {where} has no {columns.doc_id!r} field for the document id (its fields: {fields}); "
+            "name the right one with --id-column / data.id_column, or leave it empty"
+        )
     return record[columns.doc_id]
 
 
@@ -92,8 +98,10 @@ def table_records(path: Path, columns: Columns) -> Iterator[tuple[str, dict]]:
     missing = [name for name in wanted if table.column_names is not None and name not in table.column_names]
     if missing:
         which = "--text-column / data.text_column" if missing[0] == columns.text else "--id-column / data.id_column"
-        raise UserError(f"{path} has no column {missing[0]!r} (its columns: {', '.join(table.column_names)}); "
-                        f"name the right one with {which}")
+        raise UserError(
+            f"{path} has no column {missing[0]!r} (its columns: {', '.join(table.column_names)}); "
+            f"name the right one with {which}"
+        )
     row = 0
     for batch in table.select_columns(wanted).iter(batch_size=_BATCH_ROWS):
         for values in zip(*(batch[name] for name in wanted)):
@@ -119,16 +127,21 @@ def _open_table(path: Path):
         if path.is_dir():
             table = datasets.load_from_disk(str(path))
         else:
-            table = datasets.load_dataset(TABLE_SUFFIXES[path.suffix.lower()], data_files=[str(path)], split="train",
-                                          streaming=True)
+            table = datasets.load_dataset(
+                TABLE_SUFFIXES[path.suffix.lower()], data_files=[str(path)], split="train", streaming=True
+            )
     except Exception as err:  # datasets and pyarrow raise many types for foreign or corrupt files
-        raise UserError(f"cannot read {path} as a dataset ({type(err).__name__}: {_first_line(err)}); "
-                        "give a .parquet or .arrow file, or a folder written by Dataset.save_to_disk") from None
+        raise UserError(
+            f"cannot read {path} as a dataset ({type(err).__name__}: {_first_line(err)}); "
+            "give a .parquet or .arrow file, or a folder written by Dataset.save_to_disk"
+        ) from None
     finally:
         datasets.logging.set_verbosity(verbosity)
     if isinstance(table, datasets.DatasetDict):
-        raise UserError(f"{path} holds a DatasetDict with splits {', '.join(table)}; give one split's folder, "
-                        f"e.g. {path / next(iter(table))}")
+        raise UserError(
+            f"{path} holds a DatasetDict with splits {', '.join(table)}; give one split's folder, "
+            f"e.g. {path / next(iter(table))}"
+        )
     return table
 
 

@@ -46,8 +46,9 @@ def tokenizer_dir_for(setting: str) -> Path:
         refuse_incomplete_bpe(source)
         files = [source / "vocab.json", source / "merges.txt"]
         digest = hashlib.sha256(b"".join(path.name.encode() + path.read_bytes() for path in files)).hexdigest()[:16]
-        return _cached_folder(cache_root().parent / "tokenizers" / f"bpe-{digest}",
-                              lambda staging: adopt_bpe_files(source, staging))
+        return _cached_folder(
+            cache_root().parent / "tokenizers" / f"bpe-{digest}", lambda staging: adopt_bpe_files(source, staging)
+        )
     if not source.is_file():
         raise UserError(f"data.tokenizer={setting!r} is neither a tokenizer folder nor a vocab file")
     target = cache_root().parent / "tokenizers" / file_sha256(source)[:16]
@@ -65,11 +66,16 @@ def _cached_folder(target: Path, fill) -> Path:
 def standalone_tokenizer(model_dir: Path) -> Path:
     """The tokenizer files of a model folder, copied to the cache so data hashes ignore the weights (RoBERTa's slow
     files, vocab.json + merges.txt without a tokenizer.json, are adopted from there)."""
-    files = sorted(p for p in Path(model_dir).iterdir()
-                   if p.name.startswith(("tokenizer", "vocab", "merges", "special_tokens", "added_tokens")))
+    files = sorted(
+        p
+        for p in Path(model_dir).iterdir()
+        if p.name.startswith(("tokenizer", "vocab", "merges", "special_tokens", "added_tokens"))
+    )
     if not files:
-        raise UserError(f"{model_dir} holds no tokenizer files (vocab.txt, tokenizer.json); copy the model's "
-                        "tokenizer into it, or name it with data.tokenizer")
+        raise UserError(
+            f"{model_dir} holds no tokenizer files (vocab.txt, tokenizer.json); copy the model's "
+            "tokenizer into it, or name it with data.tokenizer"
+        )
     digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in files)).hexdigest()[:16]
     copied = _cached_folder(cache_root().parent / "tokenizers" / digest, lambda staging: _copy_files(files, staging))
     return tokenizer_dir_for(str(copied))
@@ -80,17 +86,30 @@ def _copy_files(files: list[Path], folder: Path) -> None:
         shutil.copy2(path, folder / path.name)
 
 
-def held_out_store(data: list[str], model_dir: Path, max_seq_length: int, columns: Columns = Columns(),
-                   show_progress: bool = False) -> TokenStore:
+def held_out_store(
+    data: list[str], model_dir: Path, max_seq_length: int, columns: Columns = Columns(), show_progress: bool = False
+) -> TokenStore:
     """A prepared dataset folder as is; a corpus (WikiText detokenised first) prepared with the model's tokenizer."""
     paths = [Path(p) for p in data]
     if folder := prepared_folder(paths):
         return TokenStore(folder)
     wikitext = [path for path in paths if is_wikitext(path) and path.is_file()]
-    corpus = [write_plain(path, cache_root().parent / "wikitext" / f"{path.stem}-{file_sha256(path)[:16]}.txt")
-              if path in wikitext else path for path in paths]
-    return TokenStore(prepare(corpus, tokenizer_dir=standalone_tokenizer(model_dir), max_seq_length=max_seq_length,
-                              columns=columns, unk_marker=UNK_MARKER if wikitext else "", show_progress=show_progress))
+    corpus = [
+        write_plain(path, cache_root().parent / "wikitext" / f"{path.stem}-{file_sha256(path)[:16]}.txt")
+        if path in wikitext
+        else path
+        for path in paths
+    ]
+    return TokenStore(
+        prepare(
+            corpus,
+            tokenizer_dir=standalone_tokenizer(model_dir),
+            max_seq_length=max_seq_length,
+            columns=columns,
+            unk_marker=UNK_MARKER if wikitext else "",
+            show_progress=show_progress,
+        )
+    )
 
 
 def prepared_folder(corpus: list) -> Path | None:
@@ -106,11 +125,22 @@ def _corpora_and_settings(data: DataConfig, model_dir: str) -> tuple[dict, dict]
     """
     train = list(data.corpus) or [SAMPLE_TRAIN]
     corpora = {"train": train, "valid": train if data.valid_fraction else data.valid_corpus or [SAMPLE_VALID]}
-    shared = dict(tokenizer_dir=_tokenizer_dir(data, model_dir, train), max_seq_length=data.max_seq_length,
-                  objective=data.objective, short_seq_prob=data.short_seq_prob, seed=data.prepare_seed)
+    shared = dict(
+        tokenizer_dir=_tokenizer_dir(data, model_dir, train),
+        max_seq_length=data.max_seq_length,
+        objective=data.objective,
+        short_seq_prob=data.short_seq_prob,
+        seed=data.prepare_seed,
+    )
     text_columns = {"train": data.text_column, "valid": data.valid_text_column or data.text_column}
-    return corpora, {split: {**shared, "columns": Columns(text_columns[split], data.id_column),
-                             "split": _document_split(data, split)} for split in corpora}
+    return corpora, {
+        split: {
+            **shared,
+            "columns": Columns(text_columns[split], data.id_column),
+            "split": _document_split(data, split),
+        }
+        for split in corpora
+    }
 
 
 def _train_sources(data: DataConfig, corpus: list) -> list[list]:
@@ -123,8 +153,10 @@ def _document_split(data: DataConfig, split: str) -> DocumentSplit | None:
     if not data.valid_fraction:
         return None
     if any(prepared_folder([path]) for path in data.corpus):
-        raise UserError("data.valid_fraction splits corpus text by documents, and a prepared folder is no longer "
-                        "text; give the text it was prepared from, or a held-out set as data.valid_corpus")
+        raise UserError(
+            "data.valid_fraction splits corpus text by documents, and a prepared folder is no longer "
+            "text; give the text it was prepared from, or a held-out set as data.valid_corpus"
+        )
     return DocumentSplit(data.valid_fraction, held_out=split == "valid")
 
 
@@ -148,8 +180,10 @@ def prepare_datasets(data: DataConfig, model_dir: str = "", show_progress: bool 
         if not prepared_folder(corpus):
             refuse_missing_fields(corpus, settings[split]["columns"], COLUMN_KEYS[split])
     if data.corpus and not (data.valid_corpus or data.valid_fraction) and PartialState().is_main_process:
-        log.warning("mlmlab: warning: held-out figures come from the sample bundled with mlmlab (Wikipedia), not from "
-                    "data.corpus; set data.valid_corpus=FILES, or data.valid_fraction=0.02 to hold out 2% of its documents")
+        log.warning(
+            "mlmlab: warning: held-out figures come from the sample bundled with mlmlab (Wikipedia), not from "
+            "data.corpus; set data.valid_corpus=FILES, or data.valid_fraction=0.02 to hold out 2% of its documents"
+        )
     workers = data.prepare_workers or None  # None: every core
     stores = [_token_store(corpus, settings[split], workers, show_progress) for corpus, split in parts]
     tokenizer_dir = settings["train"]["tokenizer_dir"]
@@ -169,8 +203,10 @@ COLUMN_KEYS = {"train": "data.text_column", "valid": "data.valid_text_column"}
 def require_vocab(store: TokenStore, expected: str, whose: str) -> None:
     """Refuse data tokenized with another vocabulary than ``whose`` (a size check misses a renumbered one)."""
     if store.vocab_hash != expected:
-        raise UserError(f"{store.path} was tokenized with another vocabulary than {whose} (vocabulary hash "
-                        f"{store.vocab_hash}, expected {expected}); prepare the data again with that tokenizer")
+        raise UserError(
+            f"{store.path} was tokenized with another vocabulary than {whose} (vocabulary hash "
+            f"{store.vocab_hash}, expected {expected}); prepare the data again with that tokenizer"
+        )
 
 
 def _token_store(corpus: list, settings: dict, workers: int | None, show_progress: bool) -> TokenStore:
@@ -185,16 +221,22 @@ def _token_store(corpus: list, settings: dict, workers: int | None, show_progres
 
 # What a prepared folder was built with, and the data keys that must say the same: the run's recorded
 # config then describes the data it trained on (the objective and length also decide how it trains).
-_BUILD_KEYS = {"objective": "data.objective", "max_seq_length": "data.max_seq_length",
-               "short_seq_prob": "data.short_seq_prob", "seed": "data.prepare_seed"}
+_BUILD_KEYS = {
+    "objective": "data.objective",
+    "max_seq_length": "data.max_seq_length",
+    "short_seq_prob": "data.short_seq_prob",
+    "seed": "data.prepare_seed",
+}
 
 
 def _require_build_settings(store: TokenStore, settings: dict) -> None:
     built = store.meta["config"]
     for name, key in _BUILD_KEYS.items():
         if built[name] != settings[name]:
-            raise UserError(f"{store.path} was prepared with {name} {built[name]!r}, but {key}={settings[name]!r}; "
-                            f"set {key}={built[name]} to train on it, or give the corpus it was prepared from")
+            raise UserError(
+                f"{store.path} was prepared with {name} {built[name]!r}, but {key}={settings[name]!r}; "
+                f"set {key}={built[name]} to train on it, or give the corpus it was prepared from"
+            )
 
 
 def dataset_hashes(data: DataConfig, model_dir: str = "") -> dict:

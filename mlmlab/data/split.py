@@ -42,5 +42,7 @@ def split_documents(documents: Iterable[list[str]], split: DocumentSplit) -> Ite
             yield paragraphs
     if not kept:
         side = "holds out no document" if split.held_out else "leaves no document to train on"
-        raise UserError(f"data.valid_fraction={split.valid_fraction:g} {side} of this corpus (a document's side is a "
-                        "hash of its text); use more text, another data.valid_fraction, or data.valid_corpus")
+        raise UserError(
+            f"data.valid_fraction={split.valid_fraction:g} {side} of this corpus (a document's side is a "
+            "hash of its text); use more text, another data.valid_fraction, or data.valid_corpus"
+        )

@@ -116,11 +116,15 @@ class TokenStore:
         smallest = int(input_ids.min()) if len(input_ids) and input_ids.dtype.kind == "i" else 0  # uint16: never < 0
         if smallest < 0 or largest >= vocab_size:
             outside = smallest if smallest < 0 else largest
-            raise UserError(f"{where} holds token id {outside}, outside the {vocab_size} ids of the vocabulary it was "
-                            f"prepared with: it was changed after `mlmlab prepare`; delete {self.path} and prepare again")
+            raise UserError(
+                f"{where} holds token id {outside}, outside the {vocab_size} ids of the vocabulary it was "
+                f"prepared with: it was changed after `mlmlab prepare`; delete {self.path} and prepare again"
+            )
         if shard.get("max_id", largest) != largest:  # folders prepared before max_id was recorded: the range check only
-            raise UserError(f"{where} was changed after `mlmlab prepare` (its largest token id is {largest}, prepare "
-                            f"recorded {shard['max_id']}); delete {self.path} and prepare again")
+            raise UserError(
+                f"{where} was changed after `mlmlab prepare` (its largest token id is {largest}, prepare "
+                f"recorded {shard['max_id']}); delete {self.path} and prepare again"
+            )
 
 
 def _read_meta(path: Path) -> dict:
@@ -130,8 +134,9 @@ def _read_meta(path: Path) -> dict:
         raise UserError(f"{path} is not a prepared mlmlab dataset (no meta.json); run `mlmlab prepare` first")
     meta = read_json_file(meta_path, f"delete {path} and run `mlmlab prepare` again")
     if problem := _meta_shape_problem(meta):
-        raise UserError(f"{meta_path} is not what `mlmlab prepare` writes ({problem}); delete {path} and run "
-                        "`mlmlab prepare` again")
+        raise UserError(
+            f"{meta_path} is not what `mlmlab prepare` writes ({problem}); delete {path} and run `mlmlab prepare` again"
+        )
     if meta.get("format_version") != FORMAT_VERSION:
         raise UserError(
             f"{path} has dataset format {meta.get('format_version')} but this mlmlab reads format "

@@ -48,8 +48,13 @@ _UNUSED = re.compile(r"^\[unused\d+\]$")
 
 
 def train_tokenizer(
-    corpus_paths: str | Path | Iterable[str | Path], vocab_size: int, out_dir: str | Path, lowercase: bool = True,
-    columns: Columns = Columns(), show_progress: bool = False, kind: str = choices.WORDPIECE,
+    corpus_paths: str | Path | Iterable[str | Path],
+    vocab_size: int,
+    out_dir: str | Path,
+    lowercase: bool = True,
+    columns: Columns = Columns(),
+    show_progress: bool = False,
+    kind: str = choices.WORDPIECE,
 ) -> Path:
     """Train a tokenizer of ``kind`` (wordpiece, bpe, unigram) on the corpus and save it as a tokenizer folder
     (with ``show_progress``, a bar of the documents read on stderr).
@@ -60,40 +65,47 @@ def train_tokenizer(
     measured on the bundled sample). Train once and reuse the folder.
     """
     if kind not in choices.TOKENIZER_KINDS:
-        raise UserError(f"tokenizer kind {kind!r} is not one mlmlab trains; use "
-                        f"{choices.listed(choices.TOKENIZER_KINDS)}")
+        raise UserError(
+            f"tokenizer kind {kind!r} is not one mlmlab trains; use {choices.listed(choices.TOKENIZER_KINDS)}"
+        )
     if vocab_size < len(SPECIAL_TOKENS) + 1 or (kind == choices.BPE and vocab_size <= 256 + 5):
-        raise UserError(f"vocab_size {vocab_size} is too small; use at least a few thousand (BERT uses 30522, "
-                        "RoBERTa 50265; a byte-level BPE needs more than its 256 bytes and 5 special tokens)")
+        raise UserError(
+            f"vocab_size {vocab_size} is too small; use at least a few thousand (BERT uses 30522, "
+            "RoBERTa 50265; a byte-level BPE needs more than its 256 bytes and 5 special tokens)"
+        )
     out_dir = _empty_out_dir(out_dir)
     if kind != choices.WORDPIECE:
         return _train_sentence_tokenizer(corpus_paths, vocab_size, out_dir, lowercase, columns, show_progress, kind)
     tokenizer = _bert_tokenizer(models.WordPiece(unk_token="[UNK]"), lowercase)
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
-    )
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
     with progress_bar("tokenizer", None, show_progress, unit="doc") as bar:
         tokenizer.train_from_iterator(_sentences(corpus_paths, columns, bar), trainer=trainer)
     vocab = tokenizer.get_vocab()
     return _save_folder(sorted(vocab, key=vocab.__getitem__), out_dir, lowercase)
 
 
-def _train_sentence_tokenizer(corpus_paths, vocab_size: int, out_dir: Path, lowercase: bool, columns: Columns,
-                              show_progress: bool, kind: str) -> Path:
+def _train_sentence_tokenizer(
+    corpus_paths, vocab_size: int, out_dir: Path, lowercase: bool, columns: Columns, show_progress: bool, kind: str
+) -> Path:
     """A byte-level BPE or a Unigram (module docstring), trained and saved as a folder AutoTokenizer loads."""
     special = list(SENTENCE_SPECIAL_TOKENS)
     if kind == choices.BPE:
         tokenizer = Tokenizer(models.BPE())
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
         tokenizer.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=special,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
     else:
         tokenizer = Tokenizer(models.Unigram())
         tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
         tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=special, unk_token="<unk>",
-                                          show_progress=False)
+        trainer = trainers.UnigramTrainer(
+            vocab_size=vocab_size, special_tokens=special, unk_token="<unk>", show_progress=False
+        )
     steps = [normalizers.NFKC()] if kind == choices.UNIGRAM else []
     if lowercase:
         steps.append(normalizers.Lowercase())
@@ -102,21 +114,31 @@ def _train_sentence_tokenizer(corpus_paths, vocab_size: int, out_dir: Path, lowe
     with progress_bar("tokenizer", None, show_progress, unit="doc") as bar:
         tokenizer.train_from_iterator(_sentences(corpus_paths, columns, bar), trainer=trainer)
     ids = {token: tokenizer.token_to_id(token) for token in special}
-    roles = dict(bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>", unk_token="<unk>",
-                 pad_token="<pad>", mask_token="<mask>")
+    roles = dict(
+        bos_token="<s>",
+        eos_token="</s>",
+        cls_token="<s>",
+        sep_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        mask_token="<mask>",
+    )
     if kind == choices.BPE:
         from transformers import RobertaTokenizerFast
 
-        tokenizer.post_processor = processors.RobertaProcessing(("</s>", ids["</s>"]), ("<s>", ids["<s>"]),
-                                                                trim_offsets=True, add_prefix_space=True)
+        tokenizer.post_processor = processors.RobertaProcessing(
+            ("</s>", ids["</s>"]), ("<s>", ids["<s>"]), trim_offsets=True, add_prefix_space=True
+        )
         wrapped = RobertaTokenizerFast(tokenizer_object=tokenizer, add_prefix_space=True, **roles)
         tokenizer.model.save(str(out_dir))  # vocab.json + merges.txt too, RoBERTa's slow files, for other tools
     else:
         from transformers import PreTrainedTokenizerFast
 
         tokenizer.post_processor = processors.TemplateProcessing(
-            single="<s> $A </s>", pair="<s> $A </s> $B:1 </s>:1",
-            special_tokens=[("<s>", ids["<s>"]), ("</s>", ids["</s>"])])
+            single="<s> $A </s>",
+            pair="<s> $A </s> $B:1 </s>:1",
+            special_tokens=[("<s>", ids["<s>"]), ("</s>", ids["</s>"])],
+        )
         wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **roles)
     wrapped.save_pretrained(str(out_dir))
     load_tokenizer(out_dir)
@@ -132,10 +154,13 @@ def adopt_bpe_files(folder: str | Path, out_dir: str | Path) -> Path:
     refuse_incomplete_bpe(folder)
     try:
         RobertaTokenizerFast(vocab=str(folder / "vocab.json"), merges=str(folder / "merges.txt")).save_pretrained(
-            str(out_dir))
+            str(out_dir)
+        )
     except Exception as err:  # tokenizers raises its own types for a damaged file
-        raise UserError(f"cannot read the byte-level BPE files in {folder} ({str(err).splitlines()[0]}); copy "
-                        "vocab.json and merges.txt again") from None
+        raise UserError(
+            f"cannot read the byte-level BPE files in {folder} ({str(err).splitlines()[0]}); copy "
+            "vocab.json and merges.txt again"
+        ) from None
     load_tokenizer(out_dir)
     return Path(out_dir)
 
@@ -143,8 +168,10 @@ def adopt_bpe_files(folder: str | Path, out_dir: str | Path) -> Path:
 def refuse_incomplete_bpe(folder: Path) -> None:
     """A one-line UserError for RoBERTa's slow files without their merges.txt."""
     if not (Path(folder) / "merges.txt").is_file():
-        raise UserError(f"{folder} has a vocab.json but no merges.txt: a byte-level BPE needs both (or a "
-                        "tokenizer.json); copy the tokenizer's merges.txt into it")
+        raise UserError(
+            f"{folder} has a vocab.json but no merges.txt: a byte-level BPE needs both (or a "
+            "tokenizer.json); copy the tokenizer's merges.txt into it"
+        )
 
 
 def adopt_vocab(vocab_file: str | Path, out_dir: str | Path, lowercase: bool = True) -> Path:
@@ -159,8 +186,11 @@ def load_tokenizer(tokenizer_dir: str | Path):
 
     tokenizer_dir = Path(tokenizer_dir)
     if not (tokenizer_dir / "tokenizer.json").is_file() and not (tokenizer_dir / "vocab.txt").is_file():
-        slow = " (only vocab.json: a byte-level BPE needs its merges.txt too)" \
-            if (tokenizer_dir / "vocab.json").is_file() and not (tokenizer_dir / "merges.txt").is_file() else ""
+        slow = (
+            " (only vocab.json: a byte-level BPE needs its merges.txt too)"
+            if (tokenizer_dir / "vocab.json").is_file() and not (tokenizer_dir / "merges.txt").is_file()
+            else ""
+        )
         raise UserError(
             f"{tokenizer_dir} is not a tokenizer folder (no tokenizer.json or vocab.txt){slow}; name it with "
             "data.tokenizer (vocab.json + merges.txt are adopted), or make one with `mlmlab tokenizer --corpus FILES "
@@ -172,8 +202,10 @@ def load_tokenizer(tokenizer_dir: str | Path):
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     except (OSError, ValueError, TypeError) as err:
-        raise UserError(f"cannot load the tokenizer in {tokenizer_dir} ({str(err).splitlines()[0]}); copy the folder "
-                        "again, or make one with `mlmlab tokenizer`") from None
+        raise UserError(
+            f"cannot load the tokenizer in {tokenizer_dir} ({str(err).splitlines()[0]}); copy the folder "
+            "again, or make one with `mlmlab tokenizer`"
+        ) from None
     if len(tokenizer) != len(expected) or tokenizer.get_vocab() != expected:
         raise UserError(
             f"tokenizer in {tokenizer_dir} loaded with {len(tokenizer)} tokens but its files list {len(expected)}; "
@@ -190,17 +222,21 @@ def require_roles(tokenizer, source) -> None:
         token = getattr(tokenizer, role, None)
         if token is None or str(token) not in vocab:
             name = role.removesuffix("_token")
-            raise UserError(f"the tokenizer in {source} has no {name} token ({role} in tokenizer_config.json); "
-                            f"mlmlab needs a {' '.join(r.removesuffix('_token') for r in REQUIRED_ROLES)} token: "
-                            "add it, or train one with `mlmlab tokenizer --kind wordpiece|bpe|unigram`")
+            raise UserError(
+                f"the tokenizer in {source} has no {name} token ({role} in tokenizer_config.json); "
+                f"mlmlab needs a {' '.join(r.removesuffix('_token') for r in REQUIRED_ROLES)} token: "
+                "add it, or train one with `mlmlab tokenizer --kind wordpiece|bpe|unigram`"
+            )
         ids[role] = vocab[str(token)]
-    pairs = [(a, b) for i, a in enumerate(REQUIRED_ROLES) for b in REQUIRED_ROLES[i + 1:] if ids[a] == ids[b]]
+    pairs = [(a, b) for i, a in enumerate(REQUIRED_ROLES) for b in REQUIRED_ROLES[i + 1 :] if ids[a] == ids[b]]
     allowed = {("cls_token", "sep_token")}  # GPT-2-style <|endoftext|> both begins and ends: still not a mask or pad
     clash = next((pair for pair in pairs if pair not in allowed), None)
     if clash:
-        raise UserError(f"the tokenizer in {source} uses one token ({getattr(tokenizer, clash[0])!r}, id "
-                        f"{ids[clash[0]]}) as both its {clash[0]} and its {clash[1]}: masked or padded positions could "
-                        "not be told apart; give each role its own token")
+        raise UserError(
+            f"the tokenizer in {source} uses one token ({getattr(tokenizer, clash[0])!r}, id "
+            f"{ids[clash[0]]}) as both its {clash[0]} and its {clash[1]}: masked or padded positions could "
+            "not be told apart; give each role its own token"
+        )
 
 
 def special_ids(tokenizer) -> set[int]:
@@ -233,16 +269,21 @@ def word_marker(tokenizer) -> tuple[str, bool]:
         return metaspace.get("replacement", "▁"), True
     if model.get("continuing_subword_prefix"):
         return model["continuing_subword_prefix"], False
-    raise UserError(f"masking.whole_word=true needs the tokenizer's pieces to mark where words begin (WordPiece's "
-                    f"\"##\", byte-level BPE's \"Ġ\", SentencePiece's \"▁\"); this {model['type']} tokenizer marks "
-                    "none: set masking.whole_word=false")
+    raise UserError(
+        f"masking.whole_word=true needs the tokenizer's pieces to mark where words begin (WordPiece's "
+        f'"##", byte-level BPE\'s "Ġ", SentencePiece\'s "▁"); this {model["type"]} tokenizer marks '
+        "none: set masking.whole_word=false"
+    )
 
 
 def _pre_tokenizer_steps(pre: dict | None) -> list[dict]:
     if not pre:
         return []
-    return [step for inner in pre.get("pretokenizers", []) for step in _pre_tokenizer_steps(inner)] \
-        if pre.get("type") == "Sequence" else [pre]
+    return (
+        [step for inner in pre.get("pretokenizers", []) for step in _pre_tokenizer_steps(inner)]
+        if pre.get("type") == "Sequence"
+        else [pre]
+    )
 
 
 def vocab_hash(vocab: Mapping[str, int]) -> str:
@@ -361,8 +402,10 @@ def _vocab_lines(vocab_file: Path) -> list[str]:
         lines.pop()
     blank = next((number for number, token in enumerate(lines, start=1) if not token.strip()), None)
     if blank is not None:
-        raise UserError(f"vocab {vocab_file} line {blank} is blank; each line must hold one token (delete the line "
-                        "only if the ids after it may shift)")
+        raise UserError(
+            f"vocab {vocab_file} line {blank} is blank; each line must hold one token (delete the line "
+            "only if the ids after it may shift)"
+        )
     return lines
 
 

@@ -25,7 +25,13 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 from mlmlab.architectures import ADAPTERS, Bert
 from mlmlab.errors import UserError
 from mlmlab.evaluate.glue_data import (
-    TASKS, TRAIN_FILE, GlueSplit, GlueTask, missing_files, read_labeled, read_unlabeled,
+    TASKS,
+    TRAIN_FILE,
+    GlueSplit,
+    GlueTask,
+    missing_files,
+    read_labeled,
+    read_unlabeled,
 )
 from mlmlab.evaluate.glue_settings import FineTuneSettings, GlueSettings
 from mlmlab.model_folder import load_any_tokenizer, read_config, saved_weight_shapes
@@ -52,8 +58,16 @@ METRIC_FUNCTIONS = {
 }
 
 
-def run_glue(model_dir, settings: GlueSettings, data_dir, out_dir, *, init: str = "pretrained",
-             write_test_predictions: bool = False, show_progress: bool = True) -> dict:
+def run_glue(
+    model_dir,
+    settings: GlueSettings,
+    data_dir,
+    out_dir,
+    *,
+    init: str = "pretrained",
+    write_test_predictions: bool = False,
+    show_progress: bool = True,
+) -> dict:
     """Fine-tune model_dir on each of ``settings.tasks`` and write glue_results.json and glue_results.md to out_dir.
 
     init="random" fine-tunes the same architecture from fresh weights (the baseline showing what
@@ -65,10 +79,25 @@ def run_glue(model_dir, settings: GlueSettings, data_dir, out_dir, *, init: str 
     check_arguments(model_dir, data_dir, init)
     per_task = settings.per_task()
     refuse_all_missing(list(per_task), data_dir)
-    context = RunContext(model_dir, load_any_tokenizer(model_dir), init, tuple(settings.seeds),
-                         settings.max_train_examples, write_test_predictions, show_progress, compute_device())
-    results = {"model_dir": str(model_dir), "init": init, "seeds": list(settings.seeds), "selection": SELECTION_NOTE,
-               "max_train_examples": settings.max_train_examples, "tasks": {}, "average": None}
+    context = RunContext(
+        model_dir,
+        load_any_tokenizer(model_dir),
+        init,
+        tuple(settings.seeds),
+        settings.max_train_examples,
+        write_test_predictions,
+        show_progress,
+        compute_device(),
+    )
+    results = {
+        "model_dir": str(model_dir),
+        "init": init,
+        "seeds": list(settings.seeds),
+        "selection": SELECTION_NOTE,
+        "max_train_examples": settings.max_train_examples,
+        "tasks": {},
+        "average": None,
+    }
     with lock_folder(out_dir, f"the GLUE output folder {out_dir}", "give --out another folder"):
         for name, task_settings in per_task.items():
             results["tasks"][name] = evaluate_task(TASKS[name], data_dir, task_settings, context, out_dir)
@@ -96,7 +125,9 @@ def check_arguments(model_dir: Path, data_dir: Path, init: str) -> None:
     if init == "pretrained":
         saved_weight_shapes(model_dir)  # a missing or truncated weights file, before any task reads data
     if not data_dir.is_dir():
-        raise UserError(f"GLUE data folder {data_dir} does not exist; pass the glue_data folder holding CoLA/, SST-2/, ...")
+        raise UserError(
+            f"GLUE data folder {data_dir} does not exist; pass the glue_data folder holding CoLA/, SST-2/, ..."
+        )
     if init not in ("pretrained", "random"):
         raise UserError(f"init={init!r} is not known; use 'pretrained' or 'random'")
 
@@ -106,14 +137,18 @@ def refuse_all_missing(names: list[str], data_dir: Path) -> None:
     missing = {name: missing_files(TASKS[name], data_dir) for name in names}
     if all(missing.values()):
         first = next(iter(missing.values()))[0]
-        raise UserError(f"none of the requested GLUE tasks has its files in {data_dir} (e.g. {first} is missing); "
-                        "pass the glue_data folder holding CoLA/, SST-2/, ... as --data-dir")
+        raise UserError(
+            f"none of the requested GLUE tasks has its files in {data_dir} (e.g. {first} is missing); "
+            "pass the glue_data folder holding CoLA/, SST-2/, ... as --data-dir"
+        )
 
 
 # ---------------------------------------------------------------- one task
 
 
-def evaluate_task(task: GlueTask, data_dir: Path, settings: FineTuneSettings, context: RunContext, out_dir: Path) -> dict:
+def evaluate_task(
+    task: GlueTask, data_dir: Path, settings: FineTuneSettings, context: RunContext, out_dir: Path
+) -> dict:
     absent = missing_files(task, data_dir)
     if absent:
         report(context, f"{task.name}: missing {', '.join(absent)}; skipped")
@@ -122,14 +157,17 @@ def evaluate_task(task: GlueTask, data_dir: Path, settings: FineTuneSettings, co
     folder = data_dir / task.name
     train_split = read_labeled(task, folder / TRAIN_FILE, context.max_train_examples)
     train = encode(train_split, context.tokenizer, settings.max_length)
-    devs = {split: encode(read_labeled(task, folder / name), context.tokenizer, settings.max_length)
-            for split, name in task.dev_files.items()}
+    devs = {
+        split: encode(read_labeled(task, folder / name), context.tokenizer, settings.max_length)
+        for split, name in task.dev_files.items()
+    }
     tests = read_tests(task, folder, settings, context)
     runs, test_outputs = [], {}
     for learning_rate in settings.learning_rates:
         for seed in context.seeds:
-            run, test_outputs[(learning_rate, seed)] = fine_tune_and_score(task, train, devs, tests, settings,
-                                                                            learning_rate, seed, context)
+            run, test_outputs[(learning_rate, seed)] = fine_tune_and_score(
+                task, train, devs, tests, settings, learning_rate, seed, context
+            )
             runs.append(run)
     result = summarize_task(task, settings, runs, len(train.labels), started)
     if tests:
@@ -141,8 +179,11 @@ def read_tests(task: GlueTask, folder: Path, settings: FineTuneSettings, context
     """Encoded test splits by file name, for the submission files; absent test files are skipped."""
     if not context.write_test_predictions:
         return {}
-    return {name: encode(read_unlabeled(task, folder / name), context.tokenizer, settings.max_length)
-            for name in task.test_files if (folder / name).is_file()}
+    return {
+        name: encode(read_unlabeled(task, folder / name), context.tokenizer, settings.max_length)
+        for name in task.test_files
+        if (folder / name).is_file()
+    }
 
 
 def fine_tune_and_score(
@@ -162,18 +203,37 @@ def fine_tune_and_score(
     # unavoidable. Data order uses its own generator (see train_model).
     transformers.set_seed(seed)
     model = load_model(context.model_dir, task, context.init, settings.dropout).to(context.device)
-    train_model(model, train, settings, learning_rate, seed, context.device, context.show_progress,
-                desc=f"glue {task.name} lr={learning_rate:g} seed={seed}")
+    train_model(
+        model,
+        train,
+        settings,
+        learning_rate,
+        seed,
+        context.device,
+        context.show_progress,
+        desc=f"glue {task.name} lr={learning_rate:g} seed={seed}",
+    )
     metrics = dev_metrics(task, model, devs, context.device)
     test_outputs = {name: predict(model, split, task, context.device) for name, split in tests.items()}
     minutes = (time.perf_counter() - started) / 60
-    report(context, f"{task.name} lr={learning_rate:g} seed={seed}: "
-                    f"{', '.join(f'{k}={v:.4f}' for k, v in metrics.items())} ({minutes:.2f} min)")
-    run = {"learning_rate": learning_rate, "seed": seed, "metrics": metrics, "score": task_score(metrics), "minutes": minutes}
+    report(
+        context,
+        f"{task.name} lr={learning_rate:g} seed={seed}: "
+        f"{', '.join(f'{k}={v:.4f}' for k, v in metrics.items())} ({minutes:.2f} min)",
+    )
+    run = {
+        "learning_rate": learning_rate,
+        "seed": seed,
+        "metrics": metrics,
+        "score": task_score(metrics),
+        "minutes": minutes,
+    }
     return run, test_outputs
 
 
-def summarize_task(task: GlueTask, settings: FineTuneSettings, runs: list[dict], train_examples: int, started: float) -> dict:
+def summarize_task(
+    task: GlueTask, settings: FineTuneSettings, runs: list[dict], train_examples: int, started: float
+) -> dict:
     per_lr = [median_over_seeds(task, learning_rate, runs) for learning_rate in settings.learning_rates]
     best = max(per_lr, key=lambda entry: nan_as_worst(entry["score"]))
     minutes = (time.perf_counter() - started) / 60
@@ -276,8 +336,11 @@ def quiet_transformers():
 def progress_bars_off():
     """transformers' progress bars off inside a ``with`` block, back as they were after it."""
     logging = transformers.logging
-    return restoring(logging.is_progress_bar_enabled,
-                     lambda on: logging.enable_progress_bar() if on else logging.disable_progress_bar(), False)
+    return restoring(
+        logging.is_progress_bar_enabled,
+        lambda on: logging.enable_progress_bar() if on else logging.disable_progress_bar(),
+        False,
+    )
 
 
 NEW_HEAD_PREFIXES = ("classifier.", "bert.pooler.")  # a checkpoint saved from BertForMaskedLM has no pooler
@@ -294,8 +357,16 @@ def check_only_head_is_new(model_dir: Path, missing_keys: Iterable[str]) -> None
         )
 
 
-def train_model(model, train: EncodedSplit, settings: FineTuneSettings, learning_rate: float, seed: int, device,
-                show_progress: bool = False, desc: str = "fine-tune") -> None:
+def train_model(
+    model,
+    train: EncodedSplit,
+    settings: FineTuneSettings,
+    learning_rate: float,
+    seed: int,
+    device,
+    show_progress: bool = False,
+    desc: str = "fine-tune",
+) -> None:
     """AdamW with linear warmup and decay over epochs of shuffled, dynamically padded batches (a bar of the
     run's steps on stderr, its epoch beside it, with ``show_progress``)."""
     steps_per_epoch = math.ceil(len(train) / settings.batch_size)
@@ -391,28 +462,43 @@ def format_glue_table(results: dict) -> str:
     row += [percent(ran[name]["dev"][metric]) for name, metric in columns] + [average]
     lines = markdown.table(header, [row])
     lines += details_table(ran)
-    lines.append(f"{SELECTION_NOTE} Metric values are medians over seeds {', '.join(map(str, results['seeds']))}; "
-                 "the average is the mean of the task scores (each the mean of the task's metrics).")
-    missing = [f"{name} ({', '.join(result['missing_files'])})"
-               for name, result in results["tasks"].items() if result["status"] == "missing"]
+    lines.append(
+        f"{SELECTION_NOTE} Metric values are medians over seeds {', '.join(map(str, results['seeds']))}; "
+        "the average is the mean of the task scores (each the mean of the task's metrics)."
+    )
+    missing = [
+        f"{name} ({', '.join(result['missing_files'])})"
+        for name, result in results["tasks"].items()
+        if result["status"] == "missing"
+    ]
     if missing:
         lines.append(f"Missing (files absent, not run): {'; '.join(missing)}.")
     if results.get("max_train_examples"):
-        lines.append(f"Trained on a fixed random sample of {results['max_train_examples']} training examples of each task "
-                     "(the same rows for every seed and model).")
+        lines.append(
+            f"Trained on a fixed random sample of {results['max_train_examples']} training examples of each task "
+            "(the same rows for every seed and model)."
+        )
     return "\n".join(lines) + "\n"
 
 
 def details_table(ran: dict[str, dict]) -> list[str]:
     body = []
     for name, result in ran.items():
-        per_lr = ", ".join(f"{entry['learning_rate']:g}: {percent(entry['score'])}"
-                           for entry in result["median_per_learning_rate"])
+        per_lr = ", ".join(
+            f"{entry['learning_rate']:g}: {percent(entry['score'])}" for entry in result["median_per_learning_rate"]
+        )
         settings = result["settings"]
-        body.append([
-            name, per_lr, f"{result['chosen_learning_rate']:g}", str(settings["epochs"]), str(settings["batch_size"]),
-            f"{result['minutes']:.1f}", f"{result['minutes_per_run']:.2f}",
-        ])
+        body.append(
+            [
+                name,
+                per_lr,
+                f"{result['chosen_learning_rate']:g}",
+                str(settings["epochs"]),
+                str(settings["batch_size"]),
+                f"{result['minutes']:.1f}",
+                f"{result['minutes_per_run']:.2f}",
+            ]
+        )
     return markdown.table(["Task", "score per lr (median)", "chosen lr", "epochs", "batch", "minutes", "min/run"], body)
 
 

@@ -53,30 +53,62 @@ TASKS: dict[str, GlueTask] = {
     task.name: task
     for task in (
         GlueTask(
-            "CoLA", ("sentence",), "label", BINARY, ("mcc",), SINGLE_DEV, {"test.tsv": "CoLA.tsv"},
+            "CoLA",
+            ("sentence",),
+            "label",
+            BINARY,
+            ("mcc",),
+            SINGLE_DEV,
+            {"test.tsv": "CoLA.tsv"},
             headerless_columns=("source", "label", "original_mark", "sentence"),
         ),
         GlueTask("SST-2", ("sentence",), "label", BINARY, ("accuracy",), SINGLE_DEV, {"test.tsv": "SST-2.tsv"}),
         GlueTask(
-            "MRPC", ("#1 String", "#2 String"), "Quality", BINARY, ("f1", "accuracy"), SINGLE_DEV,
+            "MRPC",
+            ("#1 String", "#2 String"),
+            "Quality",
+            BINARY,
+            ("f1", "accuracy"),
+            SINGLE_DEV,
             {"test.tsv": "MRPC.tsv"},
         ),
         GlueTask(
-            "STS-B", ("sentence1", "sentence2"), "score", None, ("pearson", "spearman"), SINGLE_DEV,
+            "STS-B",
+            ("sentence1", "sentence2"),
+            "score",
+            None,
+            ("pearson", "spearman"),
+            SINGLE_DEV,
             {"test.tsv": "STS-B.tsv"},
         ),
         GlueTask(
-            "QQP", ("question1", "question2"), "is_duplicate", BINARY, ("f1", "accuracy"), SINGLE_DEV,
-            {"test.tsv": "QQP.tsv"}, test_index_column="id",
+            "QQP",
+            ("question1", "question2"),
+            "is_duplicate",
+            BINARY,
+            ("f1", "accuracy"),
+            SINGLE_DEV,
+            {"test.tsv": "QQP.tsv"},
+            test_index_column="id",
         ),
         GlueTask(
-            "MNLI", ("sentence1", "sentence2"), "gold_label", ("entailment", "neutral", "contradiction"),
-            ("accuracy",), {"matched": "dev_matched.tsv", "mismatched": "dev_mismatched.tsv"},
+            "MNLI",
+            ("sentence1", "sentence2"),
+            "gold_label",
+            ("entailment", "neutral", "contradiction"),
+            ("accuracy",),
+            {"matched": "dev_matched.tsv", "mismatched": "dev_mismatched.tsv"},
             {"test_matched.tsv": "MNLI-m.tsv", "test_mismatched.tsv": "MNLI-mm.tsv"},
         ),
-        GlueTask("QNLI", ("question", "sentence"), "label", ENTAILMENT, ("accuracy",), SINGLE_DEV, {"test.tsv": "QNLI.tsv"}),
-        GlueTask("RTE", ("sentence1", "sentence2"), "label", ENTAILMENT, ("accuracy",), SINGLE_DEV, {"test.tsv": "RTE.tsv"}),
-        GlueTask("WNLI", ("sentence1", "sentence2"), "label", BINARY, ("accuracy",), SINGLE_DEV, {"test.tsv": "WNLI.tsv"}),
+        GlueTask(
+            "QNLI", ("question", "sentence"), "label", ENTAILMENT, ("accuracy",), SINGLE_DEV, {"test.tsv": "QNLI.tsv"}
+        ),
+        GlueTask(
+            "RTE", ("sentence1", "sentence2"), "label", ENTAILMENT, ("accuracy",), SINGLE_DEV, {"test.tsv": "RTE.tsv"}
+        ),
+        GlueTask(
+            "WNLI", ("sentence1", "sentence2"), "label", BINARY, ("accuracy",), SINGLE_DEV, {"test.tsv": "WNLI.tsv"}
+        ),
     )
 }
 
@@ -187,9 +219,12 @@ def parse_label(task: GlueTask, path: Path, line: int, value: str) -> int | floa
         try:
             return float(value)
         except ValueError:
-            raise UserError(f"{path}:{line}: {task.label_column} {value!r} is not a number; expected a float score") from None
+            raise UserError(
+                f"{path}:{line}: {task.label_column} {value!r} is not a number; expected a float score"
+            ) from None
     if value not in task.labels:
         raise UserError(
-            f"{path}:{line}: {task.label_column} {value!r} is not a {task.name} label; expected one of {', '.join(task.labels)}"
+            f"{path}:{line}: {task.label_column} {value!r} is not a {task.name} label; "
+            f"expected one of {', '.join(task.labels)}"
         )
     return task.labels.index(value)

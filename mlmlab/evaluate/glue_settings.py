@@ -77,9 +77,13 @@ class GlueSettings:
         """
         self._check_seeds()
         self._check_numbers()
-        overrides = {"learning_rates": None if self.learning_rates is None else tuple(self.learning_rates),
-                     "epochs": self.epochs, "batch_size": self.batch_size, "max_length": self.max_length,
-                     "dropout": self.dropout}
+        overrides = {
+            "learning_rates": None if self.learning_rates is None else tuple(self.learning_rates),
+            "epochs": self.epochs,
+            "batch_size": self.batch_size,
+            "max_length": self.max_length,
+            "dropout": self.dropout,
+        }
         return {name: with_overrides(TASK_SETTINGS[name], overrides) for name in resolve_task_names(self.tasks)}
 
     def _check_seeds(self) -> None:
@@ -90,8 +94,12 @@ class GlueSettings:
             check_range("seeds", seed, SEEDS, 0)
 
     def _check_numbers(self) -> None:
-        counts = {"epochs": self.epochs, "batch_size": self.batch_size, "max_length": self.max_length,
-                  "max_train_examples": self.max_train_examples}
+        counts = {
+            "epochs": self.epochs,
+            "batch_size": self.batch_size,
+            "max_length": self.max_length,
+            "max_train_examples": self.max_train_examples,
+        }
         for name, value in counts.items():
             if value is not None and not (_is_int(value) and value >= 1):
                 raise UserError(f"{name}={value!r} must be a whole number >= 1")
@@ -120,7 +128,9 @@ def resolve_task_names(tasks) -> list[str]:
     by_key = {name.lower().replace("-", ""): name for name in TASKS}
     unknown = [name for name in tasks if name.lower().replace("-", "") not in by_key]
     if unknown or not tasks:
-        raise UserError(f"unknown GLUE task(s) {', '.join(unknown) or '(none given)'}; use 'all' or some of {', '.join(TASKS)}")
+        raise UserError(
+            f"unknown GLUE task(s) {', '.join(unknown) or '(none given)'}; use 'all' or some of {', '.join(TASKS)}"
+        )
     wanted = {by_key[name.lower().replace("-", "")] for name in tasks}
     return [name for name in TASKS if name in wanted]
 

@@ -60,8 +60,16 @@ from threadpoolctl import threadpool_limits
 from mlmlab import choices
 from mlmlab.errors import UserError
 from mlmlab.evaluate.glue import (
-    EVAL_BATCH_SIZE, EncodedSplit, check_arguments, collate, compute_metrics, encode, load_model, nan_as_worst,
-    percent, task_score,
+    EVAL_BATCH_SIZE,
+    EncodedSplit,
+    check_arguments,
+    collate,
+    compute_metrics,
+    encode,
+    load_model,
+    nan_as_worst,
+    percent,
+    task_score,
 )
 from mlmlab.evaluate.glue_data import TASKS, TRAIN_FILE, GlueTask, missing_files, read_labeled
 from mlmlab.evaluate.glue_settings import TASK_SETTINGS, resolve_task_names
@@ -122,16 +130,26 @@ def run_probes(
     probe_results.json and probe_results.md there. Every argument and file is checked first.
     """
     # --out is this process's from the first check on: two probes writing one folder would mix their files.
-    with nullcontext() if out_dir is None else lock_folder(Path(out_dir), f"the probe output folder {out_dir}",
-                                                           "give --out another folder"):
+    with (
+        nullcontext()
+        if out_dir is None
+        else lock_folder(Path(out_dir), f"the probe output folder {out_dir}", "give --out another folder")
+    ):
         results = probe_all(model_dir, tasks, data_dir, poolings, seed, random_inits, show_progress)
         if out_dir is not None:
             write_probe_results(results, Path(out_dir))
     return results
 
 
-def probe_all(model_dir, tasks: Sequence[str] | None, data_dir, poolings: Sequence[str], seed: int,
-              random_inits: int, show_progress: bool) -> dict:
+def probe_all(
+    model_dir,
+    tasks: Sequence[str] | None,
+    data_dir,
+    poolings: Sequence[str],
+    seed: int,
+    random_inits: int,
+    show_progress: bool,
+) -> dict:
     """run_probes' results, nothing written."""
     started = time.perf_counter()
     model_dir, data_dir = Path(model_dir), Path(data_dir)
@@ -142,16 +160,22 @@ def probe_all(model_dir, tasks: Sequence[str] | None, data_dir, poolings: Sequen
     data = {name: read_task(TASKS[name], data_dir, tokenizer) for name in names}  # every file read before any forward
     device = compute_device()
     pretrained = encoder_features(model_dir, PRETRAINED, data, seed, device, show_progress)
-    draws = [encoder_features(model_dir, RANDOM_INIT, data, seed + draw, device, show_progress)
-             for draw in range(random_inits)]
+    draws = [
+        encoder_features(model_dir, RANDOM_INIT, data, seed + draw, device, show_progress)
+        for draw in range(random_inits)
+    ]
     # The fits are small (N x H) products: BLAS and OpenMP threads only busy-wait on each other and on
     # torch's; one thread fit SST-2's probes 30x faster on a busy 2-core machine (13 s -> 0.4 s a fit).
     with threadpool_limits(limits=1):
         pooled = {pooling: pooling_results(pooling, data, pretrained, draws, seed) for pooling in poolings}
     results = {
-        "model_dir": str(model_dir), "seed": seed, "random_inits": random_inits, "selection": SELECTION_NOTE,
+        "model_dir": str(model_dir),
+        "seed": seed,
+        "random_inits": random_inits,
+        "selection": SELECTION_NOTE,
         "strengths": list(STRENGTHS),
-        "train_samples": {name: TRAIN_SAMPLES[name] for name in names if name in TRAIN_SAMPLES}, "poolings": pooled,
+        "train_samples": {name: TRAIN_SAMPLES[name] for name in names if name in TRAIN_SAMPLES},
+        "poolings": pooled,
     }
     results["seconds"] = time.perf_counter() - started
     return results
@@ -174,8 +198,10 @@ def check_task_files(names: list[str], data_dir: Path) -> None:
     """Every task's train and dev files, or a UserError naming the first missing one (nothing is skipped)."""
     missing = [path for name in names for path in missing_files(TASKS[name], data_dir)]
     if missing:
-        raise UserError(f"{data_dir / missing[0]} is missing; a probe or GLUE fine-tuning needs each task's train and "
-                        "dev files, as in the glue_data folder holding CoLA/, SST-2/, ... (pass it as --data-dir)")
+        raise UserError(
+            f"{data_dir / missing[0]} is missing; a probe or GLUE fine-tuning needs each task's train and "
+            "dev files, as in the glue_data folder holding CoLA/, SST-2/, ... (pass it as --data-dir)"
+        )
 
 
 def read_task(task: GlueTask, data_dir: Path, tokenizer, max_rows: int | None = None) -> TaskData:
@@ -184,8 +210,10 @@ def read_task(task: GlueTask, data_dir: Path, tokenizer, max_rows: int | None = 
     folder, max_length = data_dir / task.name, TASK_SETTINGS[task.name].max_length
     train_rows = min((n for n in (TRAIN_SAMPLES.get(task.name), max_rows) if n is not None), default=None)
     splits = {"train": encode(read_labeled(task, folder / TRAIN_FILE, train_rows), tokenizer, max_length)}
-    splits |= {split: encode(read_labeled(task, folder / name, max_rows), tokenizer, max_length)
-               for split, name in task.dev_files.items()}
+    splits |= {
+        split: encode(read_labeled(task, folder / name, max_rows), tokenizer, max_length)
+        for split, name in task.dev_files.items()
+    }
     return TaskData(task, splits)
 
 
@@ -205,8 +233,9 @@ def load_encoder(model_dir: Path, init: str, seed: int, device: torch.device) ->
     return model.base_model.to(device).eval()
 
 
-def encoder_features(model_dir: Path, init: str, data: dict[str, TaskData], seed: int, device: torch.device,
-                     show_progress: bool) -> dict[str, dict[str, Features]]:
+def encoder_features(
+    model_dir: Path, init: str, data: dict[str, TaskData], seed: int, device: torch.device, show_progress: bool
+) -> dict[str, dict[str, Features]]:
     """task -> split -> Features of one encoder; random-init features come from the process's cache when there."""
     encoder = functools.cache(lambda: load_encoder(model_dir, init, seed, device))  # not loaded if all is cached
     config = read_config(model_dir)
@@ -216,8 +245,9 @@ def encoder_features(model_dir: Path, init: str, data: dict[str, TaskData], seed
         for split_name, split in task_data.splits.items():
             label = f"{name} {split_name} ({init})"
             key = random_init_key(config, seed, split) if init == RANDOM_INIT else None
-            features[name][split_name] = cached(key, lambda: split_features(encoder(), split, device, label,
-                                                                            show_progress))
+            features[name][split_name] = cached(
+                key, lambda: split_features(encoder(), split, device, label, show_progress)
+            )
     return features
 
 
@@ -239,14 +269,15 @@ def cached(key: str | None, compute: Callable[[], Features]) -> Features:
 
 
 @torch.inference_mode()
-def split_features(encoder: torch.nn.Module, split: EncodedSplit, device: torch.device, label: str,
-                   show_progress: bool) -> Features:
+def split_features(
+    encoder: torch.nn.Module, split: EncodedSplit, device: torch.device, label: str, show_progress: bool
+) -> Features:
     """Every pooling of every example of ``split``, in file order, from one forward pass per batch."""
     order = np.argsort([len(ids) for ids in split.features["input_ids"]], kind="stable")  # little padding per batch
     pooled = {pooling: [] for pooling in choices.POOLINGS}
     with progress_bar(f"probe {label}", len(split), show_progress, unit="ex") as bar:
         for start in range(0, len(split), EVAL_BATCH_SIZE):
-            rows = order[start:start + EVAL_BATCH_SIZE].tolist()
+            rows = order[start : start + EVAL_BATCH_SIZE].tolist()
             batch = collate(split, rows, device)
             hidden = encoder(**batch).last_hidden_state  # (B, T, H)
             real = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
@@ -264,8 +295,11 @@ def pooling_results(pooling: str, data: dict[str, TaskData], pretrained: dict, d
     """{"tasks": {task: figures}, "average_gain"} of one pooling; ``draws``: each random-init encoder's features."""
     tasks = {}
     for name, task_data in data.items():
-        tasks[name] = task_figures(task_data, probe_task(task_data, pretrained[name], pooling, seed),
-                                   [probe_task(task_data, features[name], pooling, seed) for features in draws])
+        tasks[name] = task_figures(
+            task_data,
+            probe_task(task_data, pretrained[name], pooling, seed),
+            [probe_task(task_data, features[name], pooling, seed) for features in draws],
+        )
     return {"tasks": tasks, "average_gain": float(np.mean([figures["gain"] for figures in tasks.values()]))}
 
 
@@ -295,8 +329,17 @@ def task_figures(task_data: TaskData, pretrained: dict, draws: list[dict]) -> di
 def figure_names(task: GlueTask) -> tuple[str, ...]:
     """The keys task_figures gives ``task``: what a study's row paths may name under probe.tasks.<task>."""
     metrics = task.metric_names
-    return (*metrics, *(f"random_init_{name}" for name in metrics), "score", "random_init_score", "gain", "C",
-            "random_init_C", "train_examples", "dev_examples")
+    return (
+        *metrics,
+        *(f"random_init_{name}" for name in metrics),
+        "score",
+        "random_init_score",
+        "gain",
+        "C",
+        "random_init_C",
+        "train_examples",
+        "dev_examples",
+    )
 
 
 def probe_task(task_data: TaskData, features: dict[str, Features], pooling: str, seed: int) -> dict:
@@ -366,15 +409,27 @@ def format_probe_table(results: dict) -> str:
     body = []
     for pooling, pooled in results["poolings"].items():
         for name, figures in pooled["tasks"].items():
-            body.append([name, pooling, score_name(TASKS[name]), percent(figures["score"]),
-                         random_init_cell(figures), points(figures["gain"])])
+            body.append(
+                [
+                    name,
+                    pooling,
+                    score_name(TASKS[name]),
+                    percent(figures["score"]),
+                    random_init_cell(figures),
+                    points(figures["gain"]),
+                ]
+            )
         body.append(["average", pooling, "", "", "", points(pooled["average_gain"])])
     lines = markdown.table(["Task", "Pooling", "Score", "Pretrained", "Random init", "Gain"], body)
-    lines.append(f"{Path(results['model_dir']).name}: GLUE dev scores x100; random init = the same config.json with "
-                 f"{drawn_weights(results['seed'], results['random_inits'])}; gain = pretrained - random init. "
-                 f"{results['selection']}")
+    lines.append(
+        f"{Path(results['model_dir']).name}: GLUE dev scores x100; random init = the same config.json with "
+        f"{drawn_weights(results['seed'], results['random_inits'])}; gain = pretrained - random init. "
+        f"{results['selection']}"
+    )
     for name, rows in results["train_samples"].items():
-        lines.append(f"{name} trains on a fixed sample of at most {rows} training rows (the same rows for every model).")
+        lines.append(
+            f"{name} trains on a fixed sample of at most {rows} training rows (the same rows for every model)."
+        )
     lines.append(f"Took {results['seconds'] / 60:.1f} min.")
     return "\n".join(lines) + "\n"
 

@@ -51,9 +51,18 @@ class _Totals:
 
 
 @torch.no_grad()
-def evaluate_mlm(model, store, info, *, batch_size: int = 32, max_batches: int | None = None,
-                 device: torch.device | str = "cpu", token_counts: np.ndarray | None = None,
-                 freq_cuts: tuple[int, ...] = DEFAULT_BUCKETS, show_progress: bool = False) -> dict:
+def evaluate_mlm(
+    model,
+    store,
+    info,
+    *,
+    batch_size: int = 32,
+    max_batches: int | None = None,
+    device: torch.device | str = "cpu",
+    token_counts: np.ndarray | None = None,
+    freq_cuts: tuple[int, ...] = DEFAULT_BUCKETS,
+    show_progress: bool = False,
+) -> dict:
     """Perplexity, MLM accuracy, NSP accuracy (and perplexity per frequency-rank bucket) on ``store``.
 
     ``model``: a transformers model mlmlab trains (BertForPreTraining, ModernBertForMaskedLM), or
@@ -61,8 +70,9 @@ def evaluate_mlm(model, store, info, *, batch_size: int = 32, max_batches: int |
     as with any forward of the sharded model).
     """
     module = SparsePretraining(model, use_nsp=True) if isinstance(model, PreTrainedModel) else model
-    bucket_of, names = (frequency_buckets(token_counts, freq_cuts, len(token_counts))
-                        if token_counts is not None else (None, []))
+    bucket_of, names = (
+        frequency_buckets(token_counts, freq_cuts, len(token_counts)) if token_counts is not None else (None, [])
+    )
     totals = _Totals(len(names))
     with eval_mode(module):
         for masked in fixed_mask_batches(store, info, batch_size, max_batches, device, show_progress):
@@ -72,11 +82,17 @@ def evaluate_mlm(model, store, info, *, batch_size: int = 32, max_batches: int |
     return _summarise(totals, names)
 
 
-def fixed_mask_batches(store, info, batch_size: int, max_batches: int | None, device, show_progress: bool = False,
-                       desc: str = "evaluate") -> Iterator[dict]:
+def fixed_mask_batches(
+    store, info, batch_size: int, max_batches: int | None, device, show_progress: bool = False, desc: str = "evaluate"
+) -> Iterator[dict]:
     """The evaluated batches of ``store`` on ``device``, masked with the fixed uniform masks: the same every time."""
-    batches = iterate_batches(store, batch_size=min(batch_size, len(store)), seed=0, start=LoaderPosition(),
-                              pad_id=store.meta.get("pad_token_id", store.meta["special_token_ids"].get("[PAD]")))
+    batches = iterate_batches(
+        store,
+        batch_size=min(batch_size, len(store)),
+        seed=0,
+        start=LoaderPosition(),
+        pad_id=store.meta.get("pad_token_id", store.meta["special_token_ids"].get("[PAD]")),
+    )
     count = evaluated_batches(len(store), batch_size, max_batches)
     with progress_bar(desc, count, show_progress, unit="batch") as bar:
         for _ in range(count):
@@ -86,7 +102,8 @@ def fixed_mask_batches(store, info, batch_size: int, max_batches: int | None, de
 
 
 def evaluated_batches(sequences: int, batch_size: int, max_batches: int | None = None) -> int:
-    """Batches evaluate_mlm runs: the whole batches of the set (one short batch if it has fewer), at most max_batches."""
+    """Batches evaluate_mlm runs: the whole batches of the set (one short batch if it has fewer), at most
+    max_batches."""
     available = max(1, sequences // batch_size)
     return min(max_batches or available, available)
 

@@ -23,9 +23,18 @@ from mlmlab.model import SparsePretraining, eval_mode
 ROWS_PER_CHUNK = 2048  # logits are computed this many targets at a time: (2048, V), never (M, V)
 
 
-def recalibrated_loss(model, store, info, *, batch_size: int = 32, max_batches: int | None = None,
-                      token_counts: np.ndarray, device="cpu", freq_cuts: tuple[int, ...] = (),
-                      show_progress: bool = False) -> dict:
+def recalibrated_loss(
+    model,
+    store,
+    info,
+    *,
+    batch_size: int = 32,
+    max_batches: int | None = None,
+    token_counts: np.ndarray,
+    device="cpu",
+    freq_cuts: tuple[int, ...] = (),
+    show_progress: bool = False,
+) -> dict:
     """Raw and bias-recalibrated MLM loss (nats) on the scored half of ``store``, overall and per frequency bucket.
 
     ``model``: a BertForPreTraining-like model whose output layer (get_output_embeddings) computes
@@ -38,8 +47,12 @@ def recalibrated_loss(model, store, info, *, batch_size: int = 32, max_batches: 
     bias = refit_bias(features[fit], targets[fit], weight, token_counts)
     raw = token_losses(features[scored], targets[scored], weight, decoder.bias.detach().double().cpu())
     recalibrated = token_losses(features[scored], targets[scored], weight, bias)
-    report = {"mlm_loss": recalibrated.mean().item(), "raw_mlm_loss": raw.mean().item(),
-              "scored_targets": int(scored.sum()), "fit_targets": int(fit.sum())}
+    report = {
+        "mlm_loss": recalibrated.mean().item(),
+        "raw_mlm_loss": raw.mean().item(),
+        "scored_targets": int(scored.sum()),
+        "fit_targets": int(fit.sum()),
+    }
     return {**report, **_per_bucket(targets[scored], raw, recalibrated, token_counts, freq_cuts)}
 
 
@@ -50,7 +63,8 @@ def decoder_inputs(model, store, info, batch_size: int, max_batches: int | None,
     module = SparsePretraining(model, use_nsp=False).to(device)
     captured = []
     hook = model.get_output_embeddings().register_forward_hook(
-        lambda layer, args, output: captured.append(args[0].detach().double().cpu()))
+        lambda layer, args, output: captured.append(args[0].detach().double().cpu())
+    )
     targets, examples, seen = [], [], 0
     try:
         with eval_mode(module):
@@ -67,8 +81,9 @@ def decoder_inputs(model, store, info, batch_size: int, max_batches: int | None,
     return torch.cat(captured), torch.cat(targets), torch.cat(examples)
 
 
-def refit_bias(features: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, token_counts: np.ndarray,
-               max_steps: int = 100) -> torch.Tensor:
+def refit_bias(
+    features: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, token_counts: np.ndarray, max_steps: int = 100
+) -> torch.Tensor:
     """(V,) bias maximising the likelihood of ``targets`` given logits features @ weight.T + bias, shrunk
     towards a prior that knows only the corpus: bias = prior + shift of its rank bin + own term.
 
@@ -86,11 +101,21 @@ def refit_bias(features: torch.Tensor, targets: torch.Tensor, weight: torch.Tens
     value = None
     for _ in range(max_steps):
         before = value
-        shift, value = _newton_step(fit, lambda s: (prior + s[bins] + own, penalty / 2 * own.square().sum().item()),
-                                    shift, lambda g, h: (torch.zeros_like(shift).index_add_(0, bins, g),
-                                                         torch.zeros_like(shift).index_add_(0, bins, h)))
-        own, value = _newton_step(fit, lambda o: (prior + shift[bins] + o, penalty / 2 * o.square().sum().item()),
-                                  own, lambda g, h: (g + penalty * own, h + penalty))
+        shift, value = _newton_step(
+            fit,
+            lambda s: (prior + s[bins] + own, penalty / 2 * own.square().sum().item()),
+            shift,
+            lambda g, h: (
+                torch.zeros_like(shift).index_add_(0, bins, g),
+                torch.zeros_like(shift).index_add_(0, bins, h),
+            ),
+        )
+        own, value = _newton_step(
+            fit,
+            lambda o: (prior + shift[bins] + o, penalty / 2 * o.square().sum().item()),
+            own,
+            lambda g, h: (g + penalty * own, h + penalty),
+        )
         if before is not None and before - value < CONVERGED_NATS:
             break
     return prior + shift[bins] + own
@@ -144,9 +169,9 @@ class _FitHalf:
             return self._last[1]
         loss, probability_sums, square_sums = 0.0, torch.zeros_like(bias), torch.zeros_like(bias)
         for start in range(0, len(self.targets), ROWS_PER_CHUNK):
-            logits = self.features[start:start + ROWS_PER_CHUNK] @ self.weight.T + bias.float()  # (m, V)
+            logits = self.features[start : start + ROWS_PER_CHUNK] @ self.weight.T + bias.float()  # (m, V)
             norms = logits.logsumexp(1)  # (m,)
-            chosen = logits.gather(1, self.targets[start:start + ROWS_PER_CHUNK, None]).squeeze(1)  # (m,)
+            chosen = logits.gather(1, self.targets[start : start + ROWS_PER_CHUNK, None]).squeeze(1)  # (m,)
             loss += (norms - chosen).double().sum().item()
             probabilities = torch.exp(logits - norms[:, None])  # (m, V)
             probability_sums += probabilities.sum(0, dtype=torch.float64)
@@ -157,12 +182,14 @@ class _FitHalf:
         return result
 
 
-def token_losses(features: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def token_losses(
+    features: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+) -> torch.Tensor:
     """(M,) cross-entropy of each target under logits features @ weight.T + bias."""
     losses = []
     for start in range(0, len(targets), ROWS_PER_CHUNK):
-        logits = features[start:start + ROWS_PER_CHUNK] @ weight.T + bias  # (m, V)
-        chosen = logits.gather(1, targets[start:start + ROWS_PER_CHUNK, None]).squeeze(1)
+        logits = features[start : start + ROWS_PER_CHUNK] @ weight.T + bias  # (m, V)
+        chosen = logits.gather(1, targets[start : start + ROWS_PER_CHUNK, None]).squeeze(1)
         losses.append(logits.logsumexp(1) - chosen)
     return torch.cat(losses) if losses else torch.zeros(0, dtype=torch.float64)
 

@@ -31,8 +31,12 @@ def gate_results(minimum: dict, rows: list[dict]) -> list[dict]:
 
 
 def describe(results: list[dict]) -> str:
-    return "; ".join(f"{r['path']} not measured" if math.isnan(r["mean"]) else
-                     f"{r['path']} {r['mean']:.4g} {'>=' if r['held'] else '<'} {r['least']:g}" for r in results)
+    return "; ".join(
+        f"{r['path']} not measured"
+        if math.isnan(r["mean"])
+        else f"{r['path']} {r['mean']:.4g} {'>=' if r['held'] else '<'} {r['least']:g}"
+        for r in results
+    )
 
 
 def gate_outcomes(rows: list[dict], groups) -> tuple[dict | None, list[dict]]:

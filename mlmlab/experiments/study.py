@@ -56,19 +56,42 @@ from mlmlab.evaluate.glue_data import TASKS
 from mlmlab.evaluate.glue_settings import GlueSettings, resolve_task_names
 
 STUDY_DIR = Path(__file__).resolve().parent.parent / "configs" / "studies"
-STUDY_KEYS = ("name", "description", "preset", "base", "pinned", "arms", "grid", "seeds", "budget", "baseline", "glue",
-              "glue_dir", "probe", "eval_data", "gates", "decision", "out_dir")
+STUDY_KEYS = (
+    "name",
+    "description",
+    "preset",
+    "base",
+    "pinned",
+    "arms",
+    "grid",
+    "seeds",
+    "budget",
+    "baseline",
+    "glue",
+    "glue_dir",
+    "probe",
+    "eval_data",
+    "gates",
+    "decision",
+    "out_dir",
+)
 GATE_KEYS = ("arm", "min")
 GRID_KEYS = ("prefix", "fixed", "vary")
 # Set by the study itself (seeds, budget, run folders), never by an arm.
-RESERVED = {"train.seed": "seeds:", "masking.seed": "seeds:", "train.out_dir": "the study's out_dir",
-            "train.max_steps": "base: (the budget derives every arm's steps from it)"}
+RESERVED = {
+    "train.seed": "seeds:",
+    "masking.seed": "seeds:",
+    "train.out_dir": "the study's out_dir",
+    "train.max_steps": "base: (the budget derives every arm's steps from it)",
+}
 ARM_NAME = re.compile(r"^[A-Za-z0-9._=+-]+$")  # names become folder names
 ROW_NUMBERS = ("steps", "tokens_seen", "flops", "train_seconds", "scorer_seconds", "wall_seconds")
-ROW_PATHS = ("row paths: eval.<figure> (mlm_loss, perplexity, mlm_accuracy, nsp_accuracy, perplexity_freq_<bucket>), "
-             "eval_data.<name>.<figure>, glue.average, glue.tasks.<task>.dev.<metric> of the study's GLUE tasks, "
-             "probe.average_gain, probe.tasks.<task>.<metric, random_init_<metric>, score or gain> of its probe tasks, "
-             + ", ".join(ROW_NUMBERS))
+ROW_PATHS = (
+    "row paths: eval.<figure> (mlm_loss, perplexity, mlm_accuracy, nsp_accuracy, perplexity_freq_<bucket>), "
+    "eval_data.<name>.<figure>, glue.average, glue.tasks.<task>.dev.<metric> of the study's GLUE tasks, "
+    "probe.average_gain, probe.tasks.<task>.<metric, random_init_<metric>, score or gain> of its probe tasks, "
+    + ", ".join(ROW_NUMBERS)
+)
 
 
 @dataclass(frozen=True)
@@ -151,12 +174,20 @@ def load_study(source: str, out_dir: str | None = None) -> Study:
     arms = [_named_arm(item) for item in _list(tree, "arms")]
     arms += [arm for block in _list(tree, "grid") for arm in grid_arms(block)]
     study = Study(
-        name=name, source=source, base=_base_tree(tree), explicit=_explicit_keys(tree), arms=arms,
-        seeds=_seeds(tree.get("seeds", [0])), budget=tree.get("budget", choices.TOKEN_MATCHED),
-        baseline=tree.get("baseline", choices.DYNAMIC), glue=_glue_settings(tree.get("glue") or {}),
-        glue_dir=str(tree.get("glue_dir") or ""), probe=_probe_settings(tree.get("probe")),
+        name=name,
+        source=source,
+        base=_base_tree(tree),
+        explicit=_explicit_keys(tree),
+        arms=arms,
+        seeds=_seeds(tree.get("seeds", [0])),
+        budget=tree.get("budget", choices.TOKEN_MATCHED),
+        baseline=tree.get("baseline", choices.DYNAMIC),
+        glue=_glue_settings(tree.get("glue") or {}),
+        glue_dir=str(tree.get("glue_dir") or ""),
+        probe=_probe_settings(tree.get("probe")),
         eval_data=_eval_data(tree.get("eval_data") or {}),
-        gates=_gates(tree.get("gates")), decision=_decision(tree.get("decision")),
+        gates=_gates(tree.get("gates")),
+        decision=_decision(tree.get("decision")),
         out_dir=out_dir or str(tree.get("out_dir") or f"studies/{name}"),
     )
     _check_study(study)
@@ -231,8 +262,10 @@ def _explicit_keys(tree: dict) -> frozenset:
 
 def _eval_data(value) -> dict:
     if not isinstance(value, dict) or not all(isinstance(v, (str, list)) for v in value.values()):
-        raise UserError("study key 'eval_data' must map names to held-out data paths, "
-                        "e.g. {wikitext103-valid: ../shared/data/wikitext103_eval/wiki.valid.tokens}")
+        raise UserError(
+            "study key 'eval_data' must map names to held-out data paths, "
+            "e.g. {wikitext103-valid: ../shared/data/wikitext103_eval/wiki.valid.tokens}"
+        )
     return {str(name): [paths] if isinstance(paths, str) else list(paths) for name, paths in value.items()}
 
 
@@ -241,8 +274,10 @@ def _gates(value) -> Gates | None:
         return None
     minimum = value.get("min") if isinstance(value, dict) else None
     if not isinstance(minimum, dict) or not minimum or "arm" not in value:
-        raise UserError("study key 'gates' must be {arm: NAME, min: {row.path: least mean, ...}}, "
-                        "e.g. {arm: dynamic, min: {eval.mlm_accuracy: 0.14}}")
+        raise UserError(
+            "study key 'gates' must be {arm: NAME, min: {row.path: least mean, ...}}, "
+            "e.g. {arm: dynamic, min: {eval.mlm_accuracy: 0.14}}"
+        )
     _refuse_unknown(value, GATE_KEYS, "gates key")
     try:
         bounds = {str(path): float(least) for path, least in minimum.items()}
@@ -260,32 +295,55 @@ def _decision(value) -> Decision | None:
     if not isinstance(value, dict) or not isinstance(value.get("metric"), str):
         raise UserError(f"study key 'decision' must be a mapping with a metric (a row path), {example}")
     _refuse_unknown(value, [f.name for f in dataclasses.fields(Decision)], "decision key")
-    guard, min_effect, lower = value.get("guard") or {}, value.get("min_effect", 0.0), value.get("lower_is_better", True)
-    if not isinstance(guard, dict) or not isinstance(lower, bool) or \
-            not all(_non_negative_number(v) for v in [min_effect, *guard.values()]):
-        raise UserError("decision: min_effect and the guard's tolerances must be numbers >= 0 (finite), guard a mapping of "
-                        f"row paths, lower_is_better true or false; {example}")
+    guard, min_effect, lower = (
+        value.get("guard") or {},
+        value.get("min_effect", 0.0),
+        value.get("lower_is_better", True),
+    )
+    if (
+        not isinstance(guard, dict)
+        or not isinstance(lower, bool)
+        or not all(_non_negative_number(v) for v in [min_effect, *guard.values()])
+    ):
+        raise UserError(
+            "decision: min_effect and the guard's tolerances must be numbers >= 0 (finite), guard a mapping of "
+            f"row paths, lower_is_better true or false; {example}"
+        )
     target = value.get("target")
     if target is not None and not (_non_negative_number(target) and value["metric"].startswith("eval.")):
-        raise UserError(f"decision: target must be a finite number >= 0 and the metric an eval.* figure (steps to "
-                        f"target are read from the runs' held-out evaluations); {example}")
+        raise UserError(
+            f"decision: target must be a finite number >= 0 and the metric an eval.* figure (steps to "
+            f"target are read from the runs' held-out evaluations); {example}"
+        )
     lower_target = value.get("lower_target")
-    if lower_target is not None and not (target is not None and _non_negative_number(lower_target)
-                                         and (lower_target < target) == lower):
-        raise UserError(f"decision: lower_target must be a finite number >= 0 past target (below it where lower is "
-                        f"better), beside a target; {example}")
-    return Decision(value["metric"], lower, float(min_effect), {str(path): float(tol) for path, tol in guard.items()},
-                    None if target is None else float(target), None if lower_target is None else float(lower_target),
-                    _contrasts(value.get("contrasts") or []))
+    if lower_target is not None and not (
+        target is not None and _non_negative_number(lower_target) and (lower_target < target) == lower
+    ):
+        raise UserError(
+            f"decision: lower_target must be a finite number >= 0 past target (below it where lower is "
+            f"better), beside a target; {example}"
+        )
+    return Decision(
+        value["metric"],
+        lower,
+        float(min_effect),
+        {str(path): float(tol) for path, tol in guard.items()},
+        None if target is None else float(target),
+        None if lower_target is None else float(lower_target),
+        _contrasts(value.get("contrasts") or []),
+    )
 
 
 def _contrasts(value) -> list[list[str]]:
     """decision.contrasts: [[arm, reference], ...], checked against the study's arms in _check_study."""
     if not isinstance(value, list) or not all(
-            isinstance(pair, list) and len(pair) == 2 and all(isinstance(name, str) for name in pair) and pair[0] != pair[1]
-            for pair in value):
-        raise UserError("decision: contrasts must be a list of [arm, reference] pairs of two different arm names, "
-                        "e.g. [[ankner-decay, constant-22.5], [constant-30, dynamic]]")
+        isinstance(pair, list) and len(pair) == 2 and all(isinstance(name, str) for name in pair) and pair[0] != pair[1]
+        for pair in value
+    ):
+        raise UserError(
+            "decision: contrasts must be a list of [arm, reference] pairs of two different arm names, "
+            "e.g. [[ankner-decay, constant-22.5], [constant-30, dynamic]]"
+        )
     return [list(pair) for pair in value]
 
 
@@ -332,8 +390,7 @@ def _probe_settings(value) -> ProbeSettings | None:
     _refuse_unknown(value, [f.name for f in dataclasses.fields(ProbeSettings)], "probe key")
     settings = ProbeSettings(**value)
     try:  # a bad setting fails now, not after hours of pretraining
-        names = linear_probe.checked_arguments(settings.tasks, [settings.pooling], settings.seed,
-                                               settings.random_inits)
+        names = linear_probe.checked_arguments(settings.tasks, [settings.pooling], settings.seed, settings.random_inits)
     except UserError as err:
         raise UserError(f"study key 'probe': {err} (one pooling per study)") from None
     return dataclasses.replace(settings, tasks=names)
@@ -347,7 +404,9 @@ def _check_study(study: Study) -> None:
     names = [arm.name for arm in study.arms]
     for arm in study.arms:
         if arm.budget is not None and arm.budget not in choices.BUDGETS:
-            raise UserError(f"arm {arm.name!r}: budget {arm.budget!r} is unknown; choose {choices.listed(choices.BUDGETS)}")
+            raise UserError(
+                f"arm {arm.name!r}: budget {arm.budget!r} is unknown; choose {choices.listed(choices.BUDGETS)}"
+            )
         if not ARM_NAME.match(arm.name):
             raise UserError(f"arm name {arm.name!r} may use only letters, digits and . _ = + - (it names a folder)")
         if names.count(arm.name) > 1:
@@ -366,9 +425,11 @@ def _check_study(study: Study) -> None:
 
 def _check_row_paths(study: Study) -> None:
     """Gates and the decision read rows by path: a typo would read NaN and fail a gate or decide nothing, silently."""
-    named = {"gates min": list(study.gates.minimum) if study.gates else [],
-             "decision metric": [study.decision.metric] if study.decision else [],
-             "decision guard": list(study.decision.guard) if study.decision else []}
+    named = {
+        "gates min": list(study.gates.minimum) if study.gates else [],
+        "decision metric": [study.decision.metric] if study.decision else [],
+        "decision guard": list(study.decision.guard) if study.decision else [],
+    }
     for where, paths in named.items():
         for path in paths:
             if not _is_row_path(path.split("."), study):

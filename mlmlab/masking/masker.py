@@ -59,14 +59,23 @@ class Masker:
         weights its targets were drawn by (None: uniform)."""
         epoch_key = self.strategy.epoch_key(epoch)
         weights = self.strategy.weights(model, batch, progress, epoch_key, step=step)  # (B, T) or None
-        masked = mask_batch(batch, seed=self.cfg.seed, epoch_key=epoch_key, rate=rate_at(self.cfg, progress),
-                            info=self.info, corruption=self.corruption, weights=weights,
-                            groups=self.strategy.selection_groups(batch), whole_word=self.cfg.whole_word,
-                            continuation=self.continuation)
+        masked = mask_batch(
+            batch,
+            seed=self.cfg.seed,
+            epoch_key=epoch_key,
+            rate=rate_at(self.cfg, progress),
+            info=self.info,
+            corruption=self.corruption,
+            weights=weights,
+            groups=self.strategy.selection_groups(batch),
+            whole_word=self.cfg.whole_word,
+            continuation=self.continuation,
+        )
         return masked, weights
 
-    def learn_step(self, masked: list[dict], results: list[dict],
-                   gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+    def learn_step(
+        self, masked: list[dict], results: list[dict], gather: Callable[[torch.Tensor], torch.Tensor] | None = None
+    ) -> None:
         """What the step's forwards showed: each micro-batch's result (model.SparsePretraining's) in the order
         ``mask_step`` returned them; ``gather`` concatenates a (N,) tensor over processes."""
         for batch, result in zip(masked, results, strict=True):

@@ -143,8 +143,14 @@ def grad_norm_scores(model, batch, eligible, *, info, vocab_size: int, seed: int
     model = unwrap(model)
     example_ids = batch["example_ids"]
     masked, labels, _ = select_and_corrupt(
-        batch["input_ids"], example_ids, torch.full_like(example_ids, key),
-        seed=score_seed(seed), rate=GRAD_NORM_RATE, info=info, corruption=Corruption(), eligible=eligible,
+        batch["input_ids"],
+        example_ids,
+        torch.full_like(example_ids, key),
+        seed=score_seed(seed),
+        rate=GRAD_NORM_RATE,
+        info=info,
+        corruption=Corruption(),
+        eligible=eligible,
     )
     with torch.enable_grad(), eval_mode(model):
         embeds = model.get_input_embeddings()(masked).detach().requires_grad_(True)  # (B, T, H)
@@ -163,8 +169,9 @@ class GradNormScorer(StatelessScorer):
         self.info, self.vocab_size, self.seed = info, vocab_size, seed
 
     def batch_scores(self, model, batch: dict, eligible: torch.Tensor, step: int) -> torch.Tensor:
-        return grad_norm_scores(model, batch, eligible, info=self.info, vocab_size=self.vocab_size, seed=self.seed,
-                                key=step)  # (B, T)
+        return grad_norm_scores(
+            model, batch, eligible, info=self.info, vocab_size=self.vocab_size, seed=self.seed, key=step
+        )  # (B, T)
 
 
 class LossTable:
@@ -185,7 +192,9 @@ class LossTable:
         losses = losses.detach().float().to(keys.device)
         unique, inverse = torch.unique(keys, return_inverse=True)  # (U,), (M,)
         sums = torch.zeros(len(unique), device=keys.device).index_add_(0, inverse, losses)
-        hits = torch.zeros(len(unique), dtype=torch.long, device=keys.device).index_add_(0, inverse, torch.ones_like(inverse))
+        hits = torch.zeros(len(unique), dtype=torch.long, device=keys.device).index_add_(
+            0, inverse, torch.ones_like(inverse)
+        )
         mean = sums / hits
         old = self.value[unique]
         seen = self.count[unique] > 0
@@ -230,14 +239,17 @@ class LossScorer:
         self.global_count = torch.zeros((), dtype=torch.long)
         self.decay = decay
 
-    def observations(self, original_ids: torch.Tensor, selected_index: torch.Tensor,
-                     token_losses: torch.Tensor) -> dict:
+    def observations(
+        self, original_ids: torch.Tensor, selected_index: torch.Tensor, token_losses: torch.Tensor
+    ) -> dict:
         """What one micro-batch teaches, as flat (M,) tensors: original_ids (B, T), selected_index (M,) flat.
 
         Flat per predicted token, so that micro-batches and processes concatenate into one update.
         """
-        observed = {"ids": original_ids.flatten().index_select(0, selected_index),
-                    "losses": token_losses.detach().float()}
+        observed = {
+            "ids": original_ids.flatten().index_select(0, selected_index),
+            "losses": token_losses.detach().float(),
+        }
         if self.contexts is not None:
             observed["contexts"] = context_keys(original_ids, self.buckets).flatten().index_select(0, selected_index)
         return observed
@@ -333,20 +345,38 @@ def _loss_scorer(cfg: MaskingConfig, info, vocab_size: int, token_counts) -> Los
     return LossScorer(cfg.scorer, vocab_size, cfg.ema_decay, cfg.context_buckets)
 
 
-SCORER_ENTRIES = {entry.name: entry for entry in (
-    ScorerEntry(choices.ENTROPY, reads=READS_MODEL, extra_flops=_over_vocab_flops,
-                build=lambda cfg, info, vocab_size, counts: OverVocabScorer(_entropy, vocab_size, cfg.score_chunk)),
-    ScorerEntry(choices.MAX_PROB, reads=READS_MODEL, extra_flops=_over_vocab_flops,
-                build=lambda cfg, info, vocab_size, counts: OverVocabScorer(_inverse_max_prob, vocab_size,
-                                                                            cfg.score_chunk)),
-    ScorerEntry(choices.GRAD_NORM, reads=READS_MODEL, extra_flops=_grad_norm_flops,
-                build=lambda cfg, info, vocab_size, counts: GradNormScorer(info, vocab_size, cfg.seed)),
-    # loss_ema's per-id table is vocabulary-sized: small beside the model's embeddings, so not estimated
-    ScorerEntry(choices.LOSS_EMA, reads=READS_LOSSES, build=_loss_scorer),
-    ScorerEntry(choices.CONTEXT, reads=READS_LOSSES, build=_loss_scorer,
-                state_bytes=lambda cfg: {"context table": CONTEXT_BYTES_PER_BUCKET * cfg.context_buckets}),
-    ScorerEntry(choices.FREQUENCY, reads=READS_COUNTS, build=_frequency_scorer),
-)}
+SCORER_ENTRIES = {
+    entry.name: entry
+    for entry in (
+        ScorerEntry(
+            choices.ENTROPY,
+            reads=READS_MODEL,
+            extra_flops=_over_vocab_flops,
+            build=lambda cfg, info, vocab_size, counts: OverVocabScorer(_entropy, vocab_size, cfg.score_chunk),
+        ),
+        ScorerEntry(
+            choices.MAX_PROB,
+            reads=READS_MODEL,
+            extra_flops=_over_vocab_flops,
+            build=lambda cfg, info, vocab_size, counts: OverVocabScorer(_inverse_max_prob, vocab_size, cfg.score_chunk),
+        ),
+        ScorerEntry(
+            choices.GRAD_NORM,
+            reads=READS_MODEL,
+            extra_flops=_grad_norm_flops,
+            build=lambda cfg, info, vocab_size, counts: GradNormScorer(info, vocab_size, cfg.seed),
+        ),
+        # loss_ema's per-id table is vocabulary-sized: small beside the model's embeddings, so not estimated
+        ScorerEntry(choices.LOSS_EMA, reads=READS_LOSSES, build=_loss_scorer),
+        ScorerEntry(
+            choices.CONTEXT,
+            reads=READS_LOSSES,
+            build=_loss_scorer,
+            state_bytes=lambda cfg: {"context table": CONTEXT_BYTES_PER_BUCKET * cfg.context_buckets},
+        ),
+        ScorerEntry(choices.FREQUENCY, reads=READS_COUNTS, build=_frequency_scorer),
+    )
+}
 
 
 def add_scorer(entry: ScorerEntry) -> None:

@@ -57,8 +57,9 @@ def key_hash(seed: int, streams, example_ids: torch.Tensor, epoch_keys: torch.Te
     streams of one masking step costs one pass.
     """
     streams = torch.as_tensor(streams, device=example_ids.device)[:, None]  # (S, 1)
-    per_example = _absorb(_absorb(_absorb(_absorb(0, seed), streams), example_ids.long()[None, :]),
-                          epoch_keys.long()[None, :])  # (S, B)
+    per_example = _absorb(
+        _absorb(_absorb(_absorb(0, seed), streams), example_ids.long()[None, :]), epoch_keys.long()[None, :]
+    )  # (S, B)
     return mix32(per_example[:, :, None] ^ _position_keys(length, example_ids.device))  # (S, B, T)
 
 

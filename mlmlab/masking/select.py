@@ -37,8 +37,13 @@ class Corruption:
 def token_info_for(tokenizer, mask_unk: bool = False) -> TokenInfo:
     """TokenInfo from a HF tokenizer: its own special ids (named and added), whatever their names; its unknown
     token is excluded from selection unless ``mask_unk``."""
-    specials = special_ids(tokenizer) | {tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id,
-                                         tokenizer.mask_token_id, tokenizer.unk_token_id}
+    specials = special_ids(tokenizer) | {
+        tokenizer.cls_token_id,
+        tokenizer.sep_token_id,
+        tokenizer.pad_token_id,
+        tokenizer.mask_token_id,
+        tokenizer.unk_token_id,
+    }
     if mask_unk:
         specials.discard(tokenizer.unk_token_id)
     specials.discard(None)  # a tokenizer without an unknown token (byte-level BPE needs none)
@@ -96,8 +101,14 @@ def group_quotas(counts: torch.Tensor, k: torch.Tensor, u: torch.Tensor) -> torc
     return edges.diff(dim=1)  # (B, G)
 
 
-def gumbel_top_k_grouped(weights: torch.Tensor, eligible: torch.Tensor, groups: torch.Tensor, k: torch.Tensor,
-                         u: torch.Tensor, u_quota: torch.Tensor) -> torch.Tensor:
+def gumbel_top_k_grouped(
+    weights: torch.Tensor,
+    eligible: torch.Tensor,
+    groups: torch.Tensor,
+    k: torch.Tensor,
+    u: torch.Tensor,
+    u_quota: torch.Tensor,
+) -> torch.Tensor:
     """(B, T) bool: per row, group_quotas' k_g positions of each group g, drawn within g with P ∝ weights.
 
     groups (B, T) long in [0, G), read at eligible positions only; u (B, T) the selection
@@ -190,7 +201,17 @@ def corrupt(input_ids, selected, u_action, u_token, info: TokenInfo, corruption:
 
 
 def select_and_corrupt(
-    input_ids, example_ids, epoch_keys, *, seed, rate, info, corruption, weights=None, eligible=None, is_continuation=None,
+    input_ids,
+    example_ids,
+    epoch_keys,
+    *,
+    seed,
+    rate,
+    info,
+    corruption,
+    weights=None,
+    eligible=None,
+    is_continuation=None,
     groups=None,
 ):
     """Masks for a batch as a pure function of (seed, example, epoch key, position).
@@ -206,7 +227,9 @@ def select_and_corrupt(
         eligible = eligible_positions(input_ids, info.special_ids)
     if weights is None:
         weights = torch.ones(batch, length, device=input_ids.device)
-    draws = dict(zip(seeding.MASK_STREAMS, seeding.uniforms(seed, seeding.MASK_STREAMS, example_ids, epoch_keys, length)))
+    draws = dict(
+        zip(seeding.MASK_STREAMS, seeding.uniforms(seed, seeding.MASK_STREAMS, example_ids, epoch_keys, length))
+    )
     k = count_to_select(eligible, rate)  # (B,)
     if groups is not None and is_continuation is not None:
         raise ValueError("per-group quotas count tokens; they do not combine with whole-word selection")
@@ -217,13 +240,24 @@ def select_and_corrupt(
         selected = gumbel_top_k(weights, eligible, k, draws[seeding.STREAM_SELECT])
     else:
         selected = gumbel_top_k_words(weights, eligible, is_continuation, k, draws[seeding.STREAM_SELECT])
-    masked, labels = corrupt(input_ids, selected, draws[seeding.STREAM_ACTION], draws[seeding.STREAM_TOKEN], info, corruption)
+    masked, labels = corrupt(
+        input_ids, selected, draws[seeding.STREAM_ACTION], draws[seeding.STREAM_TOKEN], info, corruption
+    )
     return masked, labels, selected
 
 
 def mask_batch(
-    batch: dict, *, seed: int, epoch_key: int, rate, info: TokenInfo, corruption: Corruption,
-    weights=None, groups=None, whole_word: bool = False, continuation: torch.Tensor | None = None,
+    batch: dict,
+    *,
+    seed: int,
+    epoch_key: int,
+    rate,
+    info: TokenInfo,
+    corruption: Corruption,
+    weights=None,
+    groups=None,
+    whole_word: bool = False,
+    continuation: torch.Tensor | None = None,
 ) -> dict:
     """A copy of ``batch`` with masked ``input_ids`` and ``labels`` (original ids, -100 elsewhere).
 
@@ -239,11 +273,20 @@ def mask_batch(
         is_continuation = batch.get("is_continuation")
         if is_continuation is None:
             if continuation is None:
-                raise ValueError("whole_word masking needs batch['is_continuation'] or continuation=continuation_table(vocab)")
+                raise ValueError(
+                    "whole_word masking needs batch['is_continuation'] or continuation=continuation_table(vocab)"
+                )
             is_continuation = continuation.to(batch["input_ids"].device)[batch["input_ids"]]  # (B, T)
     masked, labels, _ = select_and_corrupt(
-        batch["input_ids"], example_ids, epoch_keys,
-        seed=seed, rate=rate, info=info, corruption=corruption, weights=weights, is_continuation=is_continuation,
+        batch["input_ids"],
+        example_ids,
+        epoch_keys,
+        seed=seed,
+        rate=rate,
+        info=info,
+        corruption=corruption,
+        weights=weights,
+        is_continuation=is_continuation,
         groups=groups,
     )
     return {**batch, "input_ids": masked, "labels": labels}

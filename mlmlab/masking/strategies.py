@@ -158,15 +158,19 @@ class AdaptiveStrategy(UniformStrategy):
             self._scored_steps += 1
             self._last_scored_step = step
 
-    def _raw_scores(self, model, batch: dict, eligible: torch.Tensor, scored: torch.Tensor | None,
-                    step: int) -> torch.Tensor:
+    def _raw_scores(
+        self, model, batch: dict, eligible: torch.Tensor, scored: torch.Tensor | None, step: int
+    ) -> torch.Tensor:
         """(B, T) the scorer's scores of the ``scored`` rows (None: every row), 0 in the others; timed for stats()."""
         input_ids = batch["input_ids"]  # (B, T)
         rows = slice(None) if scored is None else scored
         start = clock(input_ids.device)
         raw = torch.zeros(input_ids.shape, device=input_ids.device)  # (B, T)
-        head = batch if scored is None else {k: v[scored] if torch.is_tensor(v) and v.dim() else v
-                                             for k, v in batch.items()}
+        head = (
+            batch
+            if scored is None
+            else {k: v[scored] if torch.is_tensor(v) and v.dim() else v for k, v in batch.items()}
+        )
         if len(head["input_ids"]):
             raw[rows] = self.scorer.batch_scores(model, head, eligible[rows], step)
         self._add_seconds(clock(input_ids.device) - start)
@@ -252,7 +256,10 @@ class AdaptiveStrategy(UniformStrategy):
         return out
 
     def state_dict(self) -> dict:
-        state = {**super().state_dict(), "score_seconds_total": torch.tensor(self.score_seconds_total, dtype=torch.float64)}
+        state = {
+            **super().state_dict(),
+            "score_seconds_total": torch.tensor(self.score_seconds_total, dtype=torch.float64),
+        }
         return {**state, **self.scorer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -313,9 +320,11 @@ def _adaptive_label(m: dict) -> str:
 
 
 def _adaptive_card(m: MaskingConfig) -> list[str]:
-    return [f"- adaptive masking: scorer `{m.scorer}`, schedule `{m.adapt_schedule}`, a_max {m.a_max}, "
-            f"floor {m.floor}, normalize `{m.normalize}`, scored every {m.score_every} step(s)"
-            + (", frequency-neutral" if m.frequency_neutral else "")]
+    return [
+        f"- adaptive masking: scorer `{m.scorer}`, schedule `{m.adapt_schedule}`, a_max {m.a_max}, "
+        f"floor {m.floor}, normalize `{m.normalize}`, scored every {m.score_every} step(s)"
+        + (", frequency-neutral" if m.frequency_neutral else "")
+    ]
 
 
 def _adaptive_flops(cfg: Config, encoder: float, vocab: int) -> float:
@@ -326,18 +335,33 @@ def _adaptive_fsdp_refusal(m: MaskingConfig) -> str | None:
     if scorer_entry(m.scorer).runs_under_fsdp:
         return None
     sharded = [name for name, entry in SCORER_ENTRIES.items() if entry.runs_under_fsdp]
-    return (f"masking.scorer={m.scorer} needs the whole model on each process, which FSDP shards; under FSDP use "
-            f"scorer {choices.listed(sharded)}, or launch with DDP")
+    return (
+        f"masking.scorer={m.scorer} needs the whole model on each process, which FSDP shards; under FSDP use "
+        f"scorer {choices.listed(sharded)}, or launch with DDP"
+    )
 
 
-STRATEGY_ENTRIES = {entry.name: entry for entry in (
-    StrategyEntry(choices.STATIC, build=_uniform(StaticStrategy),
-                  card_lines=lambda m: [f"- static masking: {m.dupe_factor} fixed masks per example, cycled over epochs"]),
-    StrategyEntry(choices.DYNAMIC, build=_uniform(UniformStrategy)),
-    StrategyEntry(choices.ADAPTIVE, build=_adaptive, label=_adaptive_label, scored=True, card_lines=_adaptive_card,
-                  extra_flops=_adaptive_flops, state_bytes=lambda m: scorer_entry(m.scorer).state_bytes(m),
-                  fsdp_refusal=_adaptive_fsdp_refusal),
-)}
+STRATEGY_ENTRIES = {
+    entry.name: entry
+    for entry in (
+        StrategyEntry(
+            choices.STATIC,
+            build=_uniform(StaticStrategy),
+            card_lines=lambda m: [f"- static masking: {m.dupe_factor} fixed masks per example, cycled over epochs"],
+        ),
+        StrategyEntry(choices.DYNAMIC, build=_uniform(UniformStrategy)),
+        StrategyEntry(
+            choices.ADAPTIVE,
+            build=_adaptive,
+            label=_adaptive_label,
+            scored=True,
+            card_lines=_adaptive_card,
+            extra_flops=_adaptive_flops,
+            state_bytes=lambda m: scorer_entry(m.scorer).state_bytes(m),
+            fsdp_refusal=_adaptive_fsdp_refusal,
+        ),
+    )
+}
 
 
 def add_strategy(entry: StrategyEntry) -> None:
@@ -352,5 +376,6 @@ def strategy_entry(name: str) -> StrategyEntry:
 
 
 def build_strategy(cfg: MaskingConfig, info: TokenInfo | None = None, vocab_size: int | None = None, token_counts=None):
-    """The strategy cfg.strategy names. vocab_size: the tokenizer's (unpadded); token_counts: (V,) corpus counts or None."""
+    """The strategy cfg.strategy names. vocab_size: the tokenizer's (unpadded); token_counts: (V,) corpus counts or
+    None."""
     return strategy_entry(cfg.strategy).build(cfg, info, vocab_size, token_counts)

@@ -58,8 +58,9 @@ class Scorer(Protocol):
     def batch_scores(self, model, batch: dict, eligible: torch.Tensor, step: int) -> torch.Tensor:
         """(B, T) float32, high = hard, meaningful at ``eligible`` positions; ``step``: the optimizer step."""
 
-    def observations(self, original_ids: torch.Tensor, selected_index: torch.Tensor,
-                     token_losses: torch.Tensor) -> dict | None:
+    def observations(
+        self, original_ids: torch.Tensor, selected_index: torch.Tensor, token_losses: torch.Tensor
+    ) -> dict | None:
         """What one micro-batch teaches as flat (M,) tensors (None: nothing), for ``learn``."""
 
     def learn(self, observed: dict) -> None:

@@ -36,8 +36,13 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from mlmlab.architectures import entry_name, saved_architecture, saved_settings
 from mlmlab.config import Config, config_hash, config_text, flat_keys, from_dict, read_yaml
 from mlmlab.errors import UserError
-from mlmlab.model_folder import (is_model_folder, load_saved_weights, read_config, refuse_other_vocabulary,
-                                 write_model_folder)
+from mlmlab.model_folder import (
+    is_model_folder,
+    load_saved_weights,
+    read_config,
+    refuse_other_vocabulary,
+    write_model_folder,
+)
 from mlmlab.utils.files import WriterLock, building, file_sha256, lock_folder, remove_stale_staging_like, replacing
 from mlmlab.utils.progress import say
 
@@ -76,15 +81,21 @@ def open_run(run_dir: Path, cfg: Config, resume: str | None, is_main: bool) -> P
     if resume is None and complete_checkpoints(run_dir, check=False):
         recorded = read_text_or_none(run_dir / CONFIG_FILE)
         if recorded is None:
-            raise UserError(f"{run_dir} holds checkpoints but no {CONFIG_FILE}, so what made them is unknown; "
-                            "pass --resume auto to continue it with this config, or choose another train.out_dir")
+            raise UserError(
+                f"{run_dir} holds checkpoints but no {CONFIG_FILE}, so what made them is unknown; "
+                "pass --resume auto to continue it with this config, or choose another train.out_dir"
+            )
         if damage := config_damage(recorded):
-            raise UserError(f"{run_dir / CONFIG_FILE} {damage}, so what made the run's checkpoints is unknown; pass "
-                            "--resume auto to continue it with this config (config.yaml is rewritten), or choose "
-                            "another train.out_dir")
+            raise UserError(
+                f"{run_dir / CONFIG_FILE} {damage}, so what made the run's checkpoints is unknown; pass "
+                "--resume auto to continue it with this config (config.yaml is rewritten), or choose "
+                "another train.out_dir"
+            )
         if not same_config(recorded, cfg):
-            raise UserError(f"{run_dir} holds a run with a different config; choose another train.out_dir "
-                            "or pass --resume auto to continue it with this config")
+            raise UserError(
+                f"{run_dir} holds a run with a different config; choose another train.out_dir "
+                "or pass --resume auto to continue it with this config"
+            )
         resume = RESUME_LATEST
     folder = resolve_resume(resume, run_dir)
     if is_main:
@@ -126,9 +137,13 @@ def make_writable_folder(run_dir: Path) -> None:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UserError(f"cannot create the run folder {run_dir} ({err.strerror}); choose another train.out_dir") from None
+        raise UserError(
+            f"cannot create the run folder {run_dir} ({err.strerror}); choose another train.out_dir"
+        ) from None
     if not os.access(run_dir, os.W_OK | os.X_OK):
-        raise UserError(f"the run folder {run_dir} is not writable; choose another train.out_dir or fix its permissions")
+        raise UserError(
+            f"the run folder {run_dir} is not writable; choose another train.out_dir or fix its permissions"
+        )
 
 
 def read_text_or_none(path: Path) -> str | None:
@@ -170,14 +185,18 @@ def config_tree_at(run_dir: Path, step: int) -> tuple[dict, list[str]]:
     """
     tree = read_yaml(str(run_dir / CONFIG_FILE))
     history = run_dir / CONFIG_HISTORY
-    lines = [_history_line(text) for text in history.read_text().splitlines() if text.strip()] if history.is_file() else []
+    lines = (
+        [_history_line(text) for text in history.read_text().splitlines() if text.strip()] if history.is_file() else []
+    )
     notes = []
     for line in reversed(lines):
         if line is not None and line["step"] < step:
             break
         if line is None or line["changes"] is None:
-            notes.append(f"{CONFIG_HISTORY} does not say what a resume after step {step} changed; the config it "
-                         "continued with is shown")
+            notes.append(
+                f"{CONFIG_HISTORY} does not say what a resume after step {step} changed; the config it "
+                "continued with is shown"
+            )
             break
         for key, (old, _) in line["changes"].items():
             section, name = key.split(".", 1)
@@ -197,8 +216,11 @@ def _history_line(text: str) -> dict | None:
     if not isinstance(line, dict) or not isinstance(line.get("step"), int):
         return None
     changes = line.get("changes")
-    well_formed = changes is None or isinstance(changes, dict) and all(
-        isinstance(pair, list) and len(pair) == 2 and "." in key for key, pair in changes.items())
+    well_formed = (
+        changes is None
+        or isinstance(changes, dict)
+        and all(isinstance(pair, list) and len(pair) == 2 and "." in key for key, pair in changes.items())
+    )
     return line if well_formed else None
 
 
@@ -207,7 +229,9 @@ def config_diff(before: str | None, after: str) -> dict | None:
     old, new = _flat_config(before), _flat_config(after)
     if old is None:
         return None
-    return {key: [old.get(key), new.get(key)] for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)}
+    return {
+        key: [old.get(key), new.get(key)] for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)
+    }
 
 
 def _flat_config(text: str | None) -> dict | None:
@@ -254,8 +278,16 @@ def step_of(folder: Path) -> int:
     return int(folder.name.removeprefix(PREFIX))
 
 
-def save_run_state(run_dir: Path, step: int, model_config: PreTrainedConfig, weights: dict, training_state: dict,
-                   tokenizer, token_counts: np.ndarray, keep_last: int) -> Path:
+def save_run_state(
+    run_dir: Path,
+    step: int,
+    model_config: PreTrainedConfig,
+    weights: dict,
+    training_state: dict,
+    tokenizer,
+    token_counts: np.ndarray,
+    keep_last: int,
+) -> Path:
     """The checkpoint of ``step``: the model folder and a Checkpointer's ``state_dict``."""
 
     def write(folder: Path) -> None:
@@ -335,8 +367,10 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
     folder = Path(resume)
     problem = verify(folder) if folder.is_dir() else "no such folder"
     if problem and is_model_folder(folder):
-        raise UserError(f"cannot resume from {folder}: it is a model folder, not a checkpoint (ckpt-*); to start "
-                        f"a new run from its weights, pass --init {folder}")
+        raise UserError(
+            f"cannot resume from {folder}: it is a model folder, not a checkpoint (ckpt-*); to start "
+            f"a new run from its weights, pass --init {folder}"
+        )
     if problem:
         raise UserError(f"cannot resume from {folder}: {problem}; pass --resume auto or another checkpoint")
     _refuse_later_checkpoints(folder, run_dir)
@@ -351,8 +385,10 @@ def _latest_or_refuse(run_dir: Path) -> Path | None:
     found = latest(run_dir)
     damaged = complete_checkpoints(run_dir, check=False)
     if found is None and damaged:
-        raise UserError(f"every checkpoint in {run_dir} is damaged ({len(damaged)}, see above), so the run cannot "
-                        "resume; move them out of the folder to start it over, or choose another train.out_dir")
+        raise UserError(
+            f"every checkpoint in {run_dir} is damaged ({len(damaged)}, see above), so the run cannot "
+            "resume; move them out of the folder to start it over, or choose another train.out_dir"
+        )
     return found
 
 
@@ -367,9 +403,11 @@ def _refuse_later_checkpoints(folder: Path, run_dir: Path) -> None:
     resumed_step = read_progress(folder)["step"]
     later = [other.name for other in complete_checkpoints(run_dir) if step_of(other) > resumed_step]
     if later:
-        raise UserError(f"cannot resume from {folder} inside its own run: {run_dir} holds later checkpoints "
-                        f"({', '.join(later)}); pass another train.out_dir to branch from it (the run stays "
-                        "as it is), or delete the later checkpoints")
+        raise UserError(
+            f"cannot resume from {folder} inside its own run: {run_dir} holds later checkpoints "
+            f"({', '.join(later)}); pass another train.out_dir to branch from it (the run stays "
+            "as it is), or delete the later checkpoints"
+        )
 
 
 def load_resumed_weights(model: PreTrainedModel, folder: Path, tokenizer) -> None:
@@ -383,16 +421,23 @@ def load_resumed_weights(model: PreTrainedModel, folder: Path, tokenizer) -> Non
     theirs, ours = saved_settings(saved), saved_settings(built)
     for setting, value in theirs.items():
         if value != ours.get(setting):
-            raise UserError(f"cannot resume from {folder}: its model has {entry_name(setting, saved_architecture(saved))}="
-                            f"{value}, this config gives {ours.get(setting)} (set by model.{setting}); resume with the "
-                            "config it was trained with (the run's config.yaml) or start a new train.out_dir")
+            raise UserError(
+                f"cannot resume from {folder}: its model has {entry_name(setting, saved_architecture(saved))}="
+                f"{value}, this config gives {ours.get(setting)} (set by model.{setting}); resume with the "
+                "config it was trained with (the run's config.yaml) or start a new train.out_dir"
+            )
     if saved.get("vocab_size") != built["vocab_size"]:
-        raise UserError(f"cannot resume from {folder}: its model has vocab_size={saved.get('vocab_size')}, this config "
-                        f"gives {built['vocab_size']} (set by the vocabulary size: data.tokenizer, "
-                        "model.pad_vocab_multiple); resume with the config it was trained with or start a new train.out_dir")
-    refuse_other_vocabulary(folder / MODEL_DIR, tokenizer, f"cannot resume from {folder}: it was trained with another "
-                            "vocabulary than data.tokenizer's", "resume with its tokenizer (its model/ folder) or start a "
-                            "new train.out_dir")
+        raise UserError(
+            f"cannot resume from {folder}: its model has vocab_size={saved.get('vocab_size')}, this config "
+            f"gives {built['vocab_size']} (set by the vocabulary size: data.tokenizer, "
+            "model.pad_vocab_multiple); resume with the config it was trained with or start a new train.out_dir"
+        )
+    refuse_other_vocabulary(
+        folder / MODEL_DIR,
+        tokenizer,
+        f"cannot resume from {folder}: it was trained with another vocabulary than data.tokenizer's",
+        "resume with its tokenizer (its model/ folder) or start a new train.out_dir",
+    )
     load_saved_weights(model, folder / MODEL_DIR)
 
 

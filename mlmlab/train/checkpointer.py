@@ -49,9 +49,13 @@ class Checkpointer:
 
     def state_dict(self) -> dict:
         """What a resume needs besides the weights."""
-        return {"optimizer": get_optimizer_state_dict(self.module, self.optimizer.optimizer, options=FULL_STATE),
-                "strategy": self.masker.state_dict(), **rng_states(self.accelerator),
-                "trainer": self.progress.state_dict(), **scaler_states(self.accelerator)}
+        return {
+            "optimizer": get_optimizer_state_dict(self.module, self.optimizer.optimizer, options=FULL_STATE),
+            "strategy": self.masker.state_dict(),
+            **rng_states(self.accelerator),
+            "trainer": self.progress.state_dict(),
+            **scaler_states(self.accelerator),
+        }
 
     def load_state_dict(self, states: dict) -> None:
         load_optimizer_state(self.module, self.optimizer.optimizer, states["optimizer"])
@@ -67,8 +71,9 @@ class Checkpointer:
         if not self.accelerator.is_main_process:
             return None
         weights = {name.removeprefix("model."): tensor for name, tensor in weights.items()}
-        return checkpoint.save_run_state(self.run_dir, step, self.model.config, weights, states, self.tokenizer,
-                                         self.token_counts, self.keep_last)
+        return checkpoint.save_run_state(
+            self.run_dir, step, self.model.config, weights, states, self.tokenizer, self.token_counts, self.keep_last
+        )
 
     def load(self, folder: Path) -> None:
         """Everything of checkpoint ``folder`` but its weights, once accelerate has prepared the run (FSDP shards
@@ -139,8 +144,10 @@ def load_optimizer_state(module, optimizer, state: dict) -> None:
     try:
         set_optimizer_state_dict(module, optimizer, state, options=StateDictOptions(full_state_dict=True))
     except KeyError as missing:  # e.g. state keyed by index, as mlmlab wrote it before FSDP support
-        raise UserError(f"the checkpoint holds optimizer state this mlmlab cannot read (no entry {missing}); "
-                        "resume with the mlmlab version that wrote it, or start a new train.out_dir") from None
+        raise UserError(
+            f"the checkpoint holds optimizer state this mlmlab cannot read (no entry {missing}); "
+            "resume with the mlmlab version that wrote it, or start a new train.out_dir"
+        ) from None
 
 
 def resume_notes(run_dir: Path, folder: Path, cfg: TrainConfig, state, global_batch: int) -> list[str]:
@@ -156,6 +163,8 @@ def global_batch_note(position: LoaderPosition, now: int) -> str | None:
     if position.global_batch in (0, now):
         return None
     moved = position.for_global_batch(now)
-    return (f"the global batch changed from {position.global_batch} to {now} examples (processes x train.batch_size): "
-            f"epoch {position.epoch} goes on from the same share of it (batch {position.batch} -> {moved.batch}) in the "
-            "new size's order, so some of its examples may be seen twice or not at all")
+    return (
+        f"the global batch changed from {position.global_batch} to {now} examples (processes x train.batch_size): "
+        f"epoch {position.epoch} goes on from the same share of it (batch {position.batch} -> {moved.batch}) in the "
+        "new size's order, so some of its examples may be seen twice or not at all"
+    )

@@ -24,7 +24,8 @@ from mlmlab.utils.files import lock_beside
 
 
 def export_run(source: Path, out: Path, evaluator: Callable[..., dict], log=print) -> Path:
-    """``out``: the model folder and card of ``source`` (a run folder: its newest intact checkpoint; or a checkpoint)."""
+    """``out``: the model folder and card of ``source`` (a run folder: its newest intact checkpoint; or a
+    checkpoint)."""
     folder = checkpoint_of(Path(source))
     with lock_beside(out, f"the export folder {out}", "give --out another folder"):
         return _export(folder, out, evaluator, log)
@@ -57,16 +58,20 @@ def checkpoint_of(source: Path) -> Path:
         return source
     found = latest(source) if source.is_dir() else None
     if found is None:
-        raise UserError(f"{source} is neither a run folder with an intact checkpoint nor a checkpoint (ckpt-*); "
-                        "give a run's folder (train.out_dir) or one of its ckpt-* folders")
+        raise UserError(
+            f"{source} is neither a run folder with an intact checkpoint nor a checkpoint (ckpt-*); "
+            "give a run's folder (train.out_dir) or one of its ckpt-* folders"
+        )
     return found
 
 
 def run_config(folder: Path, step: int, log=print) -> Config:
     """The config a checkpoint was written under: its run's config.yaml, less the changes of later resumes."""
     if not (folder.parent / CONFIG_FILE).is_file():
-        raise UserError(f"{folder.parent} has no {CONFIG_FILE}, so what made {folder.name} is unknown; export a "
-                        "checkpoint inside its run folder")
+        raise UserError(
+            f"{folder.parent} has no {CONFIG_FILE}, so what made {folder.name} is unknown; export a "
+            "checkpoint inside its run folder"
+        )
     tree, notes = config_tree_at(folder.parent, step)
     for note in notes:
         log(f"mlmlab: warning: {note}")
@@ -87,6 +92,13 @@ def evaluate_checkpoint(folder: Path, cfg: Config, train, valid, tokenizer, eval
     model = build_model(cfg.model, len(tokenizer), tokenizer.pad_token_id)
     load_saved_weights(model, folder / MODEL_DIR)  # the one weight loader; nothing may be missing
     device = compute_device()
-    return evaluator(model.to(device), valid, token_info_for(tokenizer, cfg.masking.mask_unk),
-                    batch_size=cfg.train.eval_batch_size, max_batches=cfg.train.eval_batches, device=device,
-                    token_counts=train.token_counts, freq_cuts=cfg.masking.freq_cuts)
+    return evaluator(
+        model.to(device),
+        valid,
+        token_info_for(tokenizer, cfg.masking.mask_unk),
+        batch_size=cfg.train.eval_batch_size,
+        max_batches=cfg.train.eval_batches,
+        device=device,
+        token_counts=train.token_counts,
+        freq_cuts=cfg.masking.freq_cuts,
+    )

@@ -25,16 +25,27 @@ from accelerate.utils import set_seed
 from transformers import PreTrainedModel
 
 from mlmlab import choices
-from mlmlab.architectures import (ADAPTERS, architecture_of, entry_name, saved_architecture, saved_settings,
-                                  token_positions)
+from mlmlab.architectures import (
+    ADAPTERS,
+    architecture_of,
+    entry_name,
+    saved_architecture,
+    saved_settings,
+    token_positions,
+)
 from mlmlab.config import Config, ModelConfig
 from mlmlab.data.resolve import standalone_tokenizer, tokenizer_dir_for
 from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.errors import UserError
 from mlmlab.fused_qkv import fuse_qkv
 from mlmlab.model import COMPILED_LENGTH_MULTIPLE, build_model, compile_model, current_name
-from mlmlab.model_folder import (check_own_tokenizer, load_saved_weights, read_config, refuse_other_vocabulary,
-                                 saved_weight_shapes)
+from mlmlab.model_folder import (
+    check_own_tokenizer,
+    load_saved_weights,
+    read_config,
+    refuse_other_vocabulary,
+    saved_weight_shapes,
+)
 
 
 def resolve_init(cfg: Config) -> Config:
@@ -52,26 +63,33 @@ def resolve_init(cfg: Config) -> Config:
 
 
 def _refuse_other_models(folder: Path, saved: dict) -> None:
-    """A model type mlmlab does not build, or config.json entries it leaves at other values (an absent entry: the default)."""
+    """A model type mlmlab does not build, or config.json entries it leaves at other values (an absent entry: the
+    default)."""
     model_type = saved.get("model_type", choices.BERT)
     if model_type not in ADAPTERS:
-        raise UserError(f"train.init={folder} has model_type={model_type!r}, mlmlab builds model_type "
-                        f"{choices.listed(repr(name) for name in ADAPTERS)}; start from a BERT (BertForPreTraining "
-                        "or BertForMaskedLM), a RoBERTa (RobertaForMaskedLM) or a ModernBERT (ModernBertForMaskedLM), "
-                        "or without train.init")
+        raise UserError(
+            f"train.init={folder} has model_type={model_type!r}, mlmlab builds model_type "
+            f"{choices.listed(repr(name) for name in ADAPTERS)}; start from a BERT (BertForPreTraining "
+            "or BertForMaskedLM), a RoBERTa (RobertaForMaskedLM) or a ModernBERT (ModernBertForMaskedLM), "
+            "or without train.init"
+        )
     for key, built in saved_architecture(saved).as_built.items():
         if saved.get(key, built) != built:
-            raise UserError(f"train.init={folder} has {key}={saved[key]!r}, mlmlab builds {key}={built!r}; "
-                            f"start from a {model_type} as mlmlab builds it, or without train.init")
+            raise UserError(
+                f"train.init={folder} has {key}={saved[key]!r}, mlmlab builds {key}={built!r}; "
+                f"start from a {model_type} as mlmlab builds it, or without train.init"
+            )
 
 
 def _check_positions(folder: Path, saved: dict, max_seq_length: int) -> None:
     positions = token_positions(saved)
     if max_seq_length > positions:
-        raise UserError(f"data.max_seq_length={max_seq_length} needs {max_seq_length} positions, but train.init={folder} "
-                        f"has max_position_embeddings={positions}; lower data.max_seq_length to {positions}, or train "
-                        f"the first phase with model.max_position_embeddings={max_seq_length} (BERT keeps 512 positions "
-                        "while it trains at 128)")
+        raise UserError(
+            f"data.max_seq_length={max_seq_length} needs {max_seq_length} positions, but train.init={folder} "
+            f"has max_position_embeddings={positions}; lower data.max_seq_length to {positions}, or train "
+            f"the first phase with model.max_position_embeddings={max_seq_length} (BERT keeps 512 positions "
+            "while it trains at 128)"
+        )
 
 
 def _check_vocabulary(folder: Path, tokenizer_setting: str) -> None:
@@ -82,9 +100,12 @@ def _check_vocabulary(folder: Path, tokenizer_setting: str) -> None:
         check_own_tokenizer(folder, tokenizer)
     else:
         tokenizer = load_tokenizer(tokenizer_dir_for(tokenizer_setting))
-        refuse_other_vocabulary(folder, tokenizer,
-                                f"data.tokenizer={tokenizer_setting} is another vocabulary than train.init={folder}'s",
-                                "leave data.tokenizer empty to use the model's own tokenizer")
+        refuse_other_vocabulary(
+            folder,
+            tokenizer,
+            f"data.tokenizer={tokenizer_setting} is another vocabulary than train.init={folder}'s",
+            "leave data.tokenizer empty to use the model's own tokenizer",
+        )
     _check_padding(folder, tokenizer)
 
 
@@ -93,9 +114,11 @@ def _check_padding(folder: Path, tokenizer) -> None:
     counts its positions from past it."""
     saved = read_config(folder).get("pad_token_id")
     if saved is not None and saved != tokenizer.pad_token_id:
-        raise UserError(f"train.init={folder} has pad_token_id={saved} in its config.json, but its tokenizer pads "
-                        f"with {tokenizer.pad_token!r} (id {tokenizer.pad_token_id}): the weights and the tokenizer "
-                        "disagree; start from a folder whose tokenizer is the one its model was trained with")
+        raise UserError(
+            f"train.init={folder} has pad_token_id={saved} in its config.json, but its tokenizer pads "
+            f"with {tokenizer.pad_token!r} (id {tokenizer.pad_token_id}): the weights and the tokenizer "
+            "disagree; start from a folder whose tokenizer is the one its model was trained with"
+        )
 
 
 def _with_architecture(cfg: Config, folder: Path, saved: dict) -> Config:
@@ -106,9 +129,11 @@ def _with_architecture(cfg: Config, folder: Path, saved: dict) -> Config:
         if theirs is None or ours == theirs:  # None: an entry the folder lacks; the library's default applies
             continue
         if ours != getattr(defaults, name):
-            raise UserError(f"train.init={folder} has {entry_name(name, saved_architecture(saved))}={theirs}, the "
-                            f"config sets model.{name}={ours}; drop model.{name} (the model's own is taken) or set it "
-                            f"to {theirs}")
+            raise UserError(
+                f"train.init={folder} has {entry_name(name, saved_architecture(saved))}={theirs}, the "
+                f"config sets model.{name}={ours}; drop model.{name} (the model's own is taken) or set it "
+                f"to {theirs}"
+            )
         changes[name] = theirs
     multiple = cfg.model.pad_vocab_multiple
     if saved.get("vocab_size", 0) % multiple and multiple == defaults.pad_vocab_multiple:
@@ -124,12 +149,17 @@ def initial_model(cfg: Config, tokenizer, resuming: bool, log: Callable[[str], N
         load_init_weights(model, Path(cfg.train.init), log)
     if cfg.train.fused_qkv:
         fused = fuse_qkv(model)
-        log(f"train.fused_qkv: {fused} attention layers project Q, K and V with one matmul" if fused else
-            "train.fused_qkv: nothing to fuse, this architecture projects Q, K and V with one matmul already")
+        log(
+            f"train.fused_qkv: {fused} attention layers project Q, K and V with one matmul"
+            if fused
+            else "train.fused_qkv: nothing to fuse, this architecture projects Q, K and V with one matmul already"
+        )
     if cfg.train.compile:
         compile_model(model)
-        log(f"train.compile: the first step of each input length (padded to a multiple of {COMPILED_LENGTH_MULTIPLE}) "
-            "waits while torch.compile builds its graph, tens of seconds each on a CPU")
+        log(
+            f"train.compile: the first step of each input length (padded to a multiple of {COMPILED_LENGTH_MULTIPLE}) "
+            "waits while torch.compile builds its graph, tens of seconds each on a CPU"
+        )
     return model
 
 
@@ -137,12 +167,18 @@ def load_init_weights(model: PreTrainedModel, folder: Path, log: Callable[[str],
     """train.init's weights into a freshly built model; a part it may lack (a BERT's pooler, NSP head) stays fresh."""
     rows = read_config(folder).get("vocab_size")
     if rows != model.config.vocab_size:
-        raise UserError(f"train.init={folder} has vocab_size={rows} embedding rows, this config builds "
-                        f"{model.config.vocab_size} (the tokenizer's tokens padded to a multiple of "
-                        "model.pad_vocab_multiple); set model.pad_vocab_multiple so that they match (1: no padding)")
+        raise UserError(
+            f"train.init={folder} has vocab_size={rows} embedding rows, this config builds "
+            f"{model.config.vocab_size} (the tokenizer's tokens padded to a multiple of "
+            "model.pad_vocab_multiple); set model.pad_vocab_multiple so that they match (1: no padding)"
+        )
     names = [current_name(name) or "" for name in saved_weight_shapes(folder)]
     optional = architecture_of(model).optional_parts
     fresh = [part for prefix, part in optional.items() if not any(name.startswith(prefix) for name in names)]
     load_saved_weights(model, folder, allowed_missing=tuple(optional))
-    note = f"; it has no {' and no '.join(fresh)}: {'they start' if len(fresh) > 1 else 'it starts'} fresh" if fresh else ""
+    note = (
+        f"; it has no {' and no '.join(fresh)}: {'they start' if len(fresh) > 1 else 'it starts'} fresh"
+        if fresh
+        else ""
+    )
     log(f"starting from the weights of {folder} (weights only: optimizer, step and schedules start fresh){note}")

@@ -33,8 +33,11 @@ class Precision:
     dtype: torch.dtype  # what the matmuls run in: the MFU peak's dtype, a value's bytes in the memory estimate
 
 
-PRECISIONS = (Precision(choices.FP32, "no", torch.float32), Precision(choices.BF16, "bf16", torch.bfloat16),
-              Precision(choices.FP16, "fp16", torch.float16))
+PRECISIONS = (
+    Precision(choices.FP32, "no", torch.float32),
+    Precision(choices.BF16, "bf16", torch.bfloat16),
+    Precision(choices.FP16, "fp16", torch.float16),
+)
 
 
 def resolve_precision(setting: str) -> Precision:
@@ -80,7 +83,9 @@ def make_accelerator(cfg: Config) -> Accelerator:
     precision = resolve_precision(cfg.train.precision)
     release_other_precision(precision.accelerate)
     handlers = [ddp_kwargs, InitProcessGroupKwargs(timeout=PROCESS_GROUP_TIMEOUT)]
-    accelerator = Accelerator(mixed_precision=precision.accelerate, kwargs_handlers=handlers, cpu=not torch.cuda.is_available())
+    accelerator = Accelerator(
+        mixed_precision=precision.accelerate, kwargs_handlers=handlers, cpu=not torch.cuda.is_available()
+    )
     if accelerator.device.type == "cuda":
         use_tf32(cfg.train.precision != choices.FP32)
     use_deterministic(cfg.train.deterministic)
@@ -120,12 +125,21 @@ def say_precision(accelerator: Accelerator, cfg: Config) -> None:
     the one line on stderr."""
     used = accelerated(accelerator.mixed_precision).name
     on_gpu = accelerator.device.type == "cuda"
-    where = (f"{torch.cuda.get_device_name(accelerator.device)}, TF32 matmuls "
-             + ("on" if torch.backends.cuda.matmul.allow_tf32 else "off")) if on_gpu else describe_cpu()
+    where = (
+        (
+            f"{torch.cuda.get_device_name(accelerator.device)}, TF32 matmuls "
+            + ("on" if torch.backends.cuda.matmul.allow_tf32 else "off")
+        )
+        if on_gpu
+        else describe_cpu()
+    )
     head = "fused" if fused_head_on(cfg.train.fused_head) else "eager"
     setting = "null: auto" if cfg.train.fused_head is None else str(cfg.train.fused_head).lower()
-    say_once(accelerator, f"precision {used} (train.precision={cfg.train.precision}), {head} MLM head "
-                          f"(train.fused_head={setting}) on {where}")
+    say_once(
+        accelerator,
+        f"precision {used} (train.precision={cfg.train.precision}), {head} MLM head "
+        f"(train.fused_head={setting}) on {where}",
+    )
     if not on_gpu and used == choices.BF16 and not has_bf16_units(cpu_features()):
         say_once(accelerator, slow_bf16_note())
 
@@ -133,9 +147,11 @@ def say_precision(accelerator: Accelerator, cfg: Config) -> None:
 def slow_bf16_note() -> str:
     """One line for a bf16 run on a CPU without bf16 units: what bf16 costs here, timed now (~0.2 s)."""
     ratio = peak_matmul_flops("cpu", torch.bfloat16, seconds=0.1) / peak_matmul_flops("cpu", torch.float32, seconds=0.1)
-    return (f"this CPU has no bf16 units (AMX or AVX512-BF16): its bf16 matmuls ran at {ratio:.2g}x the speed of "
-            f"fp32 just now, so this run may train up to {max(1.0, 1 / ratio):.0f}x slower than in fp32; "
-            "train.precision=fp32 (or auto) avoids that")
+    return (
+        f"this CPU has no bf16 units (AMX or AVX512-BF16): its bf16 matmuls ran at {ratio:.2g}x the speed of "
+        f"fp32 just now, so this run may train up to {max(1.0, 1 / ratio):.0f}x slower than in fp32; "
+        "train.precision=fp32 (or auto) avoids that"
+    )
 
 
 def release_other_precision(precision: str) -> None:
@@ -156,15 +172,19 @@ def release_other_precision(precision: str) -> None:
 def refuse_fp16_without_cuda(precision: str) -> None:
     """accelerate turns fp16 autocast off on CPUs without a word: the run would train in fp32, logged as fp16."""
     if precision == choices.FP16 and not torch.cuda.is_available():
-        raise UserError("train.precision=fp16 needs a CUDA GPU (on CPUs accelerate would silently train in fp32); "
-                        "use bf16 (fast on CPUs with AMX) or fp32")
+        raise UserError(
+            "train.precision=fp16 needs a CUDA GPU (on CPUs accelerate would silently train in fp32); "
+            "use bf16 (fast on CPUs with AMX) or fp32"
+        )
 
 
 def refuse_deepspeed() -> None:
     """Stop a DeepSpeed launch before it trains: nothing here has run or tested it."""
     if parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"):  # as accelerate itself reads its launch flags
-        raise UserError("DeepSpeed is not supported; launch with FSDP (an accelerate config with "
-                        "distributed_type FSDP and fsdp_version 2) or with DDP (torchrun)")
+        raise UserError(
+            "DeepSpeed is not supported; launch with FSDP (an accelerate config with "
+            "distributed_type FSDP and fsdp_version 2) or with DDP (torchrun)"
+        )
 
 
 def check_fsdp(accelerator: Accelerator, cfg: Config) -> None:
@@ -172,13 +192,16 @@ def check_fsdp(accelerator: Accelerator, cfg: Config) -> None:
     if accelerator.distributed_type != DistributedType.FSDP:
         if parse_flag_from_env("ACCELERATE_USE_FSDP"):
             # accelerate 1.15 shards only on accelerators: on CPU it runs an FSDP config as DDP, silently.
-            raise UserError("this FSDP launch would not shard (accelerate runs FSDP only on GPUs and other "
-                            "accelerators); on CPUs launch with DDP instead: torchrun, or accelerate with "
-                            "distributed_type MULTI_CPU")
+            raise UserError(
+                "this FSDP launch would not shard (accelerate runs FSDP only on GPUs and other "
+                "accelerators); on CPUs launch with DDP instead: torchrun, or accelerate with "
+                "distributed_type MULTI_CPU"
+            )
         return
     if not accelerator.is_fsdp2:
-        raise UserError("FSDP version 1 is not supported; set fsdp_version: 2 in the accelerate config "
-                        "(FSDP_VERSION=2)")
+        raise UserError(
+            "FSDP version 1 is not supported; set fsdp_version: 2 in the accelerate config (FSDP_VERSION=2)"
+        )
     if refusal := strategy_entry(cfg.masking.strategy).fsdp_refusal(cfg.masking):
         raise UserError(refusal)
     if cfg.train.compile:  # the fused levers run sharded (tests/test_distributed.py); compiling was never tried
@@ -197,8 +220,10 @@ def over_processes(argv: list[str], processes: int, cfg: Config) -> tuple[list[s
         raise UserError("--processes starts its own processes: under torchrun or accelerate launch leave it out")
     batch_size = cfg.train.batch_size
     if batch_size % processes:
-        raise UserError(f"train.batch_size={batch_size} does not split over --processes {processes}; "
-                        f"give a batch size that is a multiple of {processes}")
+        raise UserError(
+            f"train.batch_size={batch_size} does not split over --processes {processes}; "
+            f"give a batch size that is a multiple of {processes}"
+        )
     if torch.cuda.is_available() and processes > torch.cuda.device_count():
         raise UserError(f"--processes {processes} needs a GPU each and this host has {torch.cuda.device_count()}")
     threads = os.environ.get("OMP_NUM_THREADS") or str(max(available_cores() // processes, 1))
@@ -206,11 +231,23 @@ def over_processes(argv: list[str], processes: int, cfg: Config) -> tuple[list[s
     # taken for the value of an option that ends argv (`--json` takes an optional FILE).
     subcommand = argv.index("pretrain") + 1
     rest = [arg for arg in without_option(argv[subcommand:], "--processes") if not arg.startswith("train.batch_size=")]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-               "-m", "mlmlab.cli", *argv[:subcommand], f"train.batch_size={batch_size // processes}", *rest]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={processes}",
+        "-m",
+        "mlmlab.cli",
+        *argv[:subcommand],
+        f"train.batch_size={batch_size // processes}",
+        *rest,
+    ]
     where = "GPU" if torch.cuda.is_available() else f"{threads} thread(s)"
-    line = (f"training as {processes} DDP processes x {where}, batch {batch_size // processes} each "
-            f"(global batch {batch_size})")
+    line = (
+        f"training as {processes} DDP processes x {where}, batch {batch_size // processes} each "
+        f"(global batch {batch_size})"
+    )
     return command, {**os.environ, "OMP_NUM_THREADS": threads}, line
 
 

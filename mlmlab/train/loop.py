@@ -40,14 +40,25 @@ from mlmlab.train import checkpoint
 from mlmlab.train.checkpointer import Checkpointer, resume_notes
 from mlmlab.train.init import initial_model, resolve_init
 from mlmlab.train.launch import (
-    concat_over_processes, fused_head_on, make_accelerator, matmul_dtype, say_precision, sum_over_processes,
+    concat_over_processes,
+    fused_head_on,
+    make_accelerator,
+    matmul_dtype,
+    say_precision,
+    sum_over_processes,
 )
 from mlmlab.train.memory import refuse_unfitting
 from mlmlab.train.metrics import MetricsWriter
 from mlmlab.train.mfu import MeasuredPeak, rates, training_flops
 from mlmlab.train.model_card import export_model_folder
 from mlmlab.train.optim import (
-    build_optimizer, learning_rate, micro_batches_at, refuse_warmup_without_decay, set_lr, training_progress, work_done,
+    build_optimizer,
+    learning_rate,
+    micro_batches_at,
+    refuse_warmup_without_decay,
+    set_lr,
+    training_progress,
+    work_done,
 )
 from mlmlab.utils import jsonio
 from mlmlab.utils.progress import Pace, progress_bar, say, say_once
@@ -79,8 +90,10 @@ class TrainerState:
         """One more non-finite loss, its step skipped; training stops at ``max_bad_steps`` in a row."""
         self.bad_steps += 1
         if self.bad_steps >= max_bad_steps:
-            raise UserError(f"{self.bad_steps} non-finite losses in a row at step {self.step}; lower train.lr or "
-                            f"check the data; the last good checkpoint is kept in {run_dir}")
+            raise UserError(
+                f"{self.bad_steps} non-finite losses in a row at step {self.step}; lower train.lr or "
+                f"check the data; the last good checkpoint is kept in {run_dir}"
+            )
 
     def apply(self, tokens: int, flops: float) -> None:
         """An applied update, of ``tokens`` non-padding tokens and ``flops`` model FLOPs over all ranks."""
@@ -126,8 +139,11 @@ class _Window:
 def progress_line(cfg: TrainConfig, step: int, progress: float, loss: float, evaluation: dict, pace: Pace) -> str:
     """The bar's news as one line, at each evaluation, where stderr is a log file and no bar is drawn."""
     budget = f" of a {cfg.max_minutes:g}-minute budget" if cfg.max_minutes > 0 else f"/{cfg.max_steps}"
-    held_out = (f"; held-out MLM loss {evaluation['mlm_loss']:.3f}, accuracy {evaluation['mlm_accuracy']:.3f}"
-                if {"mlm_loss", "mlm_accuracy"} <= evaluation.keys() else "")
+    held_out = (
+        f"; held-out MLM loss {evaluation['mlm_loss']:.3f}, accuracy {evaluation['mlm_accuracy']:.3f}"
+        if {"mlm_loss", "mlm_accuracy"} <= evaluation.keys()
+        else ""
+    )
     time_left = pace.time_left(work_done(cfg, step, progress))
     return f"step {step}{budget} ({progress:.0%}): loss {loss:.3f}{held_out}{time_left}"
 
@@ -138,8 +154,11 @@ def global_denominators(accelerator, micro: list[dict]) -> tuple[float, float]:
     DDP averages gradients over processes, so each process divides its sum by
     global count / processes to make the average equal the global-batch mean.
     """
-    local = torch.tensor([sum(int((m["labels"] != IGNORE_INDEX).sum()) for m in micro),
-                          sum(len(m["input_ids"]) for m in micro)], device=accelerator.device, dtype=torch.float64)
+    local = torch.tensor(
+        [sum(int((m["labels"] != IGNORE_INDEX).sum()) for m in micro), sum(len(m["input_ids"]) for m in micro)],
+        device=accelerator.device,
+        dtype=torch.float64,
+    )
     total = accelerator.reduce(local, reduction="sum")
     return (total[0] / accelerator.num_processes).item(), (total[1] / accelerator.num_processes).item()
 
@@ -157,9 +176,14 @@ class _StepSums:
         mask = batch["attention_mask"]  # (B, T): real tokens, of B * T slots padding included
         # The forward already counted the positions its head projected (mlm_count, on the CPU).
         flops = training_flops(self.model_cfg, self.vocab_size, mask, int(result["mlm_count"]))
-        self.values += torch.stack([*(result[key].detach().double() for key in self.keys), mask.sum().double(),
-                                    torch.tensor(float(mask.numel()), dtype=torch.float64, device=mask.device),
-                                    flops.double()])
+        self.values += torch.stack(
+            [
+                *(result[key].detach().double() for key in self.keys),
+                mask.sum().double(),
+                torch.tensor(float(mask.numel()), dtype=torch.float64, device=mask.device),
+                flops.double(),
+            ]
+        )
 
     def agreed(self, accelerator, clock: float, stop_requested: bool) -> dict:
         """The global batch's losses (means over processes), tokens, slots and FLOPs, the main process's ``clock``
@@ -172,8 +196,14 @@ class _StepSums:
         agreed = torch.tensor([clock, float(stop_requested)], dtype=torch.float64, device=self.values.device)
         totals = accelerator.reduce(torch.cat([self.values, agreed]), reduction="sum").tolist()
         tokens, slots, flops, clock, stops = totals[-5:]
-        return {"losses": {key: value / accelerator.num_processes for key, value in zip(self.keys, totals)},
-                "tokens": int(tokens), "flops": flops, "slots": int(slots), "clock": clock, "stop": stops > 0}
+        return {
+            "losses": {key: value / accelerator.num_processes for key, value in zip(self.keys, totals)},
+            "tokens": int(tokens),
+            "flops": flops,
+            "slots": int(slots),
+            "clock": clock,
+            "stop": stops > 0,
+        }
 
 
 def forwards_and_backwards(accelerator, module, micro: list[dict], sums: _StepSums) -> list[dict]:
@@ -205,9 +235,12 @@ def prepared_model(cfg: Config, tokenizer, accelerator, folder: Path | None) -> 
     """(model, module, optimizer): the model (with the checkpoint's weights when resuming from ``folder``), the
     pretraining module around it and its optimizer, the last two prepared by accelerate."""
     model = initial_model(cfg, tokenizer, resuming=folder is not None, log=partial(say_once, accelerator))
-    module = SparsePretraining(model, use_nsp=cfg.data.objective == choices.NSP,
-                               length_multiple=COMPILED_LENGTH_MULTIPLE if cfg.train.compile else 1,
-                               fused_head=fused_head_on(cfg.train.fused_head))
+    module = SparsePretraining(
+        model,
+        use_nsp=cfg.data.objective == choices.NSP,
+        length_multiple=COMPILED_LENGTH_MULTIPLE if cfg.train.compile else 1,
+        fused_head=fused_head_on(cfg.train.fused_head),
+    )
     optimizer = build_optimizer(module, cfg.train, accelerator.device)
     if folder is not None:
         say_once(accelerator, f"resuming from {folder}")
@@ -220,25 +253,45 @@ def prepared_model(cfg: Config, tokenizer, accelerator, folder: Path | None) -> 
 def write_finished_run(run_dir: Path, saved: Path, cfg: Config, summary: dict, train_store, valid_store) -> None:
     """The final model folder (the last checkpoint's, ``saved``, copied with its model card, which describes how
     the two token stores were prepared) and summary.json."""
-    export_model_folder(saved, run_dir / checkpoint.MODEL_DIR, cfg, summary["eval"],
-                        {"train": train_store.meta, "valid": valid_store.meta})
+    export_model_folder(
+        saved,
+        run_dir / checkpoint.MODEL_DIR,
+        cfg,
+        summary["eval"],
+        {"train": train_store.meta, "valid": valid_store.meta},
+    )
     (run_dir / "summary.json").write_text(jsonio.dumps(summary, indent=1))
 
 
 def run_summary(state: "TrainerState", peak: MeasuredPeak, accelerator, final_eval: dict, run_dir: Path) -> dict:
-    """What a finished run returns and writes to summary.json; MFU is of ``peak_flops``, the peak it was read against."""
+    """What a finished run returns and writes to summary.json; MFU is of ``peak_flops``, the peak it was read
+    against."""
     speed = rates(state.tokens, state.flops, state.seconds, peak.covering(state.flops / max(state.seconds, 1e-9)))
-    return {"steps": state.step, "tokens_seen": state.tokens, "train_seconds": state.seconds,
-            "wall_seconds": state.elapsed, **speed, "peak_flops": peak.flops, "eval": final_eval,
-            "distributed": accelerator.distributed_type.value, "processes": accelerator.num_processes,
-            "run_dir": str(run_dir)}
+    return {
+        "steps": state.step,
+        "tokens_seen": state.tokens,
+        "train_seconds": state.seconds,
+        "wall_seconds": state.elapsed,
+        **speed,
+        "peak_flops": peak.flops,
+        "eval": final_eval,
+        "distributed": accelerator.distributed_type.value,
+        "processes": accelerator.num_processes,
+        "run_dir": str(run_dir),
+    }
 
 
 class Trainer:
     """One pretraining run; each method does one part of the loop."""
 
-    def __init__(self, cfg: Config, *, evaluator: Callable[..., dict] | None, resume: str | None = None,
-                 show_progress: bool = True):
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        evaluator: Callable[..., dict] | None,
+        resume: str | None = None,
+        show_progress: bool = True,
+    ):
         """A run set up to ``train()``; its folder is this process's until ``train()`` ends (or ``close()``)."""
         self._lock, self._stop = None, StopRequest()
         try:
@@ -258,7 +311,9 @@ class Trainer:
         cfg = resolve_init(cfg)  # train.init: checked, and the model section taken from it, before anything else
         self.cfg, self.evaluator, self.show_progress = cfg, evaluator, show_progress
         self.accelerator = make_accelerator(cfg)
-        self.precision = self.accelerator.mixed_precision  # this run's; accelerate's property is per process (launch.py)
+        self.precision = (
+            self.accelerator.mixed_precision
+        )  # this run's; accelerate's property is per process (launch.py)
         self.run_dir = checkpoint.run_dir_for(cfg)
         # Before the slow set-up: an unwritable or busy run folder, or a refused resume, stops here.
         self._lock = checkpoint.lock_run(self.run_dir) if self.accelerator.is_main_process else None
@@ -266,7 +321,8 @@ class Trainer:
         self.metrics = MetricsWriter(self.run_dir, enabled=self.accelerator.is_main_process)
         with self.accelerator.main_process_first():
             self.train_store, self.valid_store, self.tokenizer = prepare_datasets(
-                cfg.data, cfg.train.init, show_progress=show_progress and self.accelerator.is_main_process)
+                cfg.data, cfg.train.init, show_progress=show_progress and self.accelerator.is_main_process
+            )
         refuse_unfitting(cfg, len(self.tokenizer), self.accelerator)  # before allocating any of it (ADM's tables too)
         say_precision(self.accelerator, cfg)
         self.masker = Masker(cfg.masking, self.tokenizer, self.train_store.token_counts)
@@ -275,9 +331,17 @@ class Trainer:
         self.peak = MeasuredPeak(self.accelerator.device, matmul_dtype(self.precision), self.accelerator.num_processes)
         self.state = TrainerState()
         self.checkpointer = Checkpointer(
-            self.run_dir, self.accelerator, cfg.train.keep_last, model=self.model, module=self.module,
-            optimizer=self.optimizer, masker=self.masker, progress=self.state, tokenizer=self.tokenizer,
-            token_counts=self.train_store.token_counts)
+            self.run_dir,
+            self.accelerator,
+            cfg.train.keep_last,
+            model=self.model,
+            module=self.module,
+            optimizer=self.optimizer,
+            masker=self.masker,
+            progress=self.state,
+            tokenizer=self.tokenizer,
+            token_counts=self.train_store.token_counts,
+        )
         if folder is not None:  # after prepare: FSDP shards the optimizer state as it loads
             self.checkpointer.load(folder)
             global_batch = cfg.train.batch_size * self.accelerator.num_processes
@@ -307,10 +371,16 @@ class Trainer:
         """This process's training batches (unmasked) from where the run stands; the state keeps the position."""
         cfg = self.cfg
         for position, batch in iterate_batches(
-                self.train_store, batch_size=cfg.train.batch_size, seed=cfg.train.seed, start=self.state.position,
-                rank=self.accelerator.process_index, world_size=self.accelerator.num_processes,
-                workers=cfg.data.loader_workers, pad_id=self.tokenizer.pad_token_id,
-                bucket_batches=cfg.data.bucket_batches):
+            self.train_store,
+            batch_size=cfg.train.batch_size,
+            seed=cfg.train.seed,
+            start=self.state.position,
+            rank=self.accelerator.process_index,
+            world_size=self.accelerator.num_processes,
+            workers=cfg.data.loader_workers,
+            pad_id=self.tokenizer.pad_token_id,
+            bucket_batches=cfg.data.bucket_batches,
+        ):
             self.state.position = position
             yield batch
 
@@ -350,8 +420,10 @@ class Trainer:
         # max_grad_norm 0 (no clipping): an infinite bound still returns the norm, for the metrics
         bound = self.cfg.train.max_grad_norm or math.inf
         grad_norm = self.accelerator.clip_grad_norm_(self.module.parameters(), bound)
-        set_lr(self.optimizer, learning_rate(self.cfg.train, self.state.step, self.progress(),
-                                             self.state.warmup_end_progress))
+        set_lr(
+            self.optimizer,
+            learning_rate(self.cfg.train, self.state.step, self.progress(), self.state.warmup_end_progress),
+        )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.apply(tokens, flops)
@@ -362,7 +434,9 @@ class Trainer:
         try:
             with self._stop as stop:
                 if self._train_steps(stop):
-                    say_once(self.accelerator, f"{stop.name}: saving a checkpoint at step {self.state.step} before exiting")
+                    say_once(
+                        self.accelerator, f"{stop.name}: saving a checkpoint at step {self.state.step} before exiting"
+                    )
                     self._save()
                     raise stop.exit()
                 return self._finish(stop)
@@ -394,9 +468,16 @@ class Trainer:
         """Log, evaluate and checkpoint as the config asks; the window to measure the next steps over."""
         cfg, step = self.cfg.train, self.state.step
         if step % cfg.log_every == 0 or out.get("skipped"):
-            self.metrics.write({"step": step, "lr": self.optimizer.param_groups[0]["lr"], **out,
-                                **window.rates(self.peak), "tokens_seen": self.state.tokens,
-                                **self.masker.stats(partial(sum_over_processes, self.accelerator))})
+            self.metrics.write(
+                {
+                    "step": step,
+                    "lr": self.optimizer.param_groups[0]["lr"],
+                    **out,
+                    **window.rates(self.peak),
+                    "tokens_seen": self.state.tokens,
+                    **self.masker.stats(partial(sum_over_processes, self.accelerator)),
+                }
+            )
             window = _Window()
             self.peak.refresh_if_due()  # outside the timed steps
         unfinished = self.progress() < 1.0
@@ -417,15 +498,25 @@ class Trainer:
         if self.evaluator is None:
             return {}  # the caller handed no validator: training only
         sharded = self.accelerator.distributed_type == DistributedType.FSDP
-        return self.evaluator(self.module if sharded else self.model, self.valid_store, self.masker.info, batch_size=self.cfg.train.eval_batch_size,
-                             max_batches=max_batches, device=self.accelerator.device,
-                             token_counts=self.train_store.token_counts, freq_cuts=self.cfg.masking.freq_cuts)
+        return self.evaluator(
+            self.module if sharded else self.model,
+            self.valid_store,
+            self.masker.info,
+            batch_size=self.cfg.train.eval_batch_size,
+            max_batches=max_batches,
+            device=self.accelerator.device,
+            token_counts=self.train_store.token_counts,
+            freq_cuts=self.cfg.masking.freq_cuts,
+        )
 
     def _finish(self, stop: StopRequest) -> dict:
         saved = self._save()  # before the final evaluation, so a stop signal during it leaves the run resumable
         if any_process(self.accelerator, stop.requested):
-            say_once(self.accelerator, f"{stop.name}: the final checkpoint (step {self.state.step}) is saved; "
-                                       "exiting before the final evaluation (rerun the command to finish the run)")
+            say_once(
+                self.accelerator,
+                f"{stop.name}: the final checkpoint (step {self.state.step}) is saved; "
+                "exiting before the final evaluation (rerun the command to finish the run)",
+            )
             raise stop.exit()
         final_eval = self.evaluate(self.cfg.train.eval_batches)
         self._update_elapsed()

@@ -72,12 +72,15 @@ def refuse_unfitting(cfg: Config, vocab_size: int, accelerator: Accelerator) -> 
     limit, where = capacity
     sharded = accelerator.distributed_type == DistributedType.FSDP
     value_bytes = accelerated(accelerator.mixed_precision).dtype.itemsize  # 2 under bf16/fp16 autocast, else 4
-    parts = training_bytes(cfg, vocab_size, bytes_per_value=value_bytes,
-                           weight_shards=accelerator.num_processes if sharded else 1)
+    parts = training_bytes(
+        cfg, vocab_size, bytes_per_value=value_bytes, weight_shards=accelerator.num_processes if sharded else 1
+    )
     need = sum(parts.values())
     if need > limit:
         listed = ", ".join(f"{name} {size / GB:.3g} GB" for name, size in parts.items())
-        raise UserError(f"this run needs at least {need / GB:.3g} GB ({listed}; train.batch_size="
-                        f"{cfg.train.batch_size} per process), more than the {limit / GB:.3g} GB of {where}; lower "
-                        "train.batch_size (raising train.grad_accum keeps the global batch), data.max_seq_length or "
-                        "the model's size")
+        raise UserError(
+            f"this run needs at least {need / GB:.3g} GB ({listed}; train.batch_size="
+            f"{cfg.train.batch_size} per process), more than the {limit / GB:.3g} GB of {where}; lower "
+            "train.batch_size (raising train.grad_accum keeps the global batch), data.max_seq_length or "
+            "the model's size"
+        )

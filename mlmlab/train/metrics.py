@@ -74,8 +74,10 @@ def _refuse_damage(path: Path, lines: list[tuple[int, dict | None]]) -> None:
     """A kill mid-write damages only the last line; any other was damaged since, and is not ours to drop unseen."""
     damaged = [number for number, record in lines if record is None]
     if damaged:
-        raise UserError(f"{path}: line {damaged[0]} is not a metrics record (damaged after it was written); repair or "
-                        "delete that line, then run the command again")
+        raise UserError(
+            f"{path}: line {damaged[0]} is not a metrics record (damaged after it was written); repair or "
+            "delete that line, then run the command again"
+        )
 
 
 def _flat_scalars(record: dict, prefix: str = ""):

@@ -30,8 +30,12 @@ BIG_ENOUGH_SECONDS = 0.01
 FIRST_SIZE = 256
 
 
-def peak_matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.float32, seconds: float = 0.25,
-                      big_enough: float = BIG_ENOUGH_SECONDS) -> float:
+def peak_matmul_flops(
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float32,
+    seconds: float = 0.25,
+    big_enough: float = BIG_ENOUGH_SECONDS,
+) -> float:
     """Best-case dense matmul FLOP/s of ``device`` in ``dtype``: the MFU denominator, in about ``seconds``.
 
     The square size doubles from 256 until one matmul takes ``big_enough`` seconds (or reaches
@@ -82,8 +86,9 @@ class MeasuredPeak:
     than the device can, a rate above every timing raises the peak to it, so MFU never exceeds 1.
     """
 
-    def __init__(self, device: torch.device | str, dtype: torch.dtype, processes: int = 1,
-                 refresh_seconds: float = 300.0):
+    def __init__(
+        self, device: torch.device | str, dtype: torch.dtype, processes: int = 1, refresh_seconds: float = 300.0
+    ):
         self.device, self.dtype, self.processes, self.refresh_seconds = device, dtype, processes, refresh_seconds
         self.flops = 0.0
         self.measure()

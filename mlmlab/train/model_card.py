@@ -26,8 +26,9 @@ from mlmlab.utils import jsonio
 CARD = "README.md"
 
 
-def export_model_folder(checkpoint_dir: Path, out: Path, cfg: Config, evaluation: dict | None,
-                        data: dict[str, dict | None]) -> Path:
+def export_model_folder(
+    checkpoint_dir: Path, out: Path, cfg: Config, evaluation: dict | None, data: dict[str, dict | None]
+) -> Path:
     """The checkpoint's model/ copied to ``out``, with the model card.
 
     ``data``: {"train": meta, "valid": meta} of the prepared datasets (None where unknown).
@@ -41,22 +42,34 @@ def export_model_folder(checkpoint_dir: Path, out: Path, cfg: Config, evaluation
 def card_text(folder: Path, cfg: Config, state: dict, evaluation: dict, data: dict) -> str:
     model = read_config(folder)
     parameters = sum(math.prod(shape) for shape in saved_weight_shapes(folder).values())
-    sections = [_header(model, cfg, parameters), _usage(model, _tokenizer_settings(folder)),
-                _architecture(model, parameters),
-                _tokenizer(folder, model), _data(cfg, data), _masking(cfg), _training(cfg, state),
-                _evaluation(cfg, evaluation), _provenance(cfg)]
+    sections = [
+        _header(model, cfg, parameters),
+        _usage(model, _tokenizer_settings(folder)),
+        _architecture(model, parameters),
+        _tokenizer(folder, model),
+        _data(cfg, data),
+        _masking(cfg),
+        _training(cfg, state),
+        _evaluation(cfg, evaluation),
+        _provenance(cfg),
+    ]
     return "\n\n".join(sections) + "\n"
 
 
 def _header(model: dict, cfg: Config, parameters: int) -> str:
-    objective = "masked language modelling and next sentence prediction" if cfg.data.objective == choices.NSP \
+    objective = (
+        "masked language modelling and next sentence prediction"
+        if cfg.data.objective == choices.NSP
         else "masked language modelling"
+    )
     architecture = saved_architecture(model)
-    return ("---\nlibrary_name: transformers\npipeline_tag: fill-mask\n"
-            f"tags: [{architecture.name}, fill-mask, mlmlab]\n---\n\n"
-            f"# {architecture.label} L{model['num_hidden_layers']}/H{model['hidden_size']}, pretrained with mlmlab\n\n"
-            f"A {architecture.label} encoder of {parameters / 1e6:.1f}M parameters, pretrained by {objective} "
-            f"({'from the weights of ' + cfg.train.init if cfg.train.init else 'from random initialisation'}).")
+    return (
+        "---\nlibrary_name: transformers\npipeline_tag: fill-mask\n"
+        f"tags: [{architecture.name}, fill-mask, mlmlab]\n---\n\n"
+        f"# {architecture.label} L{model['num_hidden_layers']}/H{model['hidden_size']}, pretrained with mlmlab\n\n"
+        f"A {architecture.label} encoder of {parameters / 1e6:.1f}M parameters, pretrained by {objective} "
+        f"({'from the weights of ' + cfg.train.init if cfg.train.init else 'from random initialisation'})."
+    )
 
 
 def _tokenizer_settings(folder: Path) -> dict:
@@ -68,19 +81,23 @@ def _usage(model: dict, tokenizer_settings: dict) -> str:
     mask = tokenizer_settings.get("mask_token") or "[MASK]"  # the tokenizer's own: [MASK] or <mask>
     mask = mask.get("content", "[MASK]") if isinstance(mask, dict) else mask
     # No path in the card: the folder may be copied anywhere, and export and pretrain write the same card.
-    return ("## Use it\n\n```python\nfrom transformers import pipeline\n\n"
-            "fill = pipeline(\"fill-mask\", model=\"path/to/this/folder\")\n"
-            f"print(fill(\"The capital of France is {mask}.\"))\n```\n\n"
-            f"`AutoModelForMaskedLM`, {saved_architecture(model).loaded_by} and "
-            "`AutoModelForSequenceClassification` (to fine-tune; `mlmlab glue` does) load this folder.")
+    return (
+        "## Use it\n\n```python\nfrom transformers import pipeline\n\n"
+        'fill = pipeline("fill-mask", model="path/to/this/folder")\n'
+        f'print(fill("The capital of France is {mask}."))\n```\n\n'
+        f"`AutoModelForMaskedLM`, {saved_architecture(model).loaded_by} and "
+        "`AutoModelForSequenceClassification` (to fine-tune; `mlmlab glue` does) load this folder."
+    )
 
 
 def _architecture(model: dict, parameters: int) -> str:
-    return ("## Architecture\n\n| layers | hidden size | heads | feed-forward | positions | embedding rows | parameters |\n"
-            "|---|---|---|---|---|---|---|\n"
-            f"| {model['num_hidden_layers']} | {model['hidden_size']} | {model['num_attention_heads']} | "
-            f"{model['intermediate_size']} | {model['max_position_embeddings']} | {model['vocab_size']:,} | "
-            f"{parameters:,} |\n\n{saved_architecture(model).described(model)}")
+    return (
+        "## Architecture\n\n| layers | hidden size | heads | feed-forward | positions | embedding rows | parameters |\n"
+        "|---|---|---|---|---|---|---|\n"
+        f"| {model['num_hidden_layers']} | {model['hidden_size']} | {model['num_attention_heads']} | "
+        f"{model['intermediate_size']} | {model['max_position_embeddings']} | {model['vocab_size']:,} | "
+        f"{parameters:,} |\n\n{saved_architecture(model).described(model)}"
+    )
 
 
 _KINDS = {"WordPiece": "WordPiece", "BPE": "Byte-level BPE", "Unigram": "Unigram (SentencePiece-style)"}
@@ -89,45 +106,69 @@ _KINDS = {"WordPiece": "WordPiece", "BPE": "Byte-level BPE", "Unigram": "Unigram
 def _tokenizer(folder: Path, model: dict) -> str:
     settings = _tokenizer_settings(folder)
     case = {True: "lowercased", False: "cased"}.get(settings.get("do_lower_case"), "case handling as its files say")
-    kind = _KINDS.get(json.loads((folder / "tokenizer.json").read_text())["model"].get("type"), "A") \
-        if (folder / "tokenizer.json").is_file() else "WordPiece"
-    return (f"## Tokenizer\n\n{kind}, {folder_vocab_size(folder):,} tokens, {case}; "
-            f"vocabulary hash `{model.get(VOCAB_HASH_KEY, '?')}` "
-            "(mlmlab's identity of the (id, token) pairs: data, evaluation and fine-tuning check it).")
+    kind = (
+        _KINDS.get(json.loads((folder / "tokenizer.json").read_text())["model"].get("type"), "A")
+        if (folder / "tokenizer.json").is_file()
+        else "WordPiece"
+    )
+    return (
+        f"## Tokenizer\n\n{kind}, {folder_vocab_size(folder):,} tokens, {case}; "
+        f"vocabulary hash `{model.get(VOCAB_HASH_KEY, '?')}` "
+        "(mlmlab's identity of the (id, token) pairs: data, evaluation and fine-tuning check it)."
+    )
 
 
 def _data(cfg: Config, data: dict) -> str:
-    rows = [_data_row(name, cfg.data.corpus if name == "training" else cfg.data.valid_corpus, meta)
-            for name, meta in (("training", data.get("train")), ("held-out", data.get("valid")))]
-    return ("## Data\n\n| | files | documents | corpus tokens | instances | tokens in instances |\n|---|---|---|---|---|---|\n"
-            + "\n".join(rows) + f"\n\nInstances of up to {cfg.data.max_seq_length} tokens"
-            + (f", read from the {cfg.data.text_column!r} field" if cfg.data.text_column != "text" else "")
-            + (f", held-out ones from the {cfg.data.valid_text_column!r} field"
-               if cfg.data.valid_text_column not in ("", cfg.data.text_column) else "")
-            + (f", documents grouped by {cfg.data.id_column!r}" if cfg.data.id_column else "") + ".")
+    rows = [
+        _data_row(name, cfg.data.corpus if name == "training" else cfg.data.valid_corpus, meta)
+        for name, meta in (("training", data.get("train")), ("held-out", data.get("valid")))
+    ]
+    return (
+        "## Data\n\n| | files | documents | corpus tokens | instances | tokens in instances |\n"
+        "|---|---|---|---|---|---|\n"
+        + "\n".join(rows)
+        + f"\n\nInstances of up to {cfg.data.max_seq_length} tokens"
+        + (f", read from the {cfg.data.text_column!r} field" if cfg.data.text_column != "text" else "")
+        + (
+            f", held-out ones from the {cfg.data.valid_text_column!r} field"
+            if cfg.data.valid_text_column not in ("", cfg.data.text_column)
+            else ""
+        )
+        + (f", documents grouped by {cfg.data.id_column!r}" if cfg.data.id_column else "")
+        + "."
+    )
 
 
 def _data_row(name: str, setting: list[str], meta: dict | None) -> str:
     files = meta["corpus"] if meta else (list(setting) or ["the sample bundled with mlmlab"])  # a mixture: its sources
-    shown = ", ".join(f"`{Path(f).name}`" for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    shown = ", ".join(f"`{Path(f).name}`" for f in files[:3]) + (
+        f" and {len(files) - 3} more" if len(files) > 3 else ""
+    )
     if not meta:
         return f"| {name} | {shown} | ? | ? | ? | ? (the prepared data was not at hand at export) |"
-    return (f"| {name} | {shown} | {meta['num_documents']:,} | {meta.get('num_corpus_tokens', 0):,} | "
-            f"{meta['num_instances']:,} | {meta['num_instance_tokens']:,} |")
+    return (
+        f"| {name} | {shown} | {meta['num_documents']:,} | {meta.get('num_corpus_tokens', 0):,} | "
+        f"{meta['num_instances']:,} | {meta['num_instance_tokens']:,} |"
+    )
 
 
 def _masking(cfg: Config) -> str:
     m, objective = cfg.masking, cfg.data.objective
     kept = 1 - m.mask_prob - m.random_prob
-    pairs = "MLM + NSP on sentence pairs, half of them random" if objective == choices.NSP \
+    pairs = (
+        "MLM + NSP on sentence pairs, half of them random"
+        if objective == choices.NSP
         else "MLM only, packed full sentences"
-    lines = [f"- objective: `{objective}` ({pairs})",
-             f"- masking strategy: `{m.strategy}`; {m.rate:.0%} of the eligible tokens selected per sequence "
-             f"({m.mask_prob:.0%} [MASK], {m.random_prob:.0%} random token, {kept:.0%} unchanged)"
-             + (", whole words" if m.whole_word else ""),
-             f"- mask rate schedule: `{m.rate_schedule}`"
-             + (f" from {m.rate_start:.0%}" if m.rate_schedule == choices.LINEAR_DECAY else ""),
-             *strategy_entry(m.strategy).card_lines(m)]
+    )
+    lines = [
+        f"- objective: `{objective}` ({pairs})",
+        f"- masking strategy: `{m.strategy}`; {m.rate:.0%} of the eligible tokens selected per sequence "
+        f"({m.mask_prob:.0%} [MASK], {m.random_prob:.0%} random token, {kept:.0%} unchanged)"
+        + (", whole words" if m.whole_word else ""),
+        f"- mask rate schedule: `{m.rate_schedule}`"
+        + (f" from {m.rate_start:.0%}" if m.rate_schedule == choices.LINEAR_DECAY else ""),
+        *strategy_entry(m.strategy).card_lines(m),
+    ]
     return "## Objective and masking\n\n" + "\n".join(lines)
 
 
@@ -136,37 +177,59 @@ def _training(cfg: Config, state: dict) -> str:
     minutes = state.get("seconds", 0.0) / 60
     optimizer = "StableAdamW (update clipping per tensor)" if t.optimizer == choices.STABLE_ADAMW else "AdamW"
     clipping = f"gradients clipped to global norm {t.max_grad_norm:g}" if t.max_grad_norm else "no gradient clipping"
-    return ("## Training\n\n"
-            f"- {state['step']:,} steps, {state.get('tokens', 0):,} tokens seen (non-padding), {minutes:.1f} min of training\n"
-            f"- batch {t.batch_size} x {t.grad_accum} accumulation per process{_batch_warmup(t)}; {optimizer}, peak LR {t.lr:g}, "
-            f"{t.warmup_steps} warmup steps, `{t.lr_schedule}` decay over the last {t.decay_fraction:.0%} of the budget; "
-            f"weight decay {t.weight_decay}, {clipping}, seed {t.seed}\n"
-            f"- started from: {('`' + t.init + '` (weights only)') if t.init else 'random initialisation'}")
+    return (
+        "## Training\n\n"
+        f"- {state['step']:,} steps, {state.get('tokens', 0):,} tokens seen (non-padding), "
+        f"{minutes:.1f} min of training\n"
+        f"- batch {t.batch_size} x {t.grad_accum} accumulation per process{_batch_warmup(t)}; "
+        f"{optimizer}, peak LR {t.lr:g}, "
+        f"{t.warmup_steps} warmup steps, `{t.lr_schedule}` decay over the last {t.decay_fraction:.0%} of the budget; "
+        f"weight decay {t.weight_decay}, {clipping}, seed {t.seed}\n"
+        f"- started from: {('`' + t.init + '` (weights only)') if t.init else 'random initialisation'}"
+    )
 
 
 def _batch_warmup(t) -> str:
     if not t.batch_warmup_steps:
         return ""
-    return f" (batch warmup: {t.batch_warmup_start} micro-batch(es) a step growing to {t.grad_accum} over {t.batch_warmup_steps:,} steps)"
+    return (
+        f" (batch warmup: {t.batch_warmup_start} micro-batch(es) a step growing to {t.grad_accum} "
+        f"over {t.batch_warmup_steps:,} steps)"
+    )
 
 
 def _evaluation(cfg: Config, evaluation: dict) -> str:
     if not evaluation:
-        return ("## Held-out evaluation\n\nNot measured at this step; `mlmlab evaluate --model THIS_FOLDER --data FILES` "
-                "measures it.")
+        return (
+            "## Held-out evaluation\n\nNot measured at this step; `mlmlab evaluate --model THIS_FOLDER --data FILES` "
+            "measures it."
+        )
     nsp = evaluation.get("nsp_accuracy")
-    figures = [("perplexity", f"{evaluation['perplexity']:.2f}"), ("MLM accuracy", f"{evaluation['mlm_accuracy']:.4f}"),
-               ("NSP accuracy", f"{nsp:.4f}" if nsp is not None else "–"), ("masked tokens", f"{evaluation['masked_tokens']:,}")]
-    return ("## Held-out evaluation\n\n| " + " | ".join(name for name, _ in figures) + " |\n|" + "---|" * len(figures)
-            + "\n| " + " | ".join(value for _, value in figures) + " |\n\n"
-            f"Uniform {EVAL_RATE:.0%} masks from a fixed seed whatever the training strategy (so strategies compare), "
-            f"{cfg.train.eval_batches} batches of {cfg.train.eval_batch_size} held-out instances.")
+    figures = [
+        ("perplexity", f"{evaluation['perplexity']:.2f}"),
+        ("MLM accuracy", f"{evaluation['mlm_accuracy']:.4f}"),
+        ("NSP accuracy", f"{nsp:.4f}" if nsp is not None else "–"),
+        ("masked tokens", f"{evaluation['masked_tokens']:,}"),
+    ]
+    return (
+        "## Held-out evaluation\n\n| "
+        + " | ".join(name for name, _ in figures)
+        + " |\n|"
+        + "---|" * len(figures)
+        + "\n| "
+        + " | ".join(value for _, value in figures)
+        + " |\n\n"
+        f"Uniform {EVAL_RATE:.0%} masks from a fixed seed whatever the training strategy (so strategies compare), "
+        f"{cfg.train.eval_batches} batches of {cfg.train.eval_batch_size} held-out instances."
+    )
 
 
 def _provenance(cfg: Config) -> str:
-    return ("## How it was made\n\n```bash\n" + command_for(cfg) + "\n```\n\n"
-            "The run's `config.yaml` holds the whole resolved config; this command gives it with the defaults of "
-            "the mlmlab version that trained the model.")
+    return (
+        "## How it was made\n\n```bash\n" + command_for(cfg) + "\n```\n\n"
+        "The run's `config.yaml` holds the whole resolved config; this command gives it with the defaults of "
+        "the mlmlab version that trained the model."
+    )
 
 
 def command_for(cfg: Config) -> str:
@@ -175,8 +238,7 @@ def command_for(cfg: Config) -> str:
     words = ["mlmlab", "pretrain"]
     if cfg.train.init:
         words += ["--init", cfg.train.init]
-    words += [f"{key}={_value(value)}" for key, value in ours.items()
-              if value != defaults[key] and key != "train.init"]
+    words += [f"{key}={_value(value)}" for key, value in ours.items() if value != defaults[key] and key != "train.init"]
     return shlex.join(words)
 
 

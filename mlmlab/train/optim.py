@@ -28,8 +28,14 @@ _DECAY_SHAPES = {
 }
 
 
-def lr_factor(step: int, warmup_steps: int, progress: float, warmup_end_progress: float,
-              decay_fraction: float = 1.0, shape: str = choices.LINEAR) -> float:
+def lr_factor(
+    step: int,
+    warmup_steps: int,
+    progress: float,
+    warmup_end_progress: float,
+    decay_fraction: float = 1.0,
+    shape: str = choices.LINEAR,
+) -> float:
     """Linear warmup to 1 over ``warmup_steps``, hold, then decay to 0 at progress 1.
 
     ``progress`` is the share of the budget spent: steps for a step budget, seconds for
@@ -122,9 +128,11 @@ def refuse_warmup_without_decay(cfg: TrainConfig) -> None:
     Under ``max_minutes`` the steps the time holds are known only afterwards, so nothing is checked.
     """
     if cfg.max_minutes == 0 and cfg.warmup_steps > 0 and cfg.warmup_steps >= cfg.max_steps:
-        raise UserError(f"train.warmup_steps={cfg.warmup_steps} takes all of train.max_steps={cfg.max_steps}: the LR "
-                        f"would still be rising at the end and never decay; set e.g. train.warmup_steps="
-                        f"{cfg.max_steps // 10} (a tenth of the steps), or raise train.max_steps")
+        raise UserError(
+            f"train.warmup_steps={cfg.warmup_steps} takes all of train.max_steps={cfg.max_steps}: the LR "
+            f"would still be rising at the end and never decay; set e.g. train.warmup_steps="
+            f"{cfg.max_steps // 10} (a tenth of the steps), or raise train.max_steps"
+        )
 
 
 SCHEDULE_KEYS = ("lr", "warmup_steps", "decay_fraction", "lr_schedule", "max_steps", "max_minutes")
@@ -134,27 +142,38 @@ def resume_lr_note(before: TrainConfig | None, after: TrainConfig, state) -> str
     """A line for a resume whose config changes the LR schedule (``before``: the run's config until now, None when
     unknown): the LR of the last step taken, the LR the new schedule goes on with, and, when that is higher, the
     settings that continue the decay instead. ``state``: the trainer's (step, seconds, warmup_end_progress)."""
-    changed = [f"train.{key} {getattr(before, key)} -> {getattr(after, key)}" for key in SCHEDULE_KEYS
-               if before is not None and getattr(before, key) != getattr(after, key)]
+    changed = [
+        f"train.{key} {getattr(before, key)} -> {getattr(after, key)}"
+        for key in SCHEDULE_KEYS
+        if before is not None and getattr(before, key) != getattr(after, key)
+    ]
     if not changed:
         return None
     step, seconds, warmup_end = state.step, state.seconds, state.warmup_end_progress
     last = learning_rate(before, step - 1, training_progress(before, step - 1, seconds), warmup_end)
     next_lr = learning_rate(after, step, training_progress(after, step, seconds), warmup_end)
-    note = (f"resumed at step {step} with another LR schedule ({', '.join(changed)}): the last step's LR was "
-            f"{last:.3g}, the next is {next_lr:.3g}")
+    note = (
+        f"resumed at step {step} with another LR schedule ({', '.join(changed)}): the last step's LR was "
+        f"{last:.3g}, the next is {next_lr:.3g}"
+    )
     if next_lr > last and next_lr == after.lr and after.decay_fraction < 1:
-        note += (f", back at the peak: warmup-stable-decay holds train.lr until the last "
-                 f"{after.decay_fraction:.0%} of the budget")
+        note += (
+            f", back at the peak: warmup-stable-decay holds train.lr until the last "
+            f"{after.decay_fraction:.0%} of the budget"
+        )
     return note + (f"; {continued_decay(after, last, step)}" if next_lr > last else "")
 
 
 def continued_decay(cfg: TrainConfig, lr_now: float, step: int) -> str:
     """The overrides that take the LR from ``lr_now`` at ``step`` down to 0 at the end of a step budget."""
     if cfg.max_minutes > 0:
-        return ("no setting continues the old decay under train.max_minutes; to keep the peak out of it, resume "
-                "from a checkpoint taken before the decay began, into another train.out_dir")
+        return (
+            "no setting continues the old decay under train.max_minutes; to keep the peak out of it, resume "
+            "from a checkpoint taken before the decay began, into another train.out_dir"
+        )
     decaying = dataclasses.replace(cfg, lr=1.0, warmup_steps=0, decay_fraction=1.0)  # 1 - progress from step 0
     peak = lr_now / learning_rate(decaying, step, training_progress(decaying, step, 0.0), 0.0)
-    return (f"to continue decaying from {lr_now:.3g} to 0 at step {cfg.max_steps} instead, resume with "
-            f"train.lr={peak:.3g} train.warmup_steps=0 train.decay_fraction=1.0")
+    return (
+        f"to continue decaying from {lr_now:.3g} to 0 at step {cfg.max_steps} instead, resume with "
+        f"train.lr={peak:.3g} train.warmup_steps=0 train.decay_fraction=1.0"
+    )

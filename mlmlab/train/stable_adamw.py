@@ -40,9 +40,9 @@ class StableAdamW(torch.optim.Optimizer):
         exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
         exp_avg.lerp_(grad, 1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        second = exp_avg_sq / (1 - beta2 ** step)  # v̂_t, the parameter's shape
+        second = exp_avg_sq / (1 - beta2**step)  # v̂_t, the parameter's shape
         rms = (grad.square() / second.clamp_min(eps * eps)).mean().sqrt()  # 0-d: no host sync per tensor
         lr = group["lr"] / rms.clamp_min(1.0)  # 0-d
         if group["weight_decay"]:
             param.mul_(1 - lr * group["weight_decay"])
-        param.sub_(exp_avg / (second.sqrt_() + eps) * (lr / (1 - beta1 ** step)))
+        param.sub_(exp_avg / (second.sqrt_() + eps) * (lr / (1 - beta1**step)))

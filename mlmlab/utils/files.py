@@ -155,7 +155,8 @@ def require_output(path: Path, option: str, *, folder: bool) -> None:
 
 
 def write_text_atomically(target: Path, text: str) -> None:
-    """``target`` holds ``text`` after one rename of a staging file beside it: a reader sees the old or the new, never half."""
+    """``target`` holds ``text`` after one rename of a staging file beside it: a reader sees the old or the new,
+    never half."""
     with replacing(target, text):
         pass
 
@@ -228,8 +229,9 @@ def _locked(path: Path, what: str, instead: str) -> TextIO:
     except BlockingIOError:
         holder = _holder(handle)
         handle.close()
-        raise UserError(f"{what} is being written by another mlmlab process ({holder}); wait for it to end or stop "
-                        f"it, or {instead}") from None
+        raise UserError(
+            f"{what} is being written by another mlmlab process ({holder}); wait for it to end or stop it, or {instead}"
+        ) from None
     handle.truncate(0)  # "a+": the write below lands at the (new) end, the start
     handle.write(f"pid {os.getpid()} on host {socket.gethostname()}\n")
     handle.flush()

@@ -12,7 +12,8 @@ from tqdm.auto import tqdm
 
 
 def progress_bar(desc: str, total: int | None = None, shown: bool = True, **options) -> tqdm:
-    """A bar on stderr when it is a terminal; ``total`` None counts without an end (a corpus streamed, a time budget)."""
+    """A bar on stderr when it is a terminal; ``total`` None counts without an end (a corpus streamed, a time
+    budget)."""
     return tqdm(total=total, desc=desc, disable=None if shown else True, dynamic_ncols=True, file=sys.stderr, **options)
 
 
@@ -38,6 +39,6 @@ class Pace:
         self.started, self.done_at_start = time.perf_counter(), done
 
     def time_left(self, done: float) -> str:
-        """"; about N min left", or nothing while no work has been done since the start."""
+        """ "; about N min left", or nothing while no work has been done since the start."""
         per_second = (done - self.done_at_start) / (time.perf_counter() - self.started)
         return f"; about {(1 - done) / per_second / 60:.0f} min left" if per_second > 0 else ""

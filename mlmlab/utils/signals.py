@@ -26,7 +26,8 @@ def exit_code(signum: int) -> int:
 
 class StopRequest:
     """Inside ``with``, SIGTERM or SIGINT (Ctrl-C) sets a flag, which training reads at its next step boundary to
-    save a checkpoint and exit. The flag outlives the ``with``: a signal while the run folder is set up stops the run."""
+    save a checkpoint and exit. The flag outlives the ``with``: a signal while the run folder is set up stops the
+    run."""
 
     def __init__(self):
         self.requested = False

@@ -70,21 +70,37 @@ def progress_of(row: dict, record: dict) -> float:
 
 def mask_share_keys(curves) -> list[str]:
     """The runs' mask_share_freq_* record keys, most frequent bucket first."""
-    return sorted({k for runs in curves.values() for _, records in runs for r in records for k in r
-                   if k.startswith("mask_share_freq_")}, key=lambda k: int(k.split("_")[3]))
+    return sorted(
+        {
+            k
+            for runs in curves.values()
+            for _, records in runs
+            for r in records
+            for k in r
+            if k.startswith("mask_share_freq_")
+        },
+        key=lambda k: int(k.split("_")[3]),
+    )
 
 
 def steps_to_target(row: dict, records: list[dict], key: str, target: float) -> int | None:
     """The first evaluation step at which the run's held-out ``key`` fell below ``target`` (None: never)."""
-    reached = [record["step"] for record in records
-               if isinstance(record.get("eval"), dict) and (record["eval"].get(key) or math.inf) < target]
+    reached = [
+        record["step"]
+        for record in records
+        if isinstance(record.get("eval"), dict) and (record["eval"].get(key) or math.inf) < target
+    ]
     return min(reached, default=None)
 
 
 def last_eval_within(row: dict, records: list[dict], key: str, flops: float) -> tuple[int, float] | None:
     """(step, held-out ``key``) of the run's last evaluation whose estimated FLOPs up to it are within ``flops``
     (None: not even the first)."""
-    within = [(record["step"], record["eval"][key]) for record in records
-              if isinstance(record.get("eval"), dict) and record["eval"].get(key) is not None
-              and flops_at(row, record["step"]) <= flops]
+    within = [
+        (record["step"], record["eval"][key])
+        for record in records
+        if isinstance(record.get("eval"), dict)
+        and record["eval"].get(key) is not None
+        and flops_at(row, record["step"]) <= flops
+    ]
     return max(within, default=None)

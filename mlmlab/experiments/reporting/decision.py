@@ -25,8 +25,11 @@ def decide(rule: dict, primary: Comparison | None, guards: dict[str, Comparison 
         return INCONCLUSIVE, "the interval contains 0"
     if gain < rule["min_effect"]:
         return INCONCLUSIVE, f"better, by less than the least effect ({rule['min_effect']:g})"
-    failed = [guard_failure(path, c, rule["guard"][path]) for path, c in guards.items()
-              if c is None or c.diff < -rule["guard"][path]]
+    failed = [
+        guard_failure(path, c, rule["guard"][path])
+        for path, c in guards.items()
+        if c is None or c.diff < -rule["guard"][path]
+    ]
     if failed:
         return INCONCLUSIVE, "better, but a guard failed: " + "; ".join(failed)
     return WIN, "better: the interval excludes 0, the mean reaches the least effect, every guard held"
@@ -41,8 +44,9 @@ def holm_call(call: str, adjusted_p: float) -> str:
     return call if call not in (WIN, LOSE) or adjusted_p < 0.05 else INCONCLUSIVE
 
 
-def prior_shift(primary: Comparison | None, rarest: Comparison | None, lower_is_better: bool,
-                recalibrated_call: str | None = None) -> bool:
+def prior_shift(
+    primary: Comparison | None, rarest: Comparison | None, lower_is_better: bool, recalibrated_call: str | None = None
+) -> bool:
     """A significant loss drop in the rarest frequency bucket that is no gain of the model's: moving targets
     towards rare ids refits the output prior by itself, which says nothing about masking.
 
@@ -60,13 +64,20 @@ def prior_shift(primary: Comparison | None, rarest: Comparison | None, lower_is_
 def rule_text(rule: dict, rarest: Metric | None, recalibrated: Metric | None) -> str:
     side, other = ("below", "above") if rule["lower_is_better"] else ("above", "below")
     guards = "".join(f", and mean Δ {path} ≥ −{tol:g}" for path, tol in rule["guard"].items())
-    text = (f"An arm **wins** if the 95% paired t-interval of Δ {rule['metric']} lies {side} 0, |mean Δ| ≥ "
-            f"{rule['min_effect']:g}{guards}; it **loses** if the interval lies {other} 0 and |mean Δ| ≥ "
-            f"{rule['min_effect']:g}; anything else is **inconclusive**. The Holm column makes the same call with "
-            "the arms' p-values adjusted together (Holm's step-down, 5% for any false call across the arms).")
+    text = (
+        f"An arm **wins** if the 95% paired t-interval of Δ {rule['metric']} lies {side} 0, |mean Δ| ≥ "
+        f"{rule['min_effect']:g}{guards}; it **loses** if the interval lies {other} 0 and |mean Δ| ≥ "
+        f"{rule['min_effect']:g}; anything else is **inconclusive**. The Holm column makes the same call with "
+        "the arms' p-values adjusted together (Holm's step-down, 5% for any false call across the arms)."
+    )
     if rarest is not None:
-        unexplained = ("the prior-free loss (bias refitted) is not a win" if recalibrated is not None
-                       else "there is no significant overall gain")
-        text += (f" A significant gain in the rarest frequency bucket ({rarest.label}) where {unexplained} is "
-                 "called a **prior shift**.")
+        unexplained = (
+            "the prior-free loss (bias refitted) is not a win"
+            if recalibrated is not None
+            else "there is no significant overall gain"
+        )
+        text += (
+            f" A significant gain in the rarest frequency bucket ({rarest.label}) where {unexplained} is "
+            "called a **prior shift**."
+        )
     return text

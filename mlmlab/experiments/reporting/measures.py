@@ -30,13 +30,21 @@ def metrics_of(rows: list[dict]) -> list[Metric]:
     metrics = [Metric("perplexity", ("eval", "perplexity"), True)]
     metrics += [Metric(f"ppl freq {key.removeprefix('perplexity_freq_')}", ("eval", key), True) for key in buckets]
     # mlm_loss is log(perplexity); older rows without it get the same number from the perplexity
-    metrics.append(Metric("MLM loss (nats)", ("eval", "mlm_loss"), True) if "mlm_loss" in eval_keys
-                   else Metric("MLM loss (nats)", ("eval", "perplexity"), True, log=True))
-    metrics += [Metric(f"loss freq {key.removeprefix('perplexity_freq_')} (nats)", ("eval", key), True, log=True)
-                for key in buckets]
+    metrics.append(
+        Metric("MLM loss (nats)", ("eval", "mlm_loss"), True)
+        if "mlm_loss" in eval_keys
+        else Metric("MLM loss (nats)", ("eval", "perplexity"), True, log=True)
+    )
+    metrics += [
+        Metric(f"loss freq {key.removeprefix('perplexity_freq_')} (nats)", ("eval", key), True, log=True)
+        for key in buckets
+    ]
     metrics += [Metric(name, ("eval", name), False) for name in ("mlm_accuracy", "nsp_accuracy") if name in eval_keys]
-    held_out = list(dict.fromkeys(name for row in rows for name, report in (row.get("eval_data") or {}).items()
-                                  if "mlm_loss" in report))
+    held_out = list(
+        dict.fromkeys(
+            name for row in rows for name, report in (row.get("eval_data") or {}).items() if "mlm_loss" in report
+        )
+    )
     metrics += [Metric(f"{name} MLM loss (nats)", ("eval_data", name, "mlm_loss"), True) for name in held_out]
     metrics += [Metric(f"{name} mlm_accuracy", ("eval_data", name, "mlm_accuracy"), False) for name in held_out]
     tasks = list(dict.fromkeys(t for row in rows for t in (row.get("glue") or {}).get("tasks", {})))
@@ -57,8 +65,10 @@ def recalibrated_metrics(rows: list[dict]) -> list[Metric]:
     metrics = []
     for name in ([""] if "mlm_loss" in keys else []) + [f"_freq_{bucket}" for bucket in buckets]:
         where = f" freq {name.removeprefix('_freq_')}" if name else ""
-        metrics += [Metric(f"recalibrated loss{where} (nats)", (*RECALIBRATED, f"mlm_loss{name}"), True),
-                    Metric(f"raw loss{where}, scored half (nats)", (*RECALIBRATED, f"raw_mlm_loss{name}"), True)]
+        metrics += [
+            Metric(f"recalibrated loss{where} (nats)", (*RECALIBRATED, f"mlm_loss{name}"), True),
+            Metric(f"raw loss{where}, scored half (nats)", (*RECALIBRATED, f"raw_mlm_loss{name}"), True),
+        ]
     return metrics
 
 
@@ -67,8 +77,10 @@ def probe_metrics(rows: list[dict]) -> list[Metric]:
     tasks = list(dict.fromkeys(t for row in rows for t in row_value_dict(row, ("probe", "tasks"))))
     metrics = []
     for task in tasks:
-        metrics += [Metric(f"probe {task}", ("probe", "tasks", task, "score"), False, 100.0),
-                    Metric(f"probe {task} gain", ("probe", "tasks", task, "gain"), False, 100.0)]
+        metrics += [
+            Metric(f"probe {task}", ("probe", "tasks", task, "score"), False, 100.0),
+            Metric(f"probe {task} gain", ("probe", "tasks", task, "gain"), False, 100.0),
+        ]
     return metrics + ([Metric("probe avg gain", ("probe", "average_gain"), False, 100.0)] if tasks else [])
 
 

@@ -31,7 +31,9 @@ def write_plots(groups, baseline, metrics, curves, out: Path) -> list[str]:
     matplotlib.use("Agg")  # files only; no display needed
     import matplotlib.pyplot as plt
 
-    images = [bucket_bars(plt, groups, [m for m in metrics if m.label.startswith("ppl") or m.label == "perplexity"], out)]
+    images = [
+        bucket_bars(plt, groups, [m for m in metrics if m.label.startswith("ppl") or m.label == "perplexity"], out)
+    ]
     if curves:
         images.append(loss_curves(plt, curves, out))
         adaptive = {arm: runs for arm, runs in curves.items() if scored(groups[arm])}
@@ -78,8 +80,9 @@ def loss_curves(plt, curves, out: Path) -> str:
         flops_ax.plot(*mean_curve(runs, held_out_loss, flops_seen), marker="o", ms=3, label=arm, lw=1)
     train_ax.set(title="training loss (MLM + NSP, mean over seeds)", xlabel="sequences seen", ylabel="loss")
     valid_ax.set(title="validation MLM loss (fixed uniform masks)", xlabel="sequences seen", ylabel="loss")
-    flops_ax.set(title="validation MLM loss at equal compute", xlabel="estimated training FLOPs (scorer included)",
-                 ylabel="loss")
+    flops_ax.set(
+        title="validation MLM loss at equal compute", xlabel="estimated training FLOPs (scorer included)", ylabel="loss"
+    )
     valid_ax.legend(fontsize=7)
     return save(plt, fig, out, CURVES_PNG)
 

@@ -21,15 +21,35 @@ from mlmlab import choices
 from mlmlab.errors import UserError
 from mlmlab.experiments.gates import gate_outcomes
 from mlmlab.experiments.reporting.curves import (
-    flops_at, last_eval_within, last_per_x, mask_share_keys, progress_of, row_sequences_per_step, steps_to_target,
+    flops_at,
+    last_eval_within,
+    last_per_x,
+    mask_share_keys,
+    progress_of,
+    row_sequences_per_step,
+    steps_to_target,
 )
 from mlmlab.experiments.reporting.decision import LOSE, WIN, decide, holm_call, prior_shift, rule_text
 from mlmlab.experiments.reporting.measures import (
-    Metric, by_seed, downstream_metrics, loss_metric, metrics_of, probe_metrics, recalibrated_metrics, run_points,
+    Metric,
+    by_seed,
+    downstream_metrics,
+    loss_metric,
+    metrics_of,
+    probe_metrics,
+    recalibrated_metrics,
+    run_points,
 )
 from mlmlab.experiments.reporting.plots import write_plots
 from mlmlab.experiments.reporting.statistics import (
-    BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, FEW_SEEDS, Comparison, compare, compare_by_seed, detectable_effect, holm,
+    BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED,
+    FEW_SEEDS,
+    Comparison,
+    compare,
+    compare_by_seed,
+    detectable_effect,
+    holm,
 )
 from mlmlab.experiments.results import read_rows
 from mlmlab.experiments.study import load_study
@@ -45,12 +65,14 @@ LATE_PROGRESS = 0.9  # "late in training": ADM weights the scores more as traini
 
 # ----- reading rows and curves -------------------------------------------------------------
 def load_rows(path: Path) -> tuple[list[dict], list[str]]:
-    """The rows, the latest per (arm, seed) (a duplicate, e.g. from a results file merged twice, counts once), and notes."""
+    """The rows, the latest per (arm, seed) (a duplicate, e.g. from a results file merged twice, counts once), and
+    notes."""
     if not path.is_file():
         raise UserError(f"{path} does not exist; pass the results.jsonl an `mlmlab study` wrote")
     rows, ignored = read_rows(path)
-    notes = [skipped(f"line {number} of {path.name} is not a complete result row and was ignored")
-             for number in ignored]
+    notes = [
+        skipped(f"line {number} of {path.name} is not a complete result row and was ignored") for number in ignored
+    ]
     latest = {(row["arm"], row["seed"]): row for row in rows}
     if len(latest) < len(rows):
         notes.append(f"{len(rows) - len(latest)} rows superseded by a later row of the same arm and seed")
@@ -142,14 +164,18 @@ def verdict(arm: str, baseline: str, metric: Metric, comparison: Comparison | No
     if comparison is None:
         return f"{head} no seeds in common, no comparison."
     if comparison.identical:
-        return (f"{arm} vs {baseline}: identical by construction. Every metric equals the baseline's in every seed, "
-                "so the two arms ran the same computation; this is not a measured null.")
+        return (
+            f"{arm} vs {baseline}: identical by construction. Every metric equals the baseline's in every seed, "
+            "so the two arms ran the same computation; this is not a measured null."
+        )
     if comparison.n < 2:
         return f"{head} cannot be assessed from 1 paired seed (Δ = {comparison.diff:+.3g}, no interval)."
     c = comparison
     if not c.spread:
-        return (f"{head} Δ = {c.diff:+.3g} in each of {c.n} paired seeds: with no spread there is no interval, so "
-                "no significance is claimed.")
+        return (
+            f"{head} Δ = {c.diff:+.3g} in each of {c.n} paired seeds: with no spread there is no interval, so "
+            "no significance is claimed."
+        )
     interval = f"Δ = {c.diff:+.3g}, 95% t-interval [{c.low:+.3g}, {c.high:+.3g}], {c.n} paired seeds"
     if not comparison.significant:
         return f"{head} no significant difference ({interval})."
@@ -157,8 +183,10 @@ def verdict(arm: str, baseline: str, metric: Metric, comparison: Comparison | No
     direction = "lower" if comparison.diff < 0 else "higher"
     sentence = f"{head} {direction}, i.e. {'better' if better else 'worse'} ({interval})."
     if comparison.n < FEW_SEEDS:
-        sentence += (f" With {comparison.n} seeds the t-interval rests on the differences being roughly normal, "
-                     "which so few seeds cannot check: suggestive only.")
+        sentence += (
+            f" With {comparison.n} seeds the t-interval rests on the differences being roughly normal, "
+            "which so few seeds cannot check: suggestive only."
+        )
     return sentence
 
 
@@ -205,11 +233,15 @@ def downstream_section(rows: list[dict], metrics: list[Metric]) -> list[str]:
             body.append([score.label, str(len(points)), f"{rho:+.2f}", f"{p:.2g}"])
     if not body:
         return []
-    return ["## Pretraining loss against downstream scores", "",
-            "Each run is one point, whatever its arm: Spearman's rank correlation between its held-out MLM loss and "
-            "its GLUE dev score (negative: a lower loss goes with a higher score). An association across runs, not "
-            "an effect of the masking: the runs differ in more than their loss.", "",
-            *markdown.table(["score", "runs", "Spearman ρ with MLM loss", "p (two-sided)"], body)]
+    return [
+        "## Pretraining loss against downstream scores",
+        "",
+        "Each run is one point, whatever its arm: Spearman's rank correlation between its held-out MLM loss and "
+        "its GLUE dev score (negative: a lower loss goes with a higher score). An association across runs, not "
+        "an effect of the masking: the runs differ in more than their loss.",
+        "",
+        *markdown.table(["score", "runs", "Spearman ρ with MLM loss", "p (two-sided)"], body),
+    ]
 
 
 def summary_columns(metrics) -> list[tuple[Metric, Metric]]:
@@ -228,10 +260,16 @@ def gates_section(gates: dict | None, results: list[dict], groups) -> list[str]:
     body = [[r["path"], f"{r['least']:g}", f"{r['mean']:.4g}", "held" if r["held"] else "**failed**"] for r in results]
     held = bool(results) and all(r["held"] for r in results)
     # What the gates show is the study's to say: a gate floor need not mean the model left the unigram plateau.
-    verdict = ("All gates held: the baseline trained as the study required, so the comparisons below count."
-               if held else "A gate failed: the comparisons below are reported, but no conclusion is drawn from them.")
-    return ([f"## Validity gates (means over the {len(arm_rows)} seeds of {gates['arm']}, fixed before the runs)", ""]
-            + markdown.table(["figure", "least", "mean", "outcome"], body) + [verdict, ""])
+    verdict = (
+        "All gates held: the baseline trained as the study required, so the comparisons below count."
+        if held
+        else "A gate failed: the comparisons below are reported, but no conclusion is drawn from them."
+    )
+    return (
+        [f"## Validity gates (means over the {len(arm_rows)} seeds of {gates['arm']}, fixed before the runs)", ""]
+        + markdown.table(["figure", "least", "mean", "outcome"], body)
+        + [verdict, ""]
+    )
 
 
 def decision_section(rows: list[dict], groups, baseline: str, metrics: list[Metric], gates_held: bool) -> list[str]:
@@ -241,14 +279,17 @@ def decision_section(rows: list[dict], groups, baseline: str, metrics: list[Metr
     rule = decision_rule(rows)
     if rule is not None and rule.get("contrasts"):
         caveat = [] if gates_held else ["A validity gate failed: these calls are not conclusions.", ""]
-        return (contrasts_section(rule, groups, planned(rows)[1] | {row["seed"] for row in rows}, caveat)
-                + arms_against_baseline(rows, groups, baseline, metrics, gates_held, DESCRIPTIVE_ARMS))
+        return contrasts_section(
+            rule, groups, planned(rows)[1] | {row["seed"] for row in rows}, caveat
+        ) + arms_against_baseline(rows, groups, baseline, metrics, gates_held, DESCRIPTIVE_ARMS)
     return arms_against_baseline(rows, groups, baseline, metrics, gates_held)
 
 
 DECIDING_ARMS = "## Pre-registered decision (the study's rule as its rows record it, applied as written)"
-DESCRIPTIVE_ARMS = ("## Every arm against the baseline (descriptive: the rule's calls are its contrasts above; the "
-                    "Holm column here adjusts over these arms)")
+DESCRIPTIVE_ARMS = (
+    "## Every arm against the baseline (descriptive: the rule's calls are its contrasts above; the "
+    "Holm column here adjusts over these arms)"
+)
 
 
 def contrasts_section(rule: dict, groups, seeds: set[int], caveat: list[str]) -> list[str]:
@@ -266,20 +307,49 @@ def contrasts_section(rule: dict, groups, seeds: set[int], caveat: list[str]) ->
         n = comparison.n if comparison else 0
         provisional = f" (provisional: {n} of {len(seeds)} seeds)" if n < len(seeds) else ""
         sd = comparison.sd if comparison else math.nan
-        body.append([f"{arm} − {reference}", str(n), format_delta(comparison), format_number(sd),
-                     format_number(detectable_effect(sd, n)), format_number(detectable_effect(sd, n, strictest)),
-                     format_p(comparison.p if comparison else math.nan), format_p(adjusted[(arm, reference)]),
-                     f"{contrast_call(call, arm)}{provisional}", f"**{contrast_call(held, arm)}{provisional}**", why])
-    header = ["contrast", "paired seeds", f"Δ {primary.label} [95% t-interval]", "paired sd",
-              "detectable at 5% (80% power)", f"detectable at {100 * strictest:g}% (Holm's first step)", "p",
-              "p (Holm)", "call (unadjusted)", "call (Holm: the rule)", "why"]
-    return ([DECIDING_ARMS, "",
-             f"Each contrast is Δ = arm − reference in {primary.label}, paired by seed. The arm is **better** or "
-             f"**worse** when the p-value, Holm-adjusted over these {len(pairs)} contrasts, is below 0.05 and |mean Δ| "
-             f"≥ {rule['min_effect']:g}; otherwise **inconclusive**. The unadjusted call is printed beside it, not "
-             "the rule's. \"Detectable\": the least true mean difference a paired t-test over these seeds finds with "
-             "80% power at the observed paired sd (noncentral t).", ""]
-            + caveat + markdown.table(header, body) + [""])
+        body.append(
+            [
+                f"{arm} − {reference}",
+                str(n),
+                format_delta(comparison),
+                format_number(sd),
+                format_number(detectable_effect(sd, n)),
+                format_number(detectable_effect(sd, n, strictest)),
+                format_p(comparison.p if comparison else math.nan),
+                format_p(adjusted[(arm, reference)]),
+                f"{contrast_call(call, arm)}{provisional}",
+                f"**{contrast_call(held, arm)}{provisional}**",
+                why,
+            ]
+        )
+    header = [
+        "contrast",
+        "paired seeds",
+        f"Δ {primary.label} [95% t-interval]",
+        "paired sd",
+        "detectable at 5% (80% power)",
+        f"detectable at {100 * strictest:g}% (Holm's first step)",
+        "p",
+        "p (Holm)",
+        "call (unadjusted)",
+        "call (Holm: the rule)",
+        "why",
+    ]
+    return (
+        [
+            DECIDING_ARMS,
+            "",
+            f"Each contrast is Δ = arm − reference in {primary.label}, paired by seed. The arm is **better** or "
+            f"**worse** when the p-value, Holm-adjusted over these {len(pairs)} contrasts, is below 0.05 and |mean Δ| "
+            f"≥ {rule['min_effect']:g}; otherwise **inconclusive**. The unadjusted call is printed beside it, not "
+            'the rule\'s. "Detectable": the least true mean difference a paired t-test over these seeds finds with '
+            "80% power at the observed paired sd (noncentral t).",
+            "",
+        ]
+        + caveat
+        + markdown.table(header, body)
+        + [""]
+    )
 
 
 def contrast_call(call: str, arm: str) -> str:
@@ -290,8 +360,9 @@ def format_number(value: float) -> str:
     return "–" if math.isnan(value) else f"{value:.3g}"
 
 
-def arms_against_baseline(rows: list[dict], groups, baseline: str, metrics: list[Metric], gates_held: bool,
-                          title: str = DECIDING_ARMS) -> list[str]:
+def arms_against_baseline(
+    rows: list[dict], groups, baseline: str, metrics: list[Metric], gates_held: bool, title: str = DECIDING_ARMS
+) -> list[str]:
     """The rule applied to every arm against the baseline, Holm over the arms."""
     rule = decision_rule(rows)
     base_rows = groups.get(baseline, [])
@@ -330,10 +401,21 @@ def arms_against_baseline(rows: list[dict], groups, baseline: str, metrics: list
         open_family = held in (WIN, LOSE) and tested < family and family * main.p >= 0.05
         holm_open = f" (provisional: Holm over {tested} of {family} arms)" if open_family else ""
         holm_provisional = provisional or holm_open
-        body.append([arm, str(main.n if main else 0), format_delta(main), format_p(main.p if main else math.nan),
-                     format_p(adjusted[arm]), *map(format_delta, checks), *([format_delta(rare)] if rarest else []),
-                     *([f"{format_delta(recal)}: {recal_call}"] if recalibrated else []),
-                     f"**{call}{shifted}{provisional}**", f"**{held}{shifted}{holm_provisional}**", why])
+        body.append(
+            [
+                arm,
+                str(main.n if main else 0),
+                format_delta(main),
+                format_p(main.p if main else math.nan),
+                format_p(adjusted[arm]),
+                *map(format_delta, checks),
+                *([format_delta(rare)] if rarest else []),
+                *([f"{format_delta(recal)}: {recal_call}"] if recalibrated else []),
+                f"**{call}{shifted}{provisional}**",
+                f"**{held}{shifted}{holm_provisional}**",
+                why,
+            ]
+        )
     caveat = [] if gates_held else ["A validity gate failed: these calls are not conclusions.", ""]
     return [title, "", rule_text(rule, rarest, recalibrated), ""] + caveat + markdown.table(header, body) + [""]
 
@@ -368,7 +450,12 @@ def summary_section(groups, baseline, metrics) -> list[str]:
         body.append(cells)
         if arm != baseline and base_rows:
             sentences += arm_verdicts(arm, baseline, [m for _, m in pairs], compared[arm])
-    return ["## Summary in the seed's shape: the baseline, then each arm", ""] + markdown.table(header, body) + sentences + [""]
+    return (
+        ["## Summary in the seed's shape: the baseline, then each arm", ""]
+        + markdown.table(header, body)
+        + sentences
+        + [""]
+    )
 
 
 def metric_table(title: str, groups, baseline, metrics, delta_metrics=None) -> list[str]:
@@ -380,17 +467,27 @@ def metric_table(title: str, groups, baseline, metrics, delta_metrics=None) -> l
     values = [[arm] + [mean_std(by_seed(rows, m)) for m in metrics] for arm, rows in groups.items()]
     lines = [f"## {title}", "", "Mean ± std over seeds:", ""] + markdown.table(header, values)
     delta_metrics = delta_metrics or metrics
-    compared = {arm: [compare(rows, groups[baseline], m) for m in delta_metrics]
-                for arm, rows in groups.items() if arm != baseline and baseline in groups}
+    compared = {
+        arm: [compare(rows, groups[baseline], m) for m in delta_metrics]
+        for arm, rows in groups.items()
+        if arm != baseline and baseline in groups
+    }
     if compared:
         delta_header = ["arm"] + [m.label for m in delta_metrics]
         boot = boot_label(c for cs in compared.values() for c in cs)
-        lines += [f"Difference from {baseline} (arm − baseline, paired by seed), 95% t-interval; "
-                  "* = the t-interval excludes 0:", ""]
+        lines += [
+            f"Difference from {baseline} (arm − baseline, paired by seed), 95% t-interval; "
+            "* = the t-interval excludes 0:",
+            "",
+        ]
         lines += markdown.table(delta_header, [[arm] + [format_delta(c) for c in cs] for arm, cs in compared.items()])
         few = boot.startswith("range")  # below FEW_SEEDS the bootstrap spans the observed differences
-        lines += [f"Secondary: {'range' if few else '95% bootstrap CI'} of the same differences (percentile bootstrap"
-                  + ("; with so few seeds it is not a confidence interval" if few else "") + "):", ""]
+        lines += [
+            f"Secondary: {'range' if few else '95% bootstrap CI'} of the same differences (percentile bootstrap"
+            + ("; with so few seeds it is not a confidence interval" if few else "")
+            + "):",
+            "",
+        ]
         lines += markdown.table(delta_header, [[arm] + [format_boot(c) for c in cs] for arm, cs in compared.items()])
     return lines
 
@@ -415,11 +512,19 @@ def target_share_section(curves) -> list[str]:
             cells.append(" / ".join(f"{np.mean(part):.3f}" if part else "n/a" for part in (whole, late)))
         body.append(cells)
     header = ["arm"] + [f"freq {key.removeprefix('mask_share_freq_')}" for key in keys]
-    return ["## Where the training targets went", "",
+    return (
+        [
+            "## Where the training targets went",
+            "",
             "Share of the selected (masked) training positions in each corpus-frequency bucket: over the whole "
             f"run / over its last {100 * (1 - LATE_PROGRESS):.0f}% (mean over seeds, from metrics.jsonl). Uniform "
             "masking's shares are the corpus's; an arm that moves targets to rare ids lowers their held-out loss by "
-            "that alone (a prior shift).", ""] + markdown.table(header, body) + [""]
+            "that alone (a prior shift).",
+            "",
+        ]
+        + markdown.table(header, body)
+        + [""]
+    )
 
 
 def steps_to_target_section(rows: list[dict], curves, baseline: str) -> list[str]:
@@ -430,14 +535,23 @@ def steps_to_target_section(rows: list[dict], curves, baseline: str) -> list[str
     if not metric.startswith("eval.") or not curves:
         return []
     named = (("target", "the study's decision.target"), ("lower_target", "the study's decision.lower_target"))
-    return [line for field, source in named if rule.get(field) is not None
-            for line in steps_to_table(curves, baseline, metric.removeprefix("eval."), rule[field], source)]
+    return [
+        line
+        for field, source in named
+        if rule.get(field) is not None
+        for line in steps_to_table(curves, baseline, metric.removeprefix("eval."), rule[field], source)
+    ]
 
 
 def steps_to_table(curves, baseline: str, key: str, target: float, source: str) -> list[str]:
     """Each run's first evaluation below ``target`` in held-out ``key``, per arm, paired with the baseline's."""
-    reached = {arm: {row["seed"]: (at := steps_to_target(row, records, key, target), at and flops_at(row, at))
-                     for row, records in runs} for arm, runs in curves.items()}
+    reached = {
+        arm: {
+            row["seed"]: (at := steps_to_target(row, records, key, target), at and flops_at(row, at))
+            for row, records in runs
+        }
+        for arm, runs in curves.items()
+    }
     base_runs = {seed: steps for seed, (steps, _) in reached.get(baseline, {}).items()}  # steps None: never
     base = {seed: steps for seed, steps in base_runs.items() if steps is not None}
     body = []
@@ -447,16 +561,38 @@ def steps_to_table(curves, baseline: str, key: str, target: float, source: str) 
         paired = [steps[seed] - base[seed] for seed in steps if seed in base]
         seeds_paired = f"{len(paired)} seed{'s' if len(paired) > 1 else ''}"
         delta = "" if arm == baseline or not paired else f"{np.mean(paired):+.0f} ({seeds_paired})"
-        body.append([arm, " / ".join(str(seeds[seed][0] or "never") for seed in sorted(seeds)),
-                     mean_std({s: float(v) for s, v in steps.items()}), f"{np.mean(flops):.3g}" if flops else "–",
-                     f"{len(seeds) - len(steps)} of {len(seeds)}", delta,
-                     "" if arm == baseline else earlier_seeds(steps, base_runs, seeds)])
-    return [f"## Steps to target (held-out {key} below {target:g}, {source})", "",
-            "The first evaluation step at which each run's held-out figure fell below the target, read from its "
-            "metrics.jsonl (resolution: the evaluation interval); FLOPs = the run's estimated FLOPs up to that step, "
-            "each step at its own mask rate (budget.flops_until).", "",
-            *markdown.table(["arm", "step per seed", "mean ± std", "mean FLOPs", "never reached",
-                             f"Δ steps vs {baseline} (paired)", f"seeds earlier than {baseline}"], body), ""]
+        body.append(
+            [
+                arm,
+                " / ".join(str(seeds[seed][0] or "never") for seed in sorted(seeds)),
+                mean_std({s: float(v) for s, v in steps.items()}),
+                f"{np.mean(flops):.3g}" if flops else "–",
+                f"{len(seeds) - len(steps)} of {len(seeds)}",
+                delta,
+                "" if arm == baseline else earlier_seeds(steps, base_runs, seeds),
+            ]
+        )
+    return [
+        f"## Steps to target (held-out {key} below {target:g}, {source})",
+        "",
+        "The first evaluation step at which each run's held-out figure fell below the target, read from its "
+        "metrics.jsonl (resolution: the evaluation interval); FLOPs = the run's estimated FLOPs up to that step, "
+        "each step at its own mask rate (budget.flops_until).",
+        "",
+        *markdown.table(
+            [
+                "arm",
+                "step per seed",
+                "mean ± std",
+                "mean FLOPs",
+                "never reached",
+                f"Δ steps vs {baseline} (paired)",
+                f"seeds earlier than {baseline}",
+            ],
+            body,
+        ),
+        "",
+    ]
 
 
 def decision_rule(rows: list[dict]) -> dict | None:
@@ -480,29 +616,46 @@ def equal_flops_section(rows: list[dict], curves, baseline: str) -> list[str]:
     for arm, runs in curves.items():
         if arm == baseline:
             continue
-        spent_more = [(row, records) for row, records in runs
-                      if row["seed"] in base and row.get("flops", 0) > (1 + SAME_FLOPS) * base[row["seed"]]["flops"]]
-        matched = {row["seed"]: point for row, records in spent_more
-                   if (point := last_eval_within(row, records, key, base[row["seed"]]["flops"])) is not None}
+        spent_more = [
+            (row, records)
+            for row, records in runs
+            if row["seed"] in base and row.get("flops", 0) > (1 + SAME_FLOPS) * base[row["seed"]]["flops"]
+        ]
+        matched = {
+            row["seed"]: point
+            for row, records in spent_more
+            if (point := last_eval_within(row, records, key, base[row["seed"]]["flops"])) is not None
+        }
         if not matched:
             continue
-        comparison = compare_by_seed({seed: value for seed, (_, value) in matched.items()},
-                                     {seed: base[seed]["eval"][key] for seed in matched})
-        body.append([arm, " / ".join(f"{step:,}" for _, (step, _) in sorted(matched.items())),
-                     " / ".join(f"{value:.3f}" for _, (_, value) in sorted(matched.items())), format_delta(comparison)])
+        comparison = compare_by_seed(
+            {seed: value for seed, (_, value) in matched.items()}, {seed: base[seed]["eval"][key] for seed in matched}
+        )
+        body.append(
+            [
+                arm,
+                " / ".join(f"{step:,}" for _, (step, _) in sorted(matched.items())),
+                " / ".join(f"{value:.3f}" for _, (_, value) in sorted(matched.items())),
+                format_delta(comparison),
+            ]
+        )
     if not body:
         return []
-    return [f"## At {baseline}'s FLOPs: the arms that spend more, read where they had spent as much (descriptive)", "",
-            f"Held-out {key} at each run's last evaluation whose estimated FLOPs (scorer included) are within its "
-            f"seed's {baseline} run's total, against that run's final figure, paired by seed (resolution: the "
-            "evaluation interval). Descriptive, not a decision: a run read mid-way has not decayed its LR, which "
-            "favours the baseline; an arm with budget compute-matched is the run trained to that budget.", "",
-            *markdown.table(["arm", "step per seed", f"{key} there", f"Δ vs {baseline}'s final [95% t-interval]"],
-                            body), ""]
+    return [
+        f"## At {baseline}'s FLOPs: the arms that spend more, read where they had spent as much (descriptive)",
+        "",
+        f"Held-out {key} at each run's last evaluation whose estimated FLOPs (scorer included) are within its "
+        f"seed's {baseline} run's total, against that run's final figure, paired by seed (resolution: the "
+        "evaluation interval). Descriptive, not a decision: a run read mid-way has not decayed its LR, which "
+        "favours the baseline; an arm with budget compute-matched is the run trained to that budget.",
+        "",
+        *markdown.table(["arm", "step per seed", f"{key} there", f"Δ vs {baseline}'s final [95% t-interval]"], body),
+        "",
+    ]
 
 
 def earlier_seeds(steps: dict, base_runs: dict, seeds) -> str:
-    """"k of n": of the n seeds that both the arm and the baseline ran, the k where the arm reached the target
+    """ "k of n": of the n seeds that both the arm and the baseline ran, the k where the arm reached the target
     at an earlier step than the baseline's run of that seed, or reached it where that run never did."""
     both = [seed for seed in seeds if seed in base_runs]
     earlier = [seed for seed in both if seed in steps and (base_runs[seed] is None or steps[seed] < base_runs[seed])]
@@ -510,20 +663,46 @@ def earlier_seeds(steps: dict, base_runs: dict, seeds) -> str:
 
 
 def cost_section(groups) -> list[str]:
-    header = ["arm", "budget", "steps", "batch", "tokens seen", "est. FLOPs", "scorer share of FLOPs",
-              "train s", "scorer s", "wall s (incl. eval, GLUE)", "torch threads"]
+    header = [
+        "arm",
+        "budget",
+        "steps",
+        "batch",
+        "tokens seen",
+        "est. FLOPs",
+        "scorer share of FLOPs",
+        "train s",
+        "scorer s",
+        "wall s (incl. eval, GLUE)",
+        "torch threads",
+    ]
     body = []
     for arm, rows in groups.items():
         mean = lambda key: np.mean([row.get(key, math.nan) for row in rows])  # noqa: E731
         batch = np.mean([row_sequences_per_step(row) for row in rows])
-        body.append([arm, rows[0].get("budget", "?"), f"{mean('steps'):.0f}", f"{batch:.0f}",
-                     f"{mean('tokens_seen'):.3g}", f"{mean('flops'):.3g}", f"{100 * mean('scorer_share'):.1f}%",
-                     f"{mean('train_seconds'):.0f}", f"{mean('scorer_seconds'):.1f}", f"{mean('wall_seconds'):.0f}",
-                     thread_counts(rows)])
+        body.append(
+            [
+                arm,
+                rows[0].get("budget", "?"),
+                f"{mean('steps'):.0f}",
+                f"{batch:.0f}",
+                f"{mean('tokens_seen'):.3g}",
+                f"{mean('flops'):.3g}",
+                f"{100 * mean('scorer_share'):.1f}%",
+                f"{mean('train_seconds'):.0f}",
+                f"{mean('scorer_seconds'):.1f}",
+                f"{mean('wall_seconds'):.0f}",
+                thread_counts(rows),
+            ]
+        )
     lines = ["## Budget and cost (means over seeds)", ""] + markdown.table(header, body)
     if len({row.get("torch_threads") for group in groups.values() for row in group}) > 1:
-        lines += ["", "Runs were made with different torch thread counts (or, \"?\", before rows recorded it): "
-                  "seconds compare only between runs made alike; FLOPs compare across all.", ""]
+        lines += [
+            "",
+            'Runs were made with different torch thread counts (or, "?", before rows recorded it): '
+            "seconds compare only between runs made alike; FLOPs compare across all.",
+            "",
+        ]
     return lines
 
 
@@ -544,9 +723,11 @@ def held_out_data_notes(rows: list[dict]) -> list[str]:
         counts = Counter(held_out.get("dataset", "not recorded") for each, held_out in evaluated if each == name)
         if len(counts) > 1:
             kinds = ", ".join(f"{dataset} ({n} row{'s' * (n != 1)})" for dataset, n in counts.items())
-            notes.append(f"**{name} was evaluated on different prepared data in different rows** ({kinds}): its "
-                         "figures compare only between rows of the same data. Rows that record none were made "
-                         "before 2026-12-01, when WikiText's <unk> became the [UNK] id.")
+            notes.append(
+                f"**{name} was evaluated on different prepared data in different rows** ({kinds}): its "
+                "figures compare only between rows of the same data. Rows that record none were made "
+                "before 2026-12-01, when WikiText's <unk> became the [UNK] id."
+            )
     return [*notes, ""] if notes else []
 
 
@@ -556,7 +737,7 @@ def glue_notes(rows: list[dict]) -> list[str]:
 
 
 def bucket_example(metrics: list[Metric]) -> str:
-    """" (0_500 = the 500 most frequent ids)", from the rows' first bucket; "" without buckets."""
+    """ " (0_500 = the 500 most frequent ids)", from the rows' first bucket; "" without buckets."""
     first = next((m.label.removeprefix("ppl freq ") for m in metrics if m.label.startswith("ppl freq ")), None)
     return f" ({first} = the {first.split('_')[1]} most frequent ids)" if first else ""
 
@@ -572,64 +753,101 @@ def write_report(results: Path, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     curves, missing = read_curves(groups, results.parent)
     if missing:
-        notes.append(f"curve plots skipped for {len(missing)} runs whose metrics.jsonl is missing (e.g. {missing[0]}), "
-                     "and their target shares; the other tables come from results.jsonl alone")
+        notes.append(
+            f"curve plots skipped for {len(missing)} runs whose metrics.jsonl is missing (e.g. {missing[0]}), "
+            "and their target shares; the other tables come from results.jsonl alone"
+        )
     images = write_plots(groups, baseline, metrics, curves, out)
     studies = ", ".join(sorted({row.get("study", "?") for row in rows}))
     seeds = sorted({row["seed"] for row in rows})
-    lines = [f"# Study {studies}: each arm against {baseline}", "",
-             "Every number below is reproduced by (the experiment skips runs already in results.jsonl):", "",
-             *commands(rows, results, out), "",
-             f"{len(rows)} runs, {len(groups)} arms, seeds {seeds}; mlmlab "
-             f"{', '.join(sorted({str(row.get('mlmlab_version')) for row in rows}))}.", ""]
+    lines = [
+        f"# Study {studies}: each arm against {baseline}",
+        "",
+        "Every number below is reproduced by (the experiment skips runs already in results.jsonl):",
+        "",
+        *commands(rows, results, out),
+        "",
+        f"{len(rows)} runs, {len(groups)} arms, seeds {seeds}; mlmlab "
+        f"{', '.join(sorted({str(row.get('mlmlab_version')) for row in rows}))}.",
+        "",
+    ]
     gates, outcomes = gate_outcomes(rows, groups)
     lines += gates_section(gates, outcomes, groups)
     gates_held = all(outcome["held"] for outcome in outcomes)
     lines += decision_section(rows, groups, baseline, metrics, gates_held)
     lines += summary_section(groups, baseline, metrics)
-    lines += metric_table("Held-out perplexity, overall and per frequency bucket; differences in nats of MLM loss",
-                          groups, baseline, [m for m in metrics if "ppl" in m.label or m.label == "perplexity"],
-                          [m for m in metrics if m.label.endswith("(nats)") and m.path[0] == "eval"])
+    lines += metric_table(
+        "Held-out perplexity, overall and per frequency bucket; differences in nats of MLM loss",
+        groups,
+        baseline,
+        [m for m in metrics if "ppl" in m.label or m.label == "perplexity"],
+        [m for m in metrics if m.label.endswith("(nats)") and m.path[0] == "eval"],
+    )
     lines += steps_to_target_section(rows, curves, baseline)
     lines += equal_flops_section(rows, curves, baseline)
     recalibrated = recalibrated_metrics(rows)
     if recalibrated:
-        lines += metric_table("Prior-free loss: the output bias refitted on half the held-out targets, the other "
-                              "half scored (nats; raw = the model's own bias on the same half)", groups, baseline,
-                              recalibrated)
+        lines += metric_table(
+            "Prior-free loss: the output bias refitted on half the held-out targets, the other "
+            "half scored (nats; raw = the model's own bias on the same half)",
+            groups,
+            baseline,
+            recalibrated,
+        )
     lines += target_share_section(curves)
-    lines += metric_table("Held-out MLM and NSP accuracy", groups, baseline,
-                          [m for m in metrics if m.label.endswith("accuracy") and m.path[0] == "eval"])
+    lines += metric_table(
+        "Held-out MLM and NSP accuracy",
+        groups,
+        baseline,
+        [m for m in metrics if m.label.endswith("accuracy") and m.path[0] == "eval"],
+    )
     further = [m for m in metrics if m.path[0] == "eval_data"]
     if further:
-        lines += metric_table("Further held-out sets (the study's eval_data; same fixed masks)", groups, baseline,
-                              further) + held_out_data_notes(rows)
+        lines += metric_table(
+            "Further held-out sets (the study's eval_data; same fixed masks)", groups, baseline, further
+        ) + held_out_data_notes(rows)
     glue = [m for m in metrics if m.label.startswith("GLUE")]
-    lines += metric_table("GLUE dev scores (x100; median over fine-tuning seeds, then over pretraining seeds "
-                          "as mean ± std)", groups, baseline, glue) + glue_notes(rows) + [""]
+    lines += (
+        metric_table(
+            "GLUE dev scores (x100; median over fine-tuning seeds, then over pretraining seeds as mean ± std)",
+            groups,
+            baseline,
+            glue,
+        )
+        + glue_notes(rows)
+        + [""]
+    )
     probes = probe_metrics(rows)
     if probes:
-        lines += metric_table("Frozen linear probes (dev, x100; gain = pretrained − a random-init encoder of the same "
-                              "architecture)", groups, baseline, probes)
+        lines += metric_table(
+            "Frozen linear probes (dev, x100; gain = pretrained − a random-init encoder of the same architecture)",
+            groups,
+            baseline,
+            probes,
+        )
     lines += downstream_section(rows, metrics)
     lines += cost_section(groups)
     lines += ["## Plots", ""] + [f"![{name}]({name})" for name in images] + [""]
-    lines += ["## How to read this", "",
-              "- Perplexity is exp(mean cross-entropy) on the held-out sample under the same fixed uniform 15% masks "
-              "for every arm; frequency buckets are ranks of the target token in the pretraining corpus"
-              f"{bucket_example(metrics)}.",
-              "- Losses are compared in nats: Δ of the MLM loss (overall) and of log(perplexity) per bucket. "
-              "A Δ of d nats multiplies perplexity by exp(d) (+0.01 nats ≈ +1%).",
-              "- Δ = arm − baseline, averaged over the seeds both have, paired by seed. The primary interval is the "
-              "95% paired t-interval over seeds (df = n − 1); verdicts and * use it. The secondary "
-              f"column is a percentile bootstrap ({BOOTSTRAP_RESAMPLES} resamples of the paired seeds, generator "
-              f"seed {BOOTSTRAP_SEED}); below {FEW_SEEDS} seeds it is labelled a range, since it spans little more "
-              "than the observed differences (with 3 seeds, exactly their min and max). "
-              "Lower perplexity and loss are better; higher accuracy and GLUE are better.",
-              "- \"identical by construction\": every metric of the arm equals the baseline's in every seed, so the "
-              "two arms ran the same computation; that is not a measured null.",
-              "- FLOPs are estimates from the model config (mlmlab/experiments/budget.py), scorer passes included.",
-              *[f"- Note: {note}" for note in notes], ""]
+    lines += [
+        "## How to read this",
+        "",
+        "- Perplexity is exp(mean cross-entropy) on the held-out sample under the same fixed uniform 15% masks "
+        "for every arm; frequency buckets are ranks of the target token in the pretraining corpus"
+        f"{bucket_example(metrics)}.",
+        "- Losses are compared in nats: Δ of the MLM loss (overall) and of log(perplexity) per bucket. "
+        "A Δ of d nats multiplies perplexity by exp(d) (+0.01 nats ≈ +1%).",
+        "- Δ = arm − baseline, averaged over the seeds both have, paired by seed. The primary interval is the "
+        "95% paired t-interval over seeds (df = n − 1); verdicts and * use it. The secondary "
+        f"column is a percentile bootstrap ({BOOTSTRAP_RESAMPLES} resamples of the paired seeds, generator "
+        f"seed {BOOTSTRAP_SEED}); below {FEW_SEEDS} seeds it is labelled a range, since it spans little more "
+        "than the observed differences (with 3 seeds, exactly their min and max). "
+        "Lower perplexity and loss are better; higher accuracy and GLUE are better.",
+        '- "identical by construction": every metric of the arm equals the baseline\'s in every seed, so the '
+        "two arms ran the same computation; that is not a measured null.",
+        "- FLOPs are estimates from the model config (mlmlab/experiments/budget.py), scorer passes included.",
+        *[f"- Note: {note}" for note in notes],
+        "",
+    ]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path

@@ -100,8 +100,17 @@ def compare_by_seed(arm: dict[int, float], baseline: dict[int, float], identical
     if len(seeds) < 2:
         return Comparison(float(diffs.mean()), math.nan, math.nan, 1, identical=identical)
     low, high, p = t_interval(diffs)
-    return Comparison(float(diffs.mean()), low, high, len(seeds), *paired_bootstrap(diffs), p=p,
-                      all_zero=not diffs.any(), identical=identical, sd=float(diffs.std(ddof=1)))
+    return Comparison(
+        float(diffs.mean()),
+        low,
+        high,
+        len(seeds),
+        *paired_bootstrap(diffs),
+        p=p,
+        all_zero=not diffs.any(),
+        identical=identical,
+        sd=float(diffs.std(ddof=1)),
+    )
 
 
 DETECTION_POWER = 0.8  # the conventional power a design is sized for

@@ -75,8 +75,10 @@ class Downstream:
 
     def flops(self, model: ModelConfig) -> dict:
         """{"glue", "probes"}: FLOPs per run of a model of this config."""
-        return {"glue": sum(work.flops(model) for work in self.glue),
-                "probes": sum(work.flops(model) for work in self.probes)}
+        return {
+            "glue": sum(work.flops(model) for work in self.glue),
+            "probes": sum(work.flops(model) for work in self.probes),
+        }
 
 
 def downstream_work(study: Study, tokenizer_setting: str) -> Downstream:
@@ -98,31 +100,55 @@ def glue_work(study: Study, tokenizer) -> list[TaskWork]:
         task, folder = TASKS[name], data_dir / name
         if missing_files(task, data_dir):
             continue
-        train = row_lengths(encode(read_labeled(task, folder / TRAIN_FILE, study.glue.max_train_examples), tokenizer,
-                                   settings.max_length))
-        devs = [row_lengths(encode(read_labeled(task, folder / file), tokenizer, settings.max_length))
-                for file in task.dev_files.values()]
+        train = row_lengths(
+            encode(
+                read_labeled(task, folder / TRAIN_FILE, study.glue.max_train_examples), tokenizer, settings.max_length
+            )
+        )
+        devs = [
+            row_lengths(encode(read_labeled(task, folder / file), tokenizer, settings.max_length))
+            for file in task.dev_files.values()
+        ]
         epoch_order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0)).numpy()
         dev_tokens = sum(padded_tokens(dev, np.arange(len(dev)), EVAL_BATCH_SIZE) for dev in devs)  # file order
         dev_rows = sum(map(len, devs))
-        works.append(TaskWork(name, runs=len(settings.learning_rates) * len(study.glue.seeds),
-                              steps=settings.epochs * math.ceil(len(train) / settings.batch_size),
-                              trained_rows=settings.epochs * len(train),
-                              trained_length=padded_tokens(train, epoch_order, settings.batch_size) / len(train),
-                              forward_rows=dev_rows, forward_length=dev_tokens / dev_rows))
+        works.append(
+            TaskWork(
+                name,
+                runs=len(settings.learning_rates) * len(study.glue.seeds),
+                steps=settings.epochs * math.ceil(len(train) / settings.batch_size),
+                trained_rows=settings.epochs * len(train),
+                trained_length=padded_tokens(train, epoch_order, settings.batch_size) / len(train),
+                forward_rows=dev_rows,
+                forward_length=dev_tokens / dev_rows,
+            )
+        )
     return works
 
 
 def probe_work(study: Study, tokenizer) -> list[TaskWork]:
     works = []
     for name in study.probe.tasks if study.probe else ():
-        splits = {split: row_lengths(encoded)
-                  for split, encoded in read_task(TASKS[name], Path(study.glue_dir), tokenizer).splits.items()}
+        splits = {
+            split: row_lengths(encoded)
+            for split, encoded in read_task(TASKS[name], Path(study.glue_dir), tokenizer).splits.items()
+        }
         rows = sum(map(len, splits.values()))
-        tokens = sum(padded_tokens(lengths, np.argsort(lengths, kind="stable"), EVAL_BATCH_SIZE)
-                     for lengths in splits.values())
-        works.append(TaskWork(name, runs=1 + study.probe.random_inits, steps=0, trained_rows=0, trained_length=0.0,
-                              forward_rows=rows, forward_length=tokens / rows, fit_rows=len(splits["train"])))
+        tokens = sum(
+            padded_tokens(lengths, np.argsort(lengths, kind="stable"), EVAL_BATCH_SIZE) for lengths in splits.values()
+        )
+        works.append(
+            TaskWork(
+                name,
+                runs=1 + study.probe.random_inits,
+                steps=0,
+                trained_rows=0,
+                trained_length=0.0,
+                forward_rows=rows,
+                forward_length=tokens / rows,
+                fit_rows=len(splits["train"]),
+            )
+        )
     return works
 
 
@@ -132,8 +158,12 @@ def row_lengths(split: EncodedSplit) -> np.ndarray:
 
 def padded_tokens(lengths: np.ndarray, order: np.ndarray, batch_size: int) -> int:
     """Tokens of the batches of ``batch_size`` rows taken in ``order``, each padded to its longest row."""
-    return int(sum(lengths[order[start:start + batch_size]].max() * len(order[start:start + batch_size])
-                   for start in range(0, len(order), batch_size)))
+    return int(
+        sum(
+            lengths[order[start : start + batch_size]].max() * len(order[start : start + batch_size])
+            for start in range(0, len(order), batch_size)
+        )
+    )
 
 
 # ----- timed here ------------------------------------------------------------------------------
@@ -141,14 +171,17 @@ def timed_downstream(cfg: Config, study: Study, work: Downstream, steps: int, sh
     """{"glue", "probes"}: seconds per run of ``cfg``'s GLUE fine-tuning and probes, timed here on samples."""
     tokenizer, device = load_tokenizer(tokenizer_dir_for(cfg.data.tokenizer)), compute_device()
     tasks = len(work.glue) + len(work.probes)
-    with tempfile.TemporaryDirectory() as folder, progress_bar("time GLUE and probes", tasks, show_progress,
-                                                               unit="task") as bar:
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        progress_bar("time GLUE and probes", tasks, show_progress, unit="task") as bar,
+    ):
         write_model_config(resolve_init(cfg).model, tokenizer, Path(folder))
         seconds = {"glue": 0.0, "probes": 0.0}
         settings = glue_settings(study)
         for task_work in work.glue:
-            seconds["glue"] += timed_glue_task(Path(folder), task_work, settings[task_work.name], study, tokenizer,
-                                               steps, device)
+            seconds["glue"] += timed_glue_task(
+                Path(folder), task_work, settings[task_work.name], study, tokenizer, steps, device
+            )
             bar.update()
         for task_work in work.probes:
             seconds["probes"] += timed_probe_task(Path(folder), task_work, study, tokenizer, device)
@@ -162,12 +195,16 @@ def write_model_config(model: ModelConfig, tokenizer, folder: Path) -> None:
         build_model(model, len(tokenizer), tokenizer.pad_token_id).config.save_pretrained(folder)
 
 
-def timed_glue_task(folder: Path, work: TaskWork, settings: FineTuneSettings, study: Study, tokenizer, steps: int,
-                    device) -> float:
+def timed_glue_task(
+    folder: Path, work: TaskWork, settings: FineTuneSettings, study: Study, tokenizer, steps: int, device
+) -> float:
     """Seconds of the task's fine-tuning runs (steps and dev predictions) in one study run."""
     task, batch = TASKS[work.name], settings.batch_size
-    sample = encode(read_labeled(task, Path(study.glue_dir) / task.name / TRAIN_FILE, (WARMUP_STEPS + steps) * batch),
-                    tokenizer, settings.max_length)
+    sample = encode(
+        read_labeled(task, Path(study.glue_dir) / task.name / TRAIN_FILE, (WARMUP_STEPS + steps) * batch),
+        tokenizer,
+        settings.max_length,
+    )
     warm_rows = min(WARMUP_STEPS * batch, len(sample) // 2)  # a small file still leaves rows to time
     one_epoch = dataclasses.replace(settings, epochs=1)
     with torch.random.fork_rng(devices=[]):  # weights from the global generator: handed back untouched
@@ -200,5 +237,6 @@ def timed_probe_task(folder: Path, work: TaskWork, study: Study, tokenizer, devi
 
 
 def rows_of(split: EncodedSplit, rows: slice) -> EncodedSplit:
-    return EncodedSplit({key: values[rows] for key, values in split.features.items()}, split.labels[rows], None,
-                        split.pad_token_id)
+    return EncodedSplit(
+        {key: values[rows] for key, values in split.features.items()}, split.labels[rows], None, split.pad_token_id
+    )

@@ -19,8 +19,13 @@ from mlmlab.train.metrics import metrics_records
 from mlmlab.utils.files import live_holder
 
 
-def dry_run_text(study: Study, shard: tuple[int, int] = (0, 1), timed_steps: int = 0,
-                 show_progress: bool = False, only: tuple[tuple[str, int | None], ...] = ()) -> str:
+def dry_run_text(
+    study: Study,
+    shard: tuple[int, int] = (0, 1),
+    timed_steps: int = 0,
+    show_progress: bool = False,
+    only: tuple[tuple[str, int | None], ...] = (),
+) -> str:
     """Every arm's config validated and its estimated cost, GLUE and probes included; with ``timed_steps``, each arm's
     cost timed here too (``show_progress``: bars on stderr). The runs left: this shard's, of those ``only`` names."""
     runs = plan_runs(study)
@@ -28,15 +33,19 @@ def dry_run_text(study: Study, shard: tuple[int, int] = (0, 1), timed_steps: int
     arm_runs = runs[: len(study.arms)]  # the first seed's runs: one per arm
     work = {setting: downstream_work(study, setting) for setting in {run.config.data.tokenizer for run in arm_runs}}
     downstream = {run.arm.name: work[run.config.data.tokenizer].flops(run.config.model) for run in arm_runs}
-    lines = [f"study {study.name}: {len(study.arms)} arms x {len(study.seeds)} seeds = {len(runs)} runs "
-             f"({len(mine)} in shard {shard[0]}/{shard[1]}), budget {study.budget}, baseline {study.baseline}",
-             f"{'arm':<34} {'steps':>9} {'batch':>6} {'tokens':>10} {'FLOPs':>9} {'scorer':>7} {'GPU-h':>9} "
-             f"{'CPU-h':>9} {'GLUE FLOPs':>10} {'probe FLOPs':>11}"]
+    lines = [
+        f"study {study.name}: {len(study.arms)} arms x {len(study.seeds)} seeds = {len(runs)} runs "
+        f"({len(mine)} in shard {shard[0]}/{shard[1]}), budget {study.budget}, baseline {study.baseline}",
+        f"{'arm':<34} {'steps':>9} {'batch':>6} {'tokens':>10} {'FLOPs':>9} {'scorer':>7} {'GPU-h':>9} "
+        f"{'CPU-h':>9} {'GLUE FLOPs':>10} {'probe FLOPs':>11}",
+    ]
     for run in arm_runs:
         c, d = run.cost, downstream[run.arm.name]
-        lines.append(f"{run.arm.name:<34} {c['steps']:>9} {c['sequences_per_step']:>6} {c['tokens']:>10.3g} "
-                     f"{c['flops']:>9.3g} {100 * c['scorer_share']:>6.1f}% {c['gpu_hours']:>9.3g} {c['cpu_hours']:>9.3g} "
-                     f"{d['glue']:>10.3g} {d['probes']:>11.3g}")
+        lines.append(
+            f"{run.arm.name:<34} {c['steps']:>9} {c['sequences_per_step']:>6} {c['tokens']:>10.3g} "
+            f"{c['flops']:>9.3g} {100 * c['scorer_share']:>6.1f}% {c['gpu_hours']:>9.3g} {c['cpu_hours']:>9.3g} "
+            f"{d['glue']:>10.3g} {d['probes']:>11.3g}"
+        )
     rows = finished_rows(Path(study.out_dir) / RESULTS_FILE)
     refuse_incomparable(runs, rows)  # what the study itself would refuse, said before its cost
     finished = {row["key"] for row in rows}
@@ -67,17 +76,32 @@ def downstream_note(study: Study, work: dict[str, Downstream]) -> str:
     if not (study.glue.tasks or study.probe):
         return "GLUE and probes: none in this study"
     if not Path(study.glue_dir or "").is_dir():
-        return f"GLUE and probes: not counted, glue_dir {study.glue_dir!r} is not a folder (a run would refuse to start)"
+        return (
+            f"GLUE and probes: not counted, glue_dir {study.glue_dir!r} is not a folder (a run would refuse to start)"
+        )
     counted = next(iter(work.values()))
     skipped = [name for name in glue_settings(study) if name not in {task.name for task in counted.glue}]
-    parts = [f"GLUE {', '.join(task.name for task in counted.glue)}: every training row of every epoch, learning "
-             "rate and seed, padded as its batch is, and the dev predictions"] if counted.glue else []
-    parts += [f"probes {', '.join(task.name for task in counted.probes)}: every split's features, for the "
-              "pretrained and each random-init encoder (the regressions are timed only with --time-steps)"
-              ] if counted.probes else []
+    parts = (
+        [
+            f"GLUE {', '.join(task.name for task in counted.glue)}: every training row of every epoch, learning "
+            "rate and seed, padded as its batch is, and the dev predictions"
+        ]
+        if counted.glue
+        else []
+    )
+    parts += (
+        [
+            f"probes {', '.join(task.name for task in counted.probes)}: every split's features, for the "
+            "pretrained and each random-init encoder (the regressions are timed only with --time-steps)"
+        ]
+        if counted.probes
+        else []
+    )
     parts += [f"GLUE tasks skipped, their files absent: {', '.join(skipped)}"] if skipped else []
-    return (f"GLUE and probes per run: FLOPs counted from the task files in {study.glue_dir} with each arm's tokenizer "
-            f"(mlmlab/experiments/running/downstream.py); {'; '.join(parts)}")
+    return (
+        f"GLUE and probes per run: FLOPs counted from the task files in {study.glue_dir} with each arm's tokenizer "
+        f"(mlmlab/experiments/running/downstream.py); {'; '.join(parts)}"
+    )
 
 
 def run_state(run: Run) -> str:
@@ -97,14 +121,23 @@ def logged_step(folder: Path) -> int:
     return records[-1].get("step", 0) if records else 0
 
 
-def probed_cost_lines(study: Study, arm_runs: list[Run], left: list[Run], steps: int, work: dict[str, Downstream],
-                      downstream: dict[str, dict], show_progress: bool) -> list[str]:
+def probed_cost_lines(
+    study: Study,
+    arm_runs: list[Run],
+    left: list[Run],
+    steps: int,
+    work: dict[str, Downstream],
+    downstream: dict[str, dict],
+    show_progress: bool,
+) -> list[str]:
     """Each arm's minutes per run, timed on this machine, beside the FLOP estimate; the total of the runs left."""
-    lines = [f"timed here: {steps} steps per arm after {WARMUP_STEPS} warm-up steps, and {steps} fine-tuning steps and "
-             "a few batches of each GLUE and probe task (experiments/running/downstream.py); minutes per run, training "
-             "with its held-out evaluations; vs FLOPs: timed / the FLOP estimate at the CPU rate above",
-             f"  {'arm':<30} {'s/step':>8} {'vs first':>10} {'vs FLOPs':>9} {'train':>8} {'GLUE':>8} {'probes':>8} "
-             f"{'min/run':>8}"]
+    lines = [
+        f"timed here: {steps} steps per arm after {WARMUP_STEPS} warm-up steps, and {steps} fine-tuning steps and "
+        "a few batches of each GLUE and probe task (experiments/running/downstream.py); minutes per run, training "
+        "with its held-out evaluations; vs FLOPs: timed / the FLOP estimate at the CPU rate above",
+        f"  {'arm':<30} {'s/step':>8} {'vs first':>10} {'vs FLOPs':>9} {'train':>8} {'GLUE':>8} {'probes':>8} "
+        f"{'min/run':>8}",
+    ]
     timed, estimated, first, by_model = {}, {}, None, {}
     for run in arm_runs:
         cfg, name = run.config, run.arm.name
@@ -114,21 +147,31 @@ def probed_cost_lines(study: Study, arm_runs: list[Run], left: list[Run], steps:
         if model_key not in by_model:  # GLUE and probes cost the same for arms of one model and tokenizer
             by_model[model_key] = timed_downstream(cfg, study, work[cfg.data.tokenizer], steps, show_progress)
         seconds = by_model[model_key]
-        timed[name] = {"train": run_minutes(cfg, probed), "glue": seconds["glue"] / 60, "probes": seconds["probes"] / 60}
-        estimated[name] = {"train": 60 * run.cost["cpu_hours"],
-                           **{part: 60 * cpu_hours(flops) for part, flops in downstream[name].items()}}
+        timed[name] = {
+            "train": run_minutes(cfg, probed),
+            "glue": seconds["glue"] / 60,
+            "probes": seconds["probes"] / 60,
+        }
+        estimated[name] = {
+            "train": 60 * run.cost["cpu_hours"],
+            **{part: 60 * cpu_hours(flops) for part, flops in downstream[name].items()},
+        }
         step_estimate = run.cost["flops_per_step"] / CPU_FLOPS
-        lines.append(f"  {name:<30} {probed['step_seconds']:>8.3f} {probed['step_seconds'] / first:>9.2f}x "
-                     f"{probed['step_seconds'] / step_estimate:>8.1f}x {timed[name]['train']:>8.2f} "
-                     f"{timed[name]['glue']:>8.2f} {timed[name]['probes']:>8.2f} {sum(timed[name].values()):>8.2f}")
+        lines.append(
+            f"  {name:<30} {probed['step_seconds']:>8.3f} {probed['step_seconds'] / first:>9.2f}x "
+            f"{probed['step_seconds'] / step_estimate:>8.1f}x {timed[name]['train']:>8.2f} "
+            f"{timed[name]['glue']:>8.2f} {timed[name]['probes']:>8.2f} {sum(timed[name].values()):>8.2f}"
+        )
     hours = sum(sum(timed[run.arm.name].values()) for run in left) / 60
-    lines.append(f"this shard's runs left, timed: {hours:.2f} CPU-hours of training, evaluation, GLUE and probes (a "
-                 f"shared machine runs slower); timed / FLOP estimate over the arms: {flop_ratios(timed, estimated)}")
+    lines.append(
+        f"this shard's runs left, timed: {hours:.2f} CPU-hours of training, evaluation, GLUE and probes (a "
+        f"shared machine runs slower); timed / FLOP estimate over the arms: {flop_ratios(timed, estimated)}"
+    )
     return lines
 
 
 def flop_ratios(timed: dict[str, dict], estimated: dict[str, dict]) -> str:
-    """"training 11.2x, GLUE 3.1x, probes 2.0x, all 8.0x": how far the FLOP estimate is from the timed probe."""
+    """ "training 11.2x, GLUE 3.1x, probes 2.0x, all 8.0x": how far the FLOP estimate is from the timed probe."""
     parts = {"training": "train", "GLUE": "glue", "probes": "probes"}
     ratios = []
     for label, part in [*parts.items(), ("all", None)]:

@@ -34,10 +34,13 @@ def identity_hash(cfg: Config, explicit_keys, datasets: dict, settings: dict) ->
 
 
 def config_changes(recorded: dict, planned: dict) -> list[str]:
-    """"key: old -> new" for every key both config trees have and that differs (folders aside)."""
+    """ "key: old -> new" for every key both config trees have and that differs (folders aside)."""
     old, new = flat_keys(recorded), flat_keys(planned)
-    return [f"{key}: {old[key]!r} -> {new[key]!r}" for key in sorted(old.keys() & new.keys())
-            if key not in NOT_IDENTITY and old[key] != new[key]]
+    return [
+        f"{key}: {old[key]!r} -> {new[key]!r}"
+        for key in sorted(old.keys() & new.keys())
+        if key not in NOT_IDENTITY and old[key] != new[key]
+    ]
 
 
 def settings_of(study) -> dict:

@@ -100,8 +100,11 @@ def _refuse_duplicate_arms(configs: dict[str, Config]) -> None:
 
 
 def _run(study: Study, index: int, arm: Arm, seed: int, cfg: Config) -> Run:
-    cfg = dataclasses.replace(cfg, masking=dataclasses.replace(cfg.masking, seed=seed),
-                              train=dataclasses.replace(cfg.train, seed=seed, out_dir=""))
+    cfg = dataclasses.replace(
+        cfg,
+        masking=dataclasses.replace(cfg.masking, seed=seed),
+        train=dataclasses.replace(cfg.train, seed=seed, out_dir=""),
+    )
     datasets = _dataset_hashes(json.dumps(dataclasses.asdict(cfg.data), sort_keys=True), cfg.train.init)
     identity = identity_hash(cfg, study.explicit | set(arm.overrides), datasets, settings_of(study))
     run_dir = Path(study.out_dir) / "runs" / arm.name / f"seed{seed}"
@@ -110,7 +113,7 @@ def _run(study: Study, index: int, arm: Arm, seed: int, cfg: Config) -> Run:
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
-    """"i/n" -> (i, n): this machine runs the runs whose index % n == i (i counts from 0)."""
+    """ "i/n" -> (i, n): this machine runs the runs whose index % n == i (i counts from 0)."""
     if text is None:
         return 0, 1
     match = re.fullmatch(r"(\d+)/(\d+)", text.strip())
@@ -130,16 +133,19 @@ def parse_only(specs: list[str] | None, study: Study) -> tuple[tuple[str, int | 
         if arm not in arms:
             raise UserError(f"--only {spec!r}: the study has no arm {arm!r}; its arms are {', '.join(arms)}")
         if seed is not None and seed not in study.seeds:
-            raise UserError(f"--only {spec!r}: the study has no seed {seed}; its seeds are "
-                            f"{', '.join(map(str, study.seeds))} (ARM/seedN)")
+            raise UserError(
+                f"--only {spec!r}: the study has no seed {seed}; its seeds are "
+                f"{', '.join(map(str, study.seeds))} (ARM/seedN)"
+            )
         chosen.append((arm, seed))
     return tuple(chosen)
 
 
 def only_runs(runs: list[Run], only: tuple[tuple[str, int | None], ...]) -> list[Run]:
     """The runs --only names, in their order; all of them when it names none."""
-    return [run for run in runs if not only or any(run.arm.name == arm and seed in (None, run.seed)
-                                                    for arm, seed in only)]
+    return [
+        run for run in runs if not only or any(run.arm.name == arm and seed in (None, run.seed) for arm, seed in only)
+    ]
 
 
 def shard_runs(runs: list[Run], shard: tuple[int, int], gate_arm: str | None = None) -> list[Run]:
@@ -167,7 +173,8 @@ def refuse_incomparable(runs: list[Run], rows: list[dict]) -> None:
             raise UserError(
                 f"{row['arm']} seed {row['seed']} in results.jsonl was written by an mlmlab older than run keys with "
                 "data hashes (2026-11-30), so no run can be matched to it; rerun the study into a new folder: "
-                f"mlmlab study {row.get('study_source', 'STUDY')} --out {row.get('out_dir', 'studies/STUDY')}-rerun")
+                f"mlmlab study {row.get('study_source', 'STUDY')} --out {row.get('out_dir', 'studies/STUDY')}-rerun"
+            )
         changes = config_changes(row.get("config") or {}, to_dict(run.config))
         if row.get("datasets") not in (None, run.datasets):
             changes.append(f"prepared data {row['datasets']} -> {run.datasets}")
@@ -175,13 +182,15 @@ def refuse_incomparable(runs: list[Run], rows: list[dict]) -> None:
             raise UserError(
                 f"{row['arm']} seed {row['seed']} in results.jsonl was made with other settings or data than this "
                 f"study now gives ({'; '.join(changes[:3])}); set the old values under the study's pinned: (it keeps "
-                "run keys) so old and new runs stay comparable, or start a new study with --out")
+                "run keys) so old and new runs stay comparable, or start a new study with --out"
+            )
         if row["key"] != run.key:
             raise UserError(
                 f"{row['arm']} seed {row['seed']} in results.jsonl has another key than this study now gives it "
                 "(its preset or base gained or lost a key, or its GLUE, probe or eval_data settings changed); a key "
                 "that only restates the finished runs' value belongs under pinned:, anything else needs a new study "
-                "(--out)")
+                "(--out)"
+            )
 
 
 def preregistration_sha256(study: Study) -> str | None:
@@ -198,9 +207,11 @@ def check_preregistration(study: Study, rows: list[dict]) -> str | None:
     if recorded is not None and current != recorded:
         path = Path(study.out_dir) / PREREGISTRATION
         now = "is gone" if current is None else f"hashes to {current[:12]}"
-        raise UserError(f"{path} {now}, not {recorded[:12]} as the study's first row recorded: a pre-registration "
-                        f"never changes once runs are in; restore it (git checkout -- {path}) and write corrections "
-                        "in the study's README.md")
+        raise UserError(
+            f"{path} {now}, not {recorded[:12]} as the study's first row recorded: a pre-registration "
+            f"never changes once runs are in; restore it (git checkout -- {path}) and write corrections "
+            "in the study's README.md"
+        )
     return current
 
 
@@ -211,9 +222,14 @@ def train_run(cfg: Config, show_progress: bool) -> tuple[dict, float]:
     summary = trainer.train()
     model, _ = load_pretrained(Path(cfg.train.out_dir) / "model")  # the saved model: whole on every process
     summary["eval"]["recalibrated"] = recalibrated_loss(
-        model, trainer.valid_store, trainer.masker.info, batch_size=cfg.train.eval_batch_size,
-        max_batches=cfg.train.eval_batches, token_counts=trainer.train_store.token_counts,
-        freq_cuts=cfg.masking.freq_cuts)
+        model,
+        trainer.valid_store,
+        trainer.masker.info,
+        batch_size=cfg.train.eval_batch_size,
+        max_batches=cfg.train.eval_batches,
+        token_counts=trainer.train_store.token_counts,
+        freq_cuts=cfg.masking.freq_cuts,
+    )
     return summary, float(getattr(trainer.masker.strategy, "score_seconds_total", 0.0))
 
 
@@ -224,8 +240,11 @@ def glue_for(run: Run, study: Study, show_progress: bool) -> dict:
         return {"skipped": "no GLUE tasks in the study"}
     run_dir = Path(run.config.train.out_dir)
     result = run_glue(run_dir / "model", settings, study.glue_dir, run_dir / "glue", show_progress=show_progress)
-    tasks = {name: {"score": task["score"], "dev": task["dev"]}
-             for name, task in result["tasks"].items() if task["status"] == "ok"}
+    tasks = {
+        name: {"score": task["score"], "dev": task["dev"]}
+        for name, task in result["tasks"].items()
+        if task["status"] == "ok"
+    }
     missing = [name for name, task in result["tasks"].items() if task["status"] != "ok"]
     return {"average": result["average"], "tasks": tasks, **({"missing": missing} if missing else {})}
 
@@ -236,9 +255,16 @@ def probe_for(run: Run, study: Study, show_progress: bool) -> dict:
     if settings is None:
         return {"skipped": "no probe block in the study"}
     run_dir = Path(run.config.train.out_dir)
-    result = run_probes(run_dir / "model", settings.tasks, study.glue_dir, poolings=[settings.pooling],
-                        seed=settings.seed, random_inits=settings.random_inits, out_dir=run_dir / "probe",
-                        show_progress=show_progress)
+    result = run_probes(
+        run_dir / "model",
+        settings.tasks,
+        study.glue_dir,
+        poolings=[settings.pooling],
+        seed=settings.seed,
+        random_inits=settings.random_inits,
+        out_dir=run_dir / "probe",
+        show_progress=show_progress,
+    )
     return {"pooling": settings.pooling, **result["poolings"][settings.pooling], "seconds": result["seconds"]}
 
 
@@ -246,14 +272,27 @@ def held_out_reports(run: Run, study: Study, show_progress: bool) -> dict:
     """The study's further held-out sets (eval_data), each evaluated with the same fixed masks as training's."""
     cfg, reports = run.config, {}
     for name, paths in study.eval_data.items():  # check_study_inputs found every path before the first run
-        reports[name] = evaluate_model(Path(cfg.train.out_dir) / "model", paths, batch_size=cfg.train.eval_batch_size,
-                                       max_seq_length=cfg.data.max_seq_length, freq_cuts=cfg.masking.freq_cuts,
-                                       recalibrate=True, show_progress=show_progress)
+        reports[name] = evaluate_model(
+            Path(cfg.train.out_dir) / "model",
+            paths,
+            batch_size=cfg.train.eval_batch_size,
+            max_seq_length=cfg.data.max_seq_length,
+            freq_cuts=cfg.masking.freq_cuts,
+            recalibrate=True,
+            show_progress=show_progress,
+        )
     return reports
 
 
-def make_row(run: Run, study: Study, summary: dict, scorer_seconds: float, evaluations: dict,
-             evaluation_seconds: float, preregistration: str | None = None) -> dict:
+def make_row(
+    run: Run,
+    study: Study,
+    summary: dict,
+    scorer_seconds: float,
+    evaluations: dict,
+    evaluation_seconds: float,
+    preregistration: str | None = None,
+) -> dict:
     cfg = run.config
     return {
         "key": run.key,
@@ -290,9 +329,11 @@ def make_row(run: Run, study: Study, summary: dict, scorer_seconds: float, evalu
 def execute(run: Run, study: Study, results: Path, show_progress: bool) -> dict:
     summary, scorer_seconds = train_run(run.config, show_progress)
     trained = time.perf_counter()
-    evaluations = {"eval_data": held_out_reports(run, study, show_progress),
-                   "glue": glue_for(run, study, show_progress),
-                   "probe": probe_for(run, study, show_progress)}  # in this order: the probes after GLUE
+    evaluations = {
+        "eval_data": held_out_reports(run, study, show_progress),
+        "glue": glue_for(run, study, show_progress),
+        "probe": probe_for(run, study, show_progress),
+    }  # in this order: the probes after GLUE
     preregistration = check_preregistration(study, finished_rows(results))  # it may have moved while this run trained
     row = make_row(run, study, summary, scorer_seconds, evaluations, time.perf_counter() - trained, preregistration)
     append_row(results, row)
@@ -312,8 +353,14 @@ def append_row(results: Path, row: dict) -> None:
         handle.write(line)
 
 
-def run_study(study: Study, shard: tuple[int, int] = (0, 1), show_progress: bool = True, log=print,
-              only: tuple[tuple[str, int | None], ...] = (), time_limit: float = 0.0) -> list[dict]:
+def run_study(
+    study: Study,
+    shard: tuple[int, int] = (0, 1),
+    show_progress: bool = True,
+    log=print,
+    only: tuple[tuple[str, int | None], ...] = (),
+    time_limit: float = 0.0,
+) -> list[dict]:
     """Run this shard's unfinished runs (of those ``only`` names: parse_only), the gate arm's first; return the
     rows written. ``time_limit`` > 0: minutes from now in which a run must finish to be started (not_in_time).
 
@@ -330,12 +377,16 @@ def results_lock(study: Study, shard: tuple[int, int], only: tuple[tuple[str, in
     i, n = shard
     results = Path(study.out_dir) / RESULTS_FILE
     named = "".join(f".{arm}" + ("" if seed is None else f"-seed{seed}") for arm, seed in only)
-    return WriterLock(results.parent / f".{RESULTS_FILE}.shard-{i}-of-{n}{named}.lock", f"{results} (shard {i}/{n})",
-                      "give this study another --out")
+    return WriterLock(
+        results.parent / f".{RESULTS_FILE}.shard-{i}-of-{n}{named}.lock",
+        f"{results} (shard {i}/{n})",
+        "give this study another --out",
+    )
 
 
-def _run_shard(study: Study, shard: tuple[int, int], only: tuple, deadline: float, show_progress: bool,
-               log) -> list[dict]:
+def _run_shard(
+    study: Study, shard: tuple[int, int], only: tuple, deadline: float, show_progress: bool, log
+) -> list[dict]:
     planned = plan_runs(study)
     check_study_inputs(study)
     results = Path(study.out_dir) / RESULTS_FILE
@@ -357,13 +408,22 @@ def _run_shard(study: Study, shard: tuple[int, int], only: tuple, deadline: floa
         if too_long:
             log(f"{label}: not started, {too_long}")
             continue
-        log(f"{label}: {run.cost['steps']} steps of batch {run.cost['sequences_per_step']} -> {run.config.train.out_dir}")
+        log(
+            f"{label}: {run.cost['steps']} steps of batch {run.cost['sequences_per_step']} "
+            f"-> {run.config.train.out_dir}"
+        )
         row = execute(run, study, results, show_progress)
         glue, gain = row["glue"].get("average"), row["probe"].get("average_gain")
-        log(f"{label}: perplexity {row['eval']['perplexity']:.2f}"
-            + (f", GLUE {100 * glue:.1f}" if glue is not None else f" ({row['glue'].get('skipped', 'GLUE incomplete')})")
+        log(
+            f"{label}: perplexity {row['eval']['perplexity']:.2f}"
+            + (
+                f", GLUE {100 * glue:.1f}"
+                if glue is not None
+                else f" ({row['glue'].get('skipped', 'GLUE incomplete')})"
+            )
             + (f", probe gain {100 * gain:+.1f}" if gain is not None else "")
-            + f", {row['wall_seconds'] / 60:.1f} min")
+            + f", {row['wall_seconds'] / 60:.1f} min"
+        )
         rows.append(row)
     log(f"{len(rows)} runs finished, {len(runs) - len(rows)} skipped; results in {results}")
     return rows
@@ -384,8 +444,11 @@ def not_in_time(run: Run, rows: list[dict], deadline: float) -> str:
     needed = seconds * (1 - done)
     if needed <= left:
         return ""
-    return (f"~{needed / 60:.0f} min ({basis}" + (f", less the {done:.0%} its checkpoint holds" if done else "")
-            + f") and {max(left, 0) / 60:.0f} min left of --time-limit")
+    return (
+        f"~{needed / 60:.0f} min ({basis}"
+        + (f", less the {done:.0%} its checkpoint holds" if done else "")
+        + f") and {max(left, 0) / 60:.0f} min left of --time-limit"
+    )
 
 
 def expected_seconds(run: Run, rows: list[dict]) -> tuple[float, str] | None:
@@ -398,27 +461,35 @@ def expected_seconds(run: Run, rows: list[dict]) -> tuple[float, str] | None:
         return statistics.median(walls), f"the median of its arm's {len(walls)} finished runs"
     paces = [row["wall_seconds"] / row["flops"] for row in rows if "wall_seconds" in row and row.get("flops")]
     if paces:
-        return (statistics.median(paces) * run.cost["flops"],
-                f"its {run.cost['flops']:.3g} FLOPs at the median pace of the study's {len(paces)} finished runs")
+        return (
+            statistics.median(paces) * run.cost["flops"],
+            f"its {run.cost['flops']:.3g} FLOPs at the median pace of the study's {len(paces)} finished runs",
+        )
     return None
 
 
 def check_study_inputs(study: Study) -> None:
     """Every file the study names (GLUE and probe tasks' train and dev files, further held-out sets), before any
     training: a row lacking one of its measurements would count as finished, and a rerun would never add it."""
-    for what, tasks, drop in (("fine-tunes on", study.glue.tasks, "glue: {tasks: []}"),
-                              ("probes", study.probe.tasks if study.probe else [], "drop probe:")):
+    for what, tasks, drop in (
+        ("fine-tunes on", study.glue.tasks, "glue: {tasks: []}"),
+        ("probes", study.probe.tasks if study.probe else [], "drop probe:"),
+    ):
         if not tasks:
             continue
         if not (study.glue_dir and Path(study.glue_dir).is_dir()):
-            raise UserError(f"the study {what} {', '.join(tasks)} but glue_dir {study.glue_dir!r} is not a folder; set "
-                            f"glue_dir to the folder holding the tasks' folders (SST-2/, ...), or {drop}")
+            raise UserError(
+                f"the study {what} {', '.join(tasks)} but glue_dir {study.glue_dir!r} is not a folder; set "
+                f"glue_dir to the folder holding the tasks' folders (SST-2/, ...), or {drop}"
+            )
         check_task_files(tasks, Path(study.glue_dir))
     for name, paths in study.eval_data.items():
         missing = next((path for path in paths if not Path(path).exists()), None)
         if missing is not None:
-            raise UserError(f"the study's eval_data {name!r} names {missing}, which does not exist (paths are relative "
-                            "to where the command runs); fix the path, or remove the set before the first run")
+            raise UserError(
+                f"the study's eval_data {name!r} names {missing}, which does not exist (paths are relative "
+                "to where the command runs); fix the path, or remove the set before the first run"
+            )
 
 
 def check_gates(study: Study, planned: list[Run], rows: list[dict], log=print) -> None:
@@ -426,13 +497,19 @@ def check_gates(study: Study, planned: list[Run], rows: list[dict], log=print) -
     gate_keys = {run.key for run in planned if run.arm.name == study.gates.arm}
     gate_rows = [row for row in rows if row["key"] in gate_keys]
     if len(gate_rows) < len(gate_keys):
-        raise UserError(f"the validity gates need every run of arm {study.gates.arm!r} first ({len(gate_rows)} of "
-                        f"{len(gate_keys)} are in); run the shard(s) that hold them")
+        raise UserError(
+            f"the validity gates need every run of arm {study.gates.arm!r} first ({len(gate_rows)} of "
+            f"{len(gate_keys)} are in); run the shard(s) that hold them"
+        )
     results = gate_results(study.gates.minimum, gate_rows)
     if any(math.isnan(result["mean"]) for result in results):
-        raise UserError(f"validity gates of {study.gates.arm} cannot be checked: {describe(results)} in its rows "
-                        "(GLUE or a held-out set was skipped); see the rows' glue and eval_data entries")
+        raise UserError(
+            f"validity gates of {study.gates.arm} cannot be checked: {describe(results)} in its rows "
+            "(GLUE or a held-out set was skipped); see the rows' glue and eval_data entries"
+        )
     if not all(result["held"] for result in results):
-        raise UserError(f"validity gates failed on {study.gates.arm} (means of {len(gate_rows)} seeds): "
-                        f"{describe(results)}; raise the budget (base train.max_steps) in a new study out_dir")
+        raise UserError(
+            f"validity gates failed on {study.gates.arm} (means of {len(gate_rows)} seeds): "
+            f"{describe(results)}; raise the budget (base train.max_steps) in a new study out_dir"
+        )
     log(f"validity gates held on {study.gates.arm}: {describe(results)}")

@@ -25,8 +25,9 @@ def timed_run(cfg: Config, steps: int, show_progress: bool = False, label: str =
     """{"step_seconds", "eval_batch_seconds", "eval_batches"} of ``cfg`` on this machine (nothing is kept);
     ``show_progress``: the data's preparation and the steps as bars on stderr."""
     with tempfile.TemporaryDirectory() as folder:
-        probe = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out_dir=folder, eval_every=0,
-                                                                   save_every=0))
+        probe = dataclasses.replace(
+            cfg, train=dataclasses.replace(cfg.train, out_dir=folder, eval_every=0, save_every=0)
+        )
         trainer = Trainer(probe, evaluator=evaluate_mlm, show_progress=show_progress)
         batches = trainer.batches()
         device = trainer.accelerator.device
@@ -49,6 +50,8 @@ def timed_run(cfg: Config, steps: int, show_progress: bool = False, label: str =
 
 def run_minutes(cfg: Config, probed: dict) -> float:
     """Training plus held-out evaluations (every eval_every steps and at the end) of one run, in minutes."""
-    seconds = cfg.train.max_steps * probed["step_seconds"] + \
-        evaluation_count(cfg) * probed["eval_batches"] * probed["eval_batch_seconds"]
+    seconds = (
+        cfg.train.max_steps * probed["step_seconds"]
+        + evaluation_count(cfg) * probed["eval_batches"] * probed["eval_batch_seconds"]
+    )
     return seconds / 60
