@@ -15,25 +15,21 @@ which the caller hands over as ``evaluator`` (a function with the signature of
 ``evaluate.perplexity.evaluate_mlm``; evaluation sits in a higher layer than training).
 """
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 import torch
 from accelerate.utils import DistributedType
 from torch.distributed.tensor import DTensor
-from tqdm.auto import tqdm
 
 from mlmlab import choices
 from mlmlab.config import Config, ModelConfig, TrainConfig
-from mlmlab.data.loader import LoaderPosition, iterate_batches
+from mlmlab.data.loader import iterate_batches
 from mlmlab.data.resolve import prepare_datasets
-from mlmlab.errors import UserError
 from mlmlab.masking.masker import Masker
 from mlmlab.model import COMPILED_LENGTH_MULTIPLE, IGNORE_INDEX, SparsePretraining
 from mlmlab.train import checkpoint
@@ -48,9 +44,9 @@ from mlmlab.train.launch import (
     sum_over_processes,
 )
 from mlmlab.train.memory import refuse_unfitting
-from mlmlab.train.metrics import MetricsWriter
-from mlmlab.train.mfu import MeasuredPeak, rates, training_flops
-from mlmlab.train.model_card import export_model_folder
+from mlmlab.train.metrics import MetricsWriter, run_summary
+from mlmlab.train.mfu import MeasuredPeak, SpeedWindow, training_flops
+from mlmlab.train.model_card import write_finished_run
 from mlmlab.train.optim import (
     build_optimizer,
     learning_rate,
@@ -60,80 +56,9 @@ from mlmlab.train.optim import (
     training_progress,
     work_done,
 )
-from mlmlab.utils import jsonio
+from mlmlab.train.run_state import TrainerState
 from mlmlab.utils.progress import Pace, progress_bar, say, say_once
 from mlmlab.utils.signals import StopRequest
-
-
-@dataclass
-class TrainerState:
-    step: int = 0
-    position: LoaderPosition = field(default_factory=LoaderPosition)
-    tokens: int = 0  # non-padding tokens seen, all ranks
-    flops: float = 0.0  # model FLOPs of the applied steps, all ranks (mfu.training_flops)
-    seconds: float = 0.0  # training wall-clock (the main process's), excluding evaluation and checkpoints
-    elapsed: float = 0.0  # the run's wall-clock, set-up, evaluations and checkpoints included, summed over resumes
-    bad_steps: int = 0  # consecutive non-finite losses
-    warmup_end_progress: float = 0.0  # time budgets: where LR decay may start
-
-    def advance(self, clock: float, cfg: TrainConfig) -> None:
-        """One more step; ``clock``: the training seconds at its collective, the same on every process.
-
-        A time budget learns here where warmup ended.
-        """
-        self.seconds = clock
-        self.step += 1
-        if self.step == cfg.warmup_steps:
-            self.warmup_end_progress = training_progress(cfg, self.step, self.seconds)
-
-    def skip(self, max_bad_steps: int, run_dir: Path) -> None:
-        """One more non-finite loss, its step skipped; training stops at ``max_bad_steps`` in a row."""
-        self.bad_steps += 1
-        if self.bad_steps >= max_bad_steps:
-            raise UserError(
-                f"{self.bad_steps} non-finite losses in a row at step {self.step}; lower train.lr or "
-                f"check the data; the last good checkpoint is kept in {run_dir}"
-            )
-
-    def apply(self, tokens: int, flops: float) -> None:
-        """An applied update, of ``tokens`` non-padding tokens and ``flops`` model FLOPs over all ranks."""
-        self.bad_steps = 0
-        self.tokens += tokens
-        self.flops += flops
-
-    def state_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "position": self.position.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        for key, value in state.items():
-            if key != "position":
-                setattr(self, key, value)
-        self.position.load_state_dict(state["position"])
-        if "elapsed" not in state:  # a checkpoint from before it was recorded: its training seconds, a lower bound
-            self.elapsed = self.seconds
-
-
-@dataclass
-class _Window:
-    """Tokens, FLOPs and seconds since the last log record: what its tokens/s and MFU are over."""
-
-    tokens: int = 0
-    flops: float = 0.0
-    seconds: float = 0.0
-
-    def add(self, out: dict, seconds: float) -> None:
-        self.tokens += out.get("tokens", 0)
-        self.flops += out.get("flops", 0.0)
-        self.seconds += seconds
-
-    def rates(self, peak: MeasuredPeak) -> dict:
-        return rates(self.tokens, self.flops, self.seconds, peak.covering(self.flops / max(self.seconds, 1e-9)))
-
-    def show(self, bar: tqdm, loss: float, peak: MeasuredPeak) -> None:
-        """One more step on the progress bar, with its loss and the window's speed."""
-        speed = self.rates(peak)
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{speed['tokens_per_s']:.0f}", mfu=f"{speed['mfu']:.0%}")
 
 
 def progress_line(cfg: TrainConfig, step: int, progress: float, loss: float, evaluation: dict, pace: Pace) -> str:
@@ -248,37 +173,6 @@ def prepared_model(cfg: Config, tokenizer, accelerator, folder: Path | None) -> 
         checkpoint.load_resumed_weights(model, folder, tokenizer)
     module, optimizer = accelerator.prepare(module, optimizer)
     return model, module, optimizer
-
-
-def write_finished_run(run_dir: Path, saved: Path, cfg: Config, summary: dict, train_store, valid_store) -> None:
-    """The final model folder (the last checkpoint's, ``saved``, copied with its model card, which describes how
-    the two token stores were prepared) and summary.json."""
-    export_model_folder(
-        saved,
-        run_dir / checkpoint.MODEL_DIR,
-        cfg,
-        summary["eval"],
-        {"train": train_store.meta, "valid": valid_store.meta},
-    )
-    (run_dir / "summary.json").write_text(jsonio.dumps(summary, indent=1))
-
-
-def run_summary(state: "TrainerState", peak: MeasuredPeak, accelerator, final_eval: dict, run_dir: Path) -> dict:
-    """What a finished run returns and writes to summary.json; MFU is of ``peak_flops``, the peak it was read
-    against."""
-    speed = rates(state.tokens, state.flops, state.seconds, peak.covering(state.flops / max(state.seconds, 1e-9)))
-    return {
-        "steps": state.step,
-        "tokens_seen": state.tokens,
-        "train_seconds": state.seconds,
-        "wall_seconds": state.elapsed,
-        **speed,
-        "peak_flops": peak.flops,
-        "eval": final_eval,
-        "distributed": accelerator.distributed_type.value,
-        "processes": accelerator.num_processes,
-        "run_dir": str(run_dir),
-    }
 
 
 class Trainer:
@@ -445,7 +339,7 @@ class Trainer:
 
     def _train_steps(self, stop: StopRequest) -> bool:
         """Steps until the budget is spent or a stop signal asks to stop; whether it did (on any process)."""
-        batches, window, stopping = self.batches(), _Window(), False
+        batches, window, stopping = self.batches(), SpeedWindow(), False
         shown = self.show_progress and self.accelerator.is_main_process
         total = None if self.cfg.train.max_minutes > 0 else self.cfg.train.max_steps
         with progress_bar("pretrain", total, shown, initial=self.state.step) as bar:
@@ -464,7 +358,7 @@ class Trainer:
                 window = self._after_step(out, window)
         return stopping
 
-    def _after_step(self, out: dict, window: _Window) -> _Window:
+    def _after_step(self, out: dict, window: SpeedWindow) -> SpeedWindow:
         """Log, evaluate and checkpoint as the config asks; the window to measure the next steps over."""
         cfg, step = self.cfg.train, self.state.step
         if step % cfg.log_every == 0 or out.get("skipped"):
@@ -478,7 +372,7 @@ class Trainer:
                     **self.masker.stats(partial(sum_over_processes, self.accelerator)),
                 }
             )
-            window = _Window()
+            window = SpeedWindow()
             self.peak.refresh_if_due()  # outside the timed steps
         unfinished = self.progress() < 1.0
         if cfg.eval_every and step % cfg.eval_every == 0 and unfinished:

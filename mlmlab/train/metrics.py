@@ -10,6 +10,8 @@ from pathlib import Path
 from torch.utils.tensorboard import SummaryWriter
 
 from mlmlab.errors import UserError
+from mlmlab.train.mfu import MeasuredPeak, rates
+from mlmlab.train.run_state import TrainerState
 from mlmlab.utils import jsonio
 from mlmlab.utils.files import write_text_atomically
 
@@ -87,3 +89,21 @@ def _flat_scalars(record: dict, prefix: str = ""):
             yield from _flat_scalars(value, f"{prefix}{key}/")
         elif isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
             yield prefix + key, value
+
+
+def run_summary(state: TrainerState, peak: MeasuredPeak, accelerator, final_eval: dict, run_dir: Path) -> dict:
+    """What a finished run returns and writes to summary.json; MFU is of ``peak_flops``, the peak it was read
+    against."""
+    speed = rates(state.tokens, state.flops, state.seconds, peak.covering(state.flops / max(state.seconds, 1e-9)))
+    return {
+        "steps": state.step,
+        "tokens_seen": state.tokens,
+        "train_seconds": state.seconds,
+        "wall_seconds": state.elapsed,
+        **speed,
+        "peak_flops": peak.flops,
+        "eval": final_eval,
+        "distributed": accelerator.distributed_type.value,
+        "processes": accelerator.num_processes,
+        "run_dir": str(run_dir),
+    }

@@ -8,8 +8,10 @@ reported as "of measured matmul peak" (peak_matmul_flops; MeasuredPeak keeps a r
 """
 
 import time
+from dataclasses import dataclass
 
 import torch
+from tqdm.auto import tqdm
 
 from mlmlab.config import ModelConfig
 from mlmlab.flops import TRAINING_PASSES, encoder_forward_flops, head_flops
@@ -124,3 +126,26 @@ def rates(tokens: int, flops: float, seconds: float, peak_flops: float) -> dict:
     """tokens/s and MFU over ``seconds``; ``peak_flops`` summed over the processes that did the work."""
     seconds = max(seconds, 1e-9)
     return {"tokens_per_s": tokens / seconds, "mfu": flops / seconds / peak_flops}
+
+
+@dataclass
+class SpeedWindow:
+    """Tokens, FLOPs and seconds since the last log record: what its tokens/s and MFU are over."""
+
+    tokens: int = 0
+    flops: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, out: dict, seconds: float) -> None:
+        self.tokens += out.get("tokens", 0)
+        self.flops += out.get("flops", 0.0)
+        self.seconds += seconds
+
+    def rates(self, peak: MeasuredPeak) -> dict:
+        return rates(self.tokens, self.flops, self.seconds, peak.covering(self.flops / max(self.seconds, 1e-9)))
+
+    def show(self, bar: tqdm, loss: float, peak: MeasuredPeak) -> None:
+        """One more step on the progress bar, with its loss and the window's speed."""
+        speed = self.rates(peak)
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{speed['tokens_per_s']:.0f}", mfu=f"{speed['mfu']:.0%}")

@@ -249,3 +249,12 @@ def _value(value) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     return "null" if value is None else str(value)
+
+
+def write_finished_run(run_dir: Path, saved: Path, cfg: Config, summary: dict, train_store, valid_store) -> None:
+    """The final model folder (the last checkpoint's, ``saved``, copied with its model card, which describes how
+    the two token stores were prepared) and summary.json."""
+    export_model_folder(
+        saved, run_dir / MODEL_DIR, cfg, summary["eval"], {"train": train_store.meta, "valid": valid_store.meta}
+    )
+    (run_dir / "summary.json").write_text(jsonio.dumps(summary, indent=1))
