@@ -89,7 +89,11 @@ def test_run_folder_has_config_metrics_and_checkpoint(trained):
     # Model FLOPs over the matmul peak measured at start-up: a utilisation, so in (0, 1] over the run (tiny
     # reaches ~0.1-0.5 on CPU). Single log windows are only checked positive: on a shared machine one can
     # exceed 1 when the start-up probe ran at a busier moment (seen when a competing job stopped mid-run).
-    assert 0.01 < summary["mfu"] <= 1.0 and all(line["mfu"] > 0.0 for line in lines if "loss" in line)
+    assert 0.0 < summary["mfu"] <= 1.0 and all(line["mfu"] > 0.0 for line in lines if "loss" in line)
+    # The MFU's scale, without a timing floor (a loaded host trains slowly and is right to say so): the FLOPs it
+    # counts per token seen are the tiny model's matmul FLOPs, about 4e6 a token at this vocabulary (3 x forward).
+    counted = summary["mfu"] * summary["peak_flops"] * summary["train_seconds"]
+    assert 1e6 < counted / summary["tokens_seen"] < 1e8
 
 
 def test_export_loads_with_auto_classes_and_matches_logits(trained):
