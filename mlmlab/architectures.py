@@ -36,6 +36,8 @@ from transformers import (
     ModernBertForMaskedLM,
     RobertaConfig,
     RobertaForMaskedLM,
+    XLMRobertaConfig,
+    XLMRobertaForMaskedLM,
 )
 
 from mlmlab import choices
@@ -303,6 +305,7 @@ class Roberta:
     loaded_by = "`RobertaForMaskedLM`"
     positions = Bert.positions
     model_class = RobertaForMaskedLM
+    config_class = RobertaConfig
     layer_class = "RobertaLayer"
     has_nsp = False
     without_nsp = "it drops NSP and trains MLM on full sentences"
@@ -325,16 +328,16 @@ class Roberta:
         """Position rows before the first token's: ids start at pad_token_id + 1."""
         return (saved.get("pad_token_id") or 0) + 1
 
-    @staticmethod
-    def described(saved: dict) -> str:
+    @classmethod
+    def described(cls, saved: dict) -> str:
         return (
-            "`RobertaForMaskedLM`: BERT's post-LayerNorm encoder with one token type and learned positions "
+            f"{cls.loaded_by}: BERT's post-LayerNorm encoder with one token type and learned positions "
             "counted from past the padding id; MLM head tied to the input embeddings; no NSP head."
         )
 
-    @staticmethod
-    def config(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> RobertaConfig:
-        return RobertaConfig(
+    @classmethod
+    def config(cls, cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> RobertaConfig | XLMRobertaConfig:
+        return cls.config_class(
             vocab_size=vocab_size,
             hidden_size=cfg.hidden_size,
             num_hidden_layers=cfg.num_layers,
@@ -374,7 +377,28 @@ class Roberta:
         return [layer.attention.self for layer in model.roberta.encoder.layer]
 
 
-ADAPTERS = {adapter.name: adapter for adapter in (Bert, Roberta, ModernBert)}  # by model.architecture (model_type)
+class XlmRoberta(Roberta):
+    """XLMRobertaForMaskedLM: RoBERTa's architecture under XLM-R's class names (Conneau et al. 2020), the same
+    modules and weight names (``roberta``, ``lm_head``), so that a released XLM-R folder, whose config.json says
+    model_type "xlm-roberta", continues as the class it was saved as. Its SentencePiece Unigram vocabulary is the
+    tokenizer's (data/tokenizer.py), not the adapter's.
+    """
+
+    name = choices.XLM_ROBERTA
+    label = "XLM-R"
+    loaded_by = "`XLMRobertaForMaskedLM`"
+    model_class = XLMRobertaForMaskedLM
+    config_class = XLMRobertaConfig
+    layer_class = "XLMRobertaLayer"
+
+    @classmethod
+    def described(cls, saved: dict) -> str:
+        return f"{super().described(saved)} XLM-R's class for RoBERTa's architecture."
+
+
+ADAPTERS = {
+    adapter.name: adapter for adapter in (Bert, Roberta, XlmRoberta, ModernBert)
+}  # by model.architecture (model_type)
 
 
 def architecture_named(name: str):

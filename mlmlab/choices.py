@@ -10,7 +10,8 @@ objective is added here first; a new masking strategy or scorer also needs its e
 BERT = "bert"  # the seed's: BertForPreTraining, post-LayerNorm, learned positions, MLM + NSP heads
 MODERNBERT = "modernbert"  # ModernBertForMaskedLM: pre-norm, RoPE, GeGLU, no biases, local/global attention; MLM only
 ROBERTA = "roberta"  # RobertaForMaskedLM: BERT's encoder, positions past the padding id, one token type; MLM only
-ARCHITECTURES = (BERT, ROBERTA, MODERNBERT)
+XLM_ROBERTA = "xlm-roberta"  # XLMRobertaForMaskedLM: RoBERTa's architecture under XLM-R's class names; MLM only
+ARCHITECTURES = (BERT, ROBERTA, XLM_ROBERTA, MODERNBERT)
 
 # mlmlab tokenizer --kind: the tokenizers library's models, each saved so that AutoTokenizer loads it
 WORDPIECE = "wordpiece"  # BERT's: "##" marks a word's continuation pieces; [CLS] [SEP] [PAD] [UNK] [MASK]

@@ -101,7 +101,8 @@ def declared_ranges(cfg: "Config") -> list[tuple[str, object, Allowed, object]]:
 @dataclass
 class ModelConfig:
     # "bert": the seed's BertForPreTraining; "roberta": transformers' RobertaForMaskedLM (MLM only, no NSP head);
-    # "modernbert": transformers' ModernBertForMaskedLM (MLM only, no NSP head)
+    # "xlm-roberta": the same as XLMRobertaForMaskedLM (XLM-R's folders); "modernbert": transformers'
+    # ModernBertForMaskedLM (MLM only, no NSP head)
     architecture: str = choices.BERT
     hidden_size: int = ranged(128, at_least(1))  # tiny by default: runs on a laptop CPU in minutes
     num_layers: int = ranged(2, at_least(1))  # encoder layers (BERT-base: 12)

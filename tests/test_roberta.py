@@ -413,7 +413,7 @@ def test_init_of_an_unsupported_architecture_is_refused_listing_the_supported(bp
         ],
         capsys,
     )
-    assert "model_type='electra'" in err and "'bert', 'roberta' or 'modernbert'" in err
+    assert "model_type='electra'" in err and "'bert', 'roberta', 'xlm-roberta' or 'modernbert'" in err
 
 
 def test_init_whose_tokenizer_pads_with_another_id_than_its_weights_is_refused(bpe_tokenizer, tmp_path, capsys):

@@ -177,7 +177,7 @@ REFUSALS = [
     (
         "a DeBERTa checkpoint",
         lambda run, t: ["--init", str(model_variant(run, t / "m", edit_config(model_type="deberta")))],
-        ("model_type='deberta'", "'bert', 'roberta' or 'modernbert'"),
+        ("model_type='deberta'", "'bert', 'roberta', 'xlm-roberta' or 'modernbert'"),
     ),
     (
         "untied output embeddings",

@@ -5,7 +5,7 @@ Weights only: the optimizer, the step and every schedule start fresh, as with
 line naming the key:
 
 - the folder: config.json and model.safetensors (a pytorch_model.bin is never unpickled);
-- the model: a BERT, RoBERTa or ModernBERT as mlmlab builds it (model type, activation, tied embeddings, ...);
+- the model: a BERT, RoBERTa, XLM-R or ModernBERT as mlmlab builds it (model type, activation, tied embeddings, ...);
 - the architecture: the model section (model.architecture included) is taken from the checkpoint's
   config.json, so ``--init DIR`` needs no model.* keys; a value the config sets to something other
   than its default and the checkpoint's is refused (the run's config.yaml records what was taken);
@@ -69,9 +69,8 @@ def _refuse_other_models(folder: Path, saved: dict) -> None:
     if model_type not in ADAPTERS:
         raise UserError(
             f"train.init={folder} has model_type={model_type!r}, mlmlab builds model_type "
-            f"{choices.listed(repr(name) for name in ADAPTERS)}; start from a BERT (BertForPreTraining "
-            "or BertForMaskedLM), a RoBERTa (RobertaForMaskedLM) or a ModernBERT (ModernBertForMaskedLM), "
-            "or without train.init"
+            f"{choices.listed(repr(name) for name in ADAPTERS)}; start from a "
+            f"{choices.listed(adapter.label for adapter in ADAPTERS.values())} folder, or without train.init"
         )
     for key, built in saved_architecture(saved).as_built.items():
         if saved.get(key, built) != built:
