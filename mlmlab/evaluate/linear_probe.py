@@ -228,7 +228,7 @@ def load_encoder(model_dir: Path, init: str, seed: int, device: torch.device) ->
     # transformers draws initial weights from torch's global RNG and takes no generator; the fork
     # hands the caller's RNG states back untouched (manual_seed reseeds every GPU's too).
     with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
-        torch.manual_seed(seed)
+        torch.manual_seed(seed)  # rng-ok: transformers draws init weights from the global RNG; forked above
         model = load_model(model_dir, HEAD_TASK, init, dropout=0.0)
     return model.base_model.to(device).eval()
 
