@@ -86,6 +86,15 @@ COMPUTE_MATCHED = "compute-matched"  # every arm spends the baseline's FLOPs, sc
 BUDGETS = (TOKEN_MATCHED, COMPUTE_MATCHED)
 
 
+# train.report_to, comma-separated: "tensorboard" is mlmlab's own writer (train/metrics.py), "none" writes only
+# metrics.jsonl; the rest are accelerate's trackers under accelerate's names (train/trackers.py; a test keeps this
+# list equal to accelerate's)
+TENSORBOARD = "tensorboard"
+NO_TRACKER = "none"
+ACCELERATE_TRACKERS = ("aim", "clearml", "comet_ml", "dvclive", "mlflow", "swanlab", "trackio", "wandb")
+REPORT_TO = (TENSORBOARD, NO_TRACKER, *ACCELERATE_TRACKERS)
+
+
 def listed(names) -> str:
     """ "a, b or c": how an error message offers the choices."""
     names = list(names)

@@ -266,6 +266,10 @@ class TrainConfig:
     deterministic: bool = False
     max_bad_steps: int = ranged(5, at_least(1))  # consecutive non-finite losses (each skipped) before training aborts
     out_dir: str = ""  # empty: runs/<hash of the resolved config>, so a rerun resumes the same run
+    # Where metrics go besides metrics.jsonl, comma-separated: "tensorboard" (the run's tensorboard/ folder), "none",
+    # or any of accelerate's trackers: wandb, mlflow, trackio, aim, comet_ml, dvclive, swanlab, clearml (install the
+    # library: pip install -e ".[wandb]"). Not part of the run's identity: adding one resumes the same run folder
+    report_to: str = "tensorboard"
     # A model folder to start from, weights only (a HuggingFace BertForPreTraining or BertForMaskedLM folder, or an
     # mlmlab model/): continued pretraining, BERT's phase 2. Optimizer, step and schedules start fresh. Empty: fresh
     # weights
@@ -319,6 +323,7 @@ def validate(cfg: Config) -> None:
     _check_choice("train.lr_schedule", cfg.train.lr_schedule, choices.LR_SCHEDULES)
     _check_choice("train.optimizer", cfg.train.optimizer, choices.OPTIMIZERS)
     _check_batch_warmup(cfg.train)
+    report_targets(cfg.train.report_to)
 
 
 def _check_batch_warmup(t: "TrainConfig") -> None:
@@ -390,6 +395,16 @@ def _check_frequency_neutral(m: MaskingConfig) -> None:
         )
 
 
+def report_targets(report_to: str) -> tuple[str, ...]:
+    """The names in a comma-separated train.report_to, each once, in order; a UserError for one that is unknown."""
+    names = tuple(dict.fromkeys(name.strip().lower() for name in report_to.split(",") if name.strip()))
+    for name in names:
+        _check_choice("train.report_to", name, choices.REPORT_TO)
+    if choices.NO_TRACKER in names and len(names) > 1:
+        raise UserError(f"train.report_to={report_to!r} names 'none' beside trackers; name either 'none' or trackers")
+    return names
+
+
 def _check_choice(key: str, value: str, names: tuple[str, ...]) -> None:
     if value not in names:
         raise UserError(f"{key}={value!r} is unknown; choose {choices.listed(names)}")
@@ -446,8 +461,16 @@ def config_text(cfg: Config) -> str:
 
 
 def config_hash(cfg: Config) -> str:
-    """12 hex digits of config_text: a default run folder's name, and a study row's record of its whole config."""
-    return hashlib.sha256(config_text(cfg).encode()).hexdigest()[:12]
+    """12 hex digits of the config_text of what ``cfg`` computes: a default run folder's name, and a study row's
+    record of its whole config."""
+    return hashlib.sha256(config_text(what_it_computes(cfg)).encode()).hexdigest()[:12]
+
+
+def what_it_computes(cfg: Config) -> Config:
+    """``cfg`` without the settings that say where a run lives and where it reports (train.out_dir,
+    train.report_to): a rerun that changes only those is the same run."""
+    train = dataclasses.replace(cfg.train, out_dir="", report_to=TrainConfig.report_to)
+    return dataclasses.replace(cfg, train=train)
 
 
 def config_listing(cfg: Config) -> str:

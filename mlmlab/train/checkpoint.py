@@ -22,7 +22,6 @@ What the state files hold, and how a run's parts are gathered into them and rest
 them, is ``checkpointer.py``'s.
 """
 
-import dataclasses
 import json
 import os
 import shutil
@@ -34,7 +33,7 @@ import yaml
 from transformers import PreTrainedConfig, PreTrainedModel
 
 from mlmlab.architectures import entry_name, saved_architecture, saved_settings
-from mlmlab.config import Config, config_hash, config_text, flat_keys, from_dict, read_yaml
+from mlmlab.config import Config, config_hash, config_text, flat_keys, from_dict, read_yaml, what_it_computes
 from mlmlab.errors import UserError
 from mlmlab.model_folder import (
     is_model_folder,
@@ -105,7 +104,7 @@ def open_run(run_dir: Path, cfg: Config, resume: str | None, is_main: bool) -> P
 
 def same_config(recorded: str, cfg: Config) -> bool:
     """Whether a recorded config.yaml is ``cfg``; keys mlmlab added since it was written count at their defaults,
-    and train.out_dir is where the run lives, not what it computes.
+    and train.out_dir and train.report_to say where the run lives and reports, not what it computes.
 
     So a run interrupted under an older mlmlab (a study's, say) resumes under a newer one
     that only added settings whose defaults keep the old behaviour, and a run folder moved
@@ -114,11 +113,7 @@ def same_config(recorded: str, cfg: Config) -> bool:
     if recorded == config_text(cfg):
         return True
     parsed = parsed_config(recorded)
-    return parsed is not None and config_text(_unplaced(parsed)) == config_text(_unplaced(cfg))
-
-
-def _unplaced(cfg: Config) -> Config:
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out_dir=""))
+    return parsed is not None and config_text(what_it_computes(parsed)) == config_text(what_it_computes(cfg))
 
 
 def parsed_config(text: str | None) -> Config | None:

@@ -19,7 +19,9 @@ from mlmlab import choices
 from mlmlab.config import Config
 from mlmlab.errors import UserError
 from mlmlab.masking.strategies import strategy_entry
+from mlmlab.train.checkpoint import run_dir_for
 from mlmlab.train.mfu import peak_matmul_flops
+from mlmlab.train.trackers import accelerate_trackers
 from mlmlab.utils.devices import available_cores, cpu_features, describe_cpu, has_bf16_units
 from mlmlab.utils.progress import say_once
 
@@ -84,7 +86,11 @@ def make_accelerator(cfg: Config) -> Accelerator:
     release_other_precision(precision.accelerate)
     handlers = [ddp_kwargs, InitProcessGroupKwargs(timeout=PROCESS_GROUP_TIMEOUT)]
     accelerator = Accelerator(
-        mixed_precision=precision.accelerate, kwargs_handlers=handlers, cpu=not torch.cuda.is_available()
+        mixed_precision=precision.accelerate,
+        kwargs_handlers=handlers,
+        cpu=not torch.cuda.is_available(),
+        log_with=accelerate_trackers(cfg.train.report_to) or None,
+        project_dir=str(run_dir_for(cfg)),  # where trackers that keep local files write (Aim, DVCLive)
     )
     if accelerator.device.type == "cuda":
         use_tf32(cfg.train.precision != choices.FP32)

@@ -27,7 +27,7 @@ from accelerate.utils import DistributedType
 from torch.distributed.tensor import DTensor
 
 from mlmlab import choices
-from mlmlab.config import Config, ModelConfig, TrainConfig
+from mlmlab.config import Config, ModelConfig, TrainConfig, report_targets
 from mlmlab.data.loader import iterate_batches
 from mlmlab.data.resolve import prepare_datasets
 from mlmlab.masking.masker import Masker
@@ -57,6 +57,7 @@ from mlmlab.train.optim import (
     work_done,
 )
 from mlmlab.train.run_state import TrainerState
+from mlmlab.train.trackers import finish_trackers, start_trackers
 from mlmlab.utils.progress import Pace, progress_bar, say, say_once
 from mlmlab.utils.signals import StopRequest
 
@@ -187,7 +188,7 @@ class Trainer:
         show_progress: bool = True,
     ):
         """A run set up to ``train()``; its folder is this process's until ``train()`` ends (or ``close()``)."""
-        self._lock, self._stop = None, StopRequest()
+        self._lock, self._stop, self.accelerator = None, StopRequest(), None
         try:
             self._set_up(cfg, evaluator, resume, show_progress)
         except BaseException:
@@ -198,6 +199,8 @@ class Trainer:
         """Let another process write the run folder: the end of ``train()``, or of a Trainer that never trains."""
         if self._lock is not None:
             self._lock.release()
+        if self.accelerator is not None:
+            finish_trackers(self.accelerator)
 
     def _set_up(self, cfg: Config, evaluator: Callable[..., dict] | None, resume: str | None, show_progress: bool):
         self._started = time.perf_counter()
@@ -212,7 +215,12 @@ class Trainer:
         # Before the slow set-up: an unwritable or busy run folder, or a refused resume, stops here.
         self._lock = checkpoint.lock_run(self.run_dir) if self.accelerator.is_main_process else None
         folder = checkpoint.open_run(self.run_dir, cfg, resume, self.accelerator.is_main_process)
-        self.metrics = MetricsWriter(self.run_dir, enabled=self.accelerator.is_main_process)
+        self.metrics = MetricsWriter(
+            self.run_dir,
+            enabled=self.accelerator.is_main_process,
+            tensorboard=choices.TENSORBOARD in report_targets(cfg.train.report_to),
+            trackers=self.accelerator.log,
+        )
         with self.accelerator.main_process_first():
             self.train_store, self.valid_store, self.tokenizer = prepare_datasets(
                 cfg.data, cfg.train.init, show_progress=show_progress and self.accelerator.is_main_process
@@ -246,6 +254,7 @@ class Trainer:
         with self._stop:  # from the first rewrite on, a stop signal waits for the step boundary
             if self.accelerator.is_main_process:  # only now: a refused resume leaves the run folder as it was
                 checkpoint.record_config(self.run_dir, cfg, folder, self.state.step)
+            start_trackers(self.accelerator, self.run_dir, cfg)
             # Steps after the checkpoint are redone, and so is the final evaluation of a finished run rerun.
             self.metrics.drop_after(self.state.step, evaluation_too=self.progress() >= 1.0)
 

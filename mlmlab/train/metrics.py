@@ -5,6 +5,7 @@ need not ask which process they are. Whoever reads the file (a resume, export, a
 dry run and report) reads it through metrics_lines.
 """
 
+from collections.abc import Callable
 from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
@@ -19,11 +20,15 @@ METRICS_FILE = "metrics.jsonl"
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: Path, enabled: bool):
-        """A run's metrics; a metrics.jsonl already there is checked at once, before a resume's slow set-up."""
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool = True, trackers: Callable | None = None):
+        """A run's metrics; a metrics.jsonl already there is checked at once, before a resume's slow set-up.
+
+        ``trackers``: called with each record's scalars and its step (accelerate's ``Accelerator.log``).
+        """
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / METRICS_FILE
         self.enabled = enabled
+        self._with_tensorboard, self._trackers = tensorboard, trackers
         self._tensorboard = None  # opened on the first record
         _refuse_damage(self.path, self._lines()[:-1])
 
@@ -48,10 +53,17 @@ class MetricsWriter:
             return
         with open(self.path, "a") as handle:
             handle.write(jsonio.dumps(record) + "\n")
+        scalars = dict(_flat_scalars(record))
+        if self._with_tensorboard:
+            self._write_tensorboard(scalars, record["step"])
+        if self._trackers is not None:
+            self._trackers(scalars, step=record["step"])
+
+    def _write_tensorboard(self, scalars: dict, step: int) -> None:
         if self._tensorboard is None:
             self._tensorboard = SummaryWriter(str(self.run_dir / "tensorboard"))
-        for name, value in _flat_scalars(record):
-            self._tensorboard.add_scalar(name, value, record["step"])
+        for name, value in scalars.items():
+            self._tensorboard.add_scalar(name, value, step)
         self._tensorboard.flush()
 
 

@@ -1,0 +1,76 @@
+"""train.report_to: where a run's metrics go besides metrics.jsonl.
+
+"tensorboard" is mlmlab's own writer (metrics.py: one folder per run, flushed at every record). Every other name is
+one of accelerate's trackers (W&B, MLflow, trackio, Aim, Comet, DVCLive, SwanLab, ClearML): accelerate starts it and
+is fed the same scalars as metrics.jsonl, under the same names, plus the resolved config. The tracker libraries are
+extras, imported only when named; where each writes is the library's own setting (WANDB_MODE=offline,
+MLFLOW_TRACKING_URI, ...), documented in docs/running.md.
+"""
+
+from pathlib import Path
+
+from accelerate.tracking import get_available_trackers
+from accelerate.utils import LoggerType
+
+from mlmlab import choices
+from mlmlab.config import Config, flat_keys, report_targets, to_dict
+from mlmlab.errors import UserError
+
+# trackers with a pip extra of their own name (pyproject.toml); the rest are installed by their own name
+EXTRAS = ("wandb", "mlflow")
+
+
+def accelerate_trackers(report_to: str) -> list[str]:
+    """The names accelerate starts (all but TensorBoard and none); each library checked before training starts."""
+    names = [name for name in report_targets(report_to) if name in choices.ACCELERATE_TRACKERS]
+    for name in names:
+        _refuse_missing_library(name)
+    return names
+
+
+def _refuse_missing_library(name: str) -> None:
+    if LoggerType(name) not in get_available_trackers():
+        install = f'pip install -e ".[{name}]"' if name in EXTRAS else f"pip install {name}"
+        raise UserError(
+            f"train.report_to names {name}, but its library is not installed; run {install}, "
+            f"or leave {name} out of train.report_to"
+        )
+
+
+def start_trackers(accelerator, run_dir: Path, cfg: Config) -> None:
+    """Start the accelerate trackers of ``accelerator`` (main process only; none named: nothing happens).
+
+    The project is the run folder's parent folder and the run its folder, as the user sees them on disk (a study's
+    run: the arm, and seed<N>). A resumed run starts a new tracker run of the same name from the step it resumed at:
+    trackers cannot forget the steps the resume redoes, as metrics.jsonl does.
+    """
+    if not accelerator.log_with:
+        return
+    run_dir = Path(run_dir).resolve()
+    init_kwargs = {
+        "wandb": {"name": run_dir.name, "dir": str(run_dir)},
+        "mlflow": {"run_name": run_dir.name},
+        "trackio": {"name": run_dir.name},
+    }
+    # one level of scalars, which every tracker stores (MLflow's params are flat strings); a mixture as its text
+    config = {key: value if _scalar(value) else str(value) for key, value in flat_keys(to_dict(cfg)).items()}
+    try:
+        accelerator.init_trackers(run_dir.parent.name, config=config, init_kwargs=init_kwargs)
+    except Exception as err:  # each library raises its own types; its own words say what to fix
+        names = ", ".join(str(name) for name in accelerator.log_with)
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(
+            f"train.report_to: {names} did not start ({reason}); fix its settings or leave it out of train.report_to"
+        ) from err
+
+
+def _scalar(value) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def finish_trackers(accelerator) -> None:
+    """Close each tracker's run (W&B's written out). Not accelerate's end_training: it also destroys the process
+    group, which a study's next run in this process, or a DDP test's next trainer, still needs."""
+    for tracker in accelerator.trackers:
+        tracker.finish()
+    accelerator.trackers.clear()
