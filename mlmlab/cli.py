@@ -399,8 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--init",
         default=None,
         metavar="MODEL_DIR",
-        help="start from this model's weights only (train.init): a HuggingFace BERT folder or a run's model/; "
-        "its tokenizer and architecture are taken unless the config names them",
+        help=f"start from this model's weights only (train.init): a HuggingFace model folder "
+        f"({choices.listed(choices.ARCHITECTURES)}) or a run's model/; its tokenizer and architecture are taken "
+        "unless the config names them",
     )
     p.add_argument(
         "--processes",

@@ -270,9 +270,9 @@ class TrainConfig:
     # or any of accelerate's trackers: wandb, mlflow, trackio, aim, comet_ml, dvclive, swanlab, clearml (install the
     # library: pip install -e ".[wandb]"). Not part of the run's identity: adding one resumes the same run folder
     report_to: str = "tensorboard"
-    # A model folder to start from, weights only (a HuggingFace BertForPreTraining or BertForMaskedLM folder, or an
-    # mlmlab model/): continued pretraining, BERT's phase 2. Optimizer, step and schedules start fresh. Empty: fresh
-    # weights
+    # A model folder to start from, weights only (a HuggingFace BERT, RoBERTa, XLM-R or ModernBERT folder with its
+    # own tokenizer, or an mlmlab model/): continued pretraining, BERT's phase 2. Optimizer, step and schedules start
+    # fresh. Empty: fresh weights
     init: str = ""
 
 
