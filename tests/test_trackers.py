@@ -41,37 +41,42 @@ def _logged_losses(records: list[dict]) -> dict[int, float]:
     return {record["step"]: record["loss"] for record in records if "loss" in record}
 
 
-def test_mlflow_receives_every_scalar_of_metrics_jsonl_and_the_config(tmp_path, monkeypatch):
-    import mlflow  # the test extra installs mlflow-skinny and wandb: these tests run the real libraries
+def test_wandb_offline_and_mlflow_receive_every_scalar_of_metrics_jsonl_and_the_config(tmp_path, monkeypatch):
+    import mlflow  # the test extra installs mlflow-skinny and wandb: this test runs the real libraries
 
     store = (tmp_path / "mlruns").as_uri()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # a file store: mlflow-skinny has no SQL backend
-    run_dir, records = _train(tmp_path, "mlflow")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir, records = _train(tmp_path, "wandb,mlflow")
+    losses = _logged_losses(records)
+    evaluated = [record["eval"]["mlm_loss"] for record in records if "eval" in record]
+    assert len(losses) == 3 and len(evaluated) == 2
+
     client = mlflow.MlflowClient(store)
     (experiment,) = [e for e in client.search_experiments() if e.name == "project"]  # the run folder's parent
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.run_name == "tiny-run"
     history = {metric.step: metric.value for metric in client.get_metric_history(run.info.run_id, "loss")}
-    assert history == pytest.approx(_logged_losses(records), rel=1e-6) and len(history) == 3
-    evaluated = [r["eval"]["mlm_loss"] for r in records if "eval" in r]
+    assert history == pytest.approx(losses, rel=1e-6)
     assert [m.value for m in client.get_metric_history(run.info.run_id, "eval/mlm_loss")] == pytest.approx(evaluated)
-    assert run.data.params["train.report_to"] == "mlflow" and run.data.params["model.hidden_size"] == "128"
-    assert not (run_dir / "tensorboard").exists()  # named trackers replace the default, not add to it
+    assert run.data.params["train.report_to"] == "wandb,mlflow" and run.data.params["model.hidden_size"] == "128"
 
-
-def test_wandb_offline_writes_its_run_beside_the_metrics_with_every_scalar_and_the_config(tmp_path, monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    run_dir, records = _train(tmp_path, "wandb,tensorboard")
     (log,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
     # W&B keeps no Python reader of its offline log; each history value is stored as its JSON text, in the clear
     stored = log.read_bytes()
-    evaluated = [record["eval"]["mlm_loss"] for record in records if "eval" in record]
-    for value in [*_logged_losses(records).values(), *evaluated]:
+    for value in [*losses.values(), *evaluated]:
         assert json.dumps(value).encode() in stored, value
-    assert b"eval/mlm_loss" in stored and b"train.report_to" in stored and b"wandb,tensorboard" in stored
-    assert any((run_dir / "tensorboard").iterdir())  # named beside it: both are written
+    assert b"eval/mlm_loss" in stored and b"train.report_to" in stored and b"wandb,mlflow" in stored
+    assert not (run_dir / "tensorboard").exists()  # named trackers replace the default, not add to it
+
+
+def test_tensorboard_named_beside_another_tracker_is_written_too(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir, _ = _train(tmp_path, "tensorboard,wandb", steps=2)
+    assert any((run_dir / "tensorboard").iterdir()) and any((run_dir / "wandb").glob("offline-run-*"))
 
 
 def test_none_writes_only_metrics_jsonl(tmp_path):
