@@ -543,7 +543,7 @@ CASES = [
     Case(
         "GLUE: infinite learning rate",
         lambda w, t: [*glue_argv(w.model, w.glue), "--lr", "inf"],
-        ("learning_rates=inf", "finite"),
+        ("--lr=inf", "finite"),
     ),
     Case(
         "GLUE: seed beyond 32 bits",

@@ -38,7 +38,7 @@ from mlmlab.model_folder import load_any_tokenizer, read_config, saved_weight_sh
 from mlmlab.train.optim import parameter_groups
 from mlmlab.utils import jsonio, markdown
 from mlmlab.utils.devices import compute_device
-from mlmlab.utils.files import lock_folder, write_text_atomically
+from mlmlab.utils.files import lock_folder, refuse_results_of_another_model, write_text_atomically
 from mlmlab.utils.progress import progress_bar, say
 from mlmlab.utils.restoring import restoring
 
@@ -99,6 +99,7 @@ def run_glue(
         "average": None,
     }
     with lock_folder(out_dir, f"the GLUE output folder {out_dir}", "give --out another folder"):
+        refuse_results_of_another_model(out_dir, "glue_results.json", model_dir)
         for name, task_settings in per_task.items():
             results["tasks"][name] = evaluate_task(TASKS[name], data_dir, task_settings, context, out_dir)
             results["average"] = glue_average(results["tasks"])
@@ -433,7 +434,7 @@ def write_best_test_predictions(task, tests, runs, test_outputs, result, out_dir
     for name, split in tests.items():
         predictions = test_outputs[(best["learning_rate"], best["seed"])][name]
         path = folder / task.test_files[name]
-        path.write_text(submission_text(task, split.indices, predictions), encoding="utf-8")
+        write_text_atomically(path, submission_text(task, split.indices, predictions))
         written.append(str(path))
     return {"learning_rate": best["learning_rate"], "seed": best["seed"], "files": written}
 
