@@ -23,7 +23,7 @@ from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from mlmlab.architectures import ADAPTERS, Bert
-from mlmlab.errors import UserError
+from mlmlab.errors import UserError, writes_of
 from mlmlab.evaluate.glue_data import (
     TASKS,
     TRAIN_FILE,
@@ -449,8 +449,11 @@ def submission_text(task: GlueTask, indices: list[str], predictions: np.ndarray)
 
 def write_results(results: dict, out_dir: Path) -> None:
     """Each file whole or as before: a study row and a reader of an earlier run's table never see half of one."""
-    write_text_atomically(out_dir / "glue_results.json", jsonio.dumps(results, indent=2) + "\n")
-    write_text_atomically(out_dir / "glue_results.md", format_glue_table(results))
+    with writes_of(
+        f"the GLUE results to {out_dir}", "the results written there before (tasks finished earlier) are kept"
+    ):
+        write_text_atomically(out_dir / "glue_results.json", jsonio.dumps(results, indent=2) + "\n")
+        write_text_atomically(out_dir / "glue_results.md", format_glue_table(results))
 
 
 def format_glue_table(results: dict) -> str:

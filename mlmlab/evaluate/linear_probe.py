@@ -59,7 +59,7 @@ from threadpoolctl import threadpool_limits
 
 from mlmlab import choices
 from mlmlab.config import SEEDS, check_range
-from mlmlab.errors import UserError
+from mlmlab.errors import UserError, writes_of
 from mlmlab.evaluate.glue import (
     EVAL_BATCH_SIZE,
     EncodedSplit,
@@ -409,8 +409,9 @@ def quiet_sklearn():
 
 def write_probe_results(results: dict, out_dir: Path) -> None:
     """Each file whole or as before (a study's row reads the JSON)."""
-    write_text_atomically(out_dir / "probe_results.json", jsonio.dumps(results, indent=2) + "\n")
-    write_text_atomically(out_dir / "probe_results.md", format_probe_table(results))
+    with writes_of(f"the probe results to {out_dir}", "the results written there before are kept"):
+        write_text_atomically(out_dir / "probe_results.json", jsonio.dumps(results, indent=2) + "\n")
+        write_text_atomically(out_dir / "probe_results.md", format_probe_table(results))
 
 
 def format_probe_table(results: dict) -> str:
