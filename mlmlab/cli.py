@@ -135,7 +135,8 @@ def cmd_pretrain(args) -> None:
 
     if args.json and args.json != "-":
         require_output(Path(args.json), "--json", folder=False)
-    cfg = load_config(args.config, [*args.overrides, *([f"train.init={args.init}"] if args.init else [])])
+    init = [f"train.init={json.dumps(args.init)}"] if args.init else []  # quoted: a folder named 007 stays text
+    cfg = load_config(args.config, [*args.overrides, *init])
     if args.processes > 1:
         from mlmlab.train.launch import over_processes
         from mlmlab.utils.progress import say

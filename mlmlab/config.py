@@ -15,6 +15,7 @@ import textwrap
 import tokenize
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,7 +87,7 @@ def at_least(least: int) -> Allowed:
     return Allowed(least)
 
 
-def number_argument(option: str, kind: type, allowed: Allowed, example) -> typing.Callable[[str], int | float]:
+def number_argument(option: str, kind: type, allowed: Allowed, example) -> Callable[[str], int | float]:
     """argparse ``type=`` of a command's numeric option: ``kind`` read from the text, then range-checked as a
     config key is, so that a bad value is the same one line (a UserError, not argparse's usage message)."""
 
@@ -544,7 +545,7 @@ def read_yaml(source: str) -> dict:
 
 
 def _parse_override(item: str) -> tuple[str, object]:
-    """``section.key=value``, the value read as YAML (the one reading of overrides: the CLI's and a study's)."""
+    """``section.key=value``, the value read as YAML by ``load_yaml``, or a one-line UserError."""
     if "=" not in item:
         raise UserError(f"override {item!r} is not key=value; write e.g. train.lr=3e-4")
     key, raw = item.split("=", 1)
@@ -585,8 +586,8 @@ def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
     if ":" in digits:
         raise Misread(node, f"the base-60 number {value}")
     if len(digits) > 1 and digits[0] == "0" and digits[1] not in "xbo":  # 0x1f, 0b101: the base is written out
-        unpadded = node.value[: len(node.value) - len(node.value.lstrip("+-"))] + (digits.lstrip("0") or "0")
-        raise Misread(node, f"the octal number {value}", unpadded)
+        sign = node.value[0] if node.value[0] in "+-" else ""
+        raise Misread(node, f"the octal number {value}", sign + (digits.lstrip("0") or "0"))
     return value
 
 
