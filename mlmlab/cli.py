@@ -13,7 +13,21 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from mlmlab import choices
-from mlmlab.config import MaskingConfig, config_listing, frequency_cuts, load_config, preset_names
+from mlmlab.config import (
+    BELOW_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    PROBABILITY,
+    RATE,
+    SEEDS,
+    MaskingConfig,
+    at_least,
+    config_listing,
+    frequency_cuts,
+    load_config,
+    preset_names,
+)
+from mlmlab.config import number_argument as number
 from mlmlab.errors import UserError, write_refusal
 from mlmlab.evaluate.glue_settings import GlueSettings
 from mlmlab.utils import jsonio
@@ -121,7 +135,8 @@ def cmd_pretrain(args) -> None:
 
     if args.json and args.json != "-":
         require_output(Path(args.json), "--json", folder=False)
-    cfg = load_config(args.config, [*args.overrides, *([f"train.init={args.init}"] if args.init else [])])
+    init = [f"train.init={json.dumps(args.init)}"] if args.init else []  # quoted: a folder named 007 stays text
+    cfg = load_config(args.config, [*args.overrides, *init])
     if args.processes > 1:
         from mlmlab.train.launch import over_processes
         from mlmlab.utils.progress import say
@@ -227,8 +242,6 @@ def cmd_study(args) -> None:
     from mlmlab.experiments.running.runner import parse_only, parse_shard, run_study
     from mlmlab.experiments.study import load_study
 
-    if args.time_limit < 0:
-        raise UserError(f"--time-limit {args.time_limit:g}: give the minutes the runs may take from now (0: no limit)")
     study, shard = load_study(args.study, out_dir=args.out), parse_shard(args.shard)
     only = parse_only(args.only, study)
     if args.dry_run:
@@ -287,13 +300,6 @@ def add_column_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def positive_int(text: str) -> int:
-    """argparse type: a whole number of at least 1."""
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
-    return int(text)
-
-
 def add_progress_option(p: argparse.ArgumentParser) -> None:
     """The one switch of every command that can take long: its bars and progress lines, on stderr."""
     p.add_argument("--no-progress", action="store_true", help="no progress bars or progress lines on stderr")
@@ -315,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="wordpiece (BERT's), bpe (RoBERTa's byte-level BPE) or unigram (SentencePiece's)",
     )
     p.add_argument("--vocab", help="adopt this vocab.txt instead of training")
-    p.add_argument("--vocab-size", type=int, default=30522)
+    p.add_argument("--vocab-size", type=number("--vocab-size", int, at_least(1), 30522), default=30522)
     p.add_argument("--cased", action="store_true", help="wordpiece: keep case (default: lowercase, as BERT uncased)")
     p.add_argument("--lowercase", action="store_true", help="bpe, unigram: lowercase (default: cased, as RoBERTa)")
     p.add_argument("--out", required=True)
@@ -326,13 +332,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", nargs="+", required=True, help=CORPUS_HELP)
     add_column_options(p)
     p.add_argument("--tokenizer", required=True, help="a tokenizer folder (see `mlmlab tokenizer`)")
-    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--max-seq-length", type=number("--max-seq-length", int, at_least(8), 128), default=128)
     p.add_argument("--objective", choices=choices.OBJECTIVES, default=choices.NSP)
-    p.add_argument("--short-seq-prob", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=12345, help="the NSP pairing draws (data.prepare_seed)")
+    p.add_argument("--short-seq-prob", type=number("--short-seq-prob", float, PROBABILITY, 0.1), default=0.1)
+    p.add_argument(
+        "--seed",
+        type=number("--seed", int, SEEDS, 12345),
+        default=12345,
+        help="the NSP pairing draws (data.prepare_seed)",
+    )
     p.add_argument(
         "--workers",
-        type=int,
+        type=number("--workers", int, at_least(0), 2),
         default=None,
         help="worker processes (default: every core this process may use); the data do not depend on it",
     )
@@ -342,29 +353,44 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("dump", help="print prepared instances as JSON lines (optionally masked)")
     p.add_argument("--data", required=True)
-    p.add_argument("-n", type=int, default=5)
-    p.add_argument("--start", type=int, default=0)
+    p.add_argument("-n", type=number("-n", int, at_least(1), 5), default=5)
+    p.add_argument("--start", type=number("--start", int, at_least(0), 0), default=0)
     p.add_argument("--masked", action="store_true", help="add masked input_ids and labels as training makes them")
-    p.add_argument("--mask-seed", type=int, default=0, help="masking.seed (prepare's --seed made the instances)")
-    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument(
+        "--mask-seed",
+        type=number("--mask-seed", int, SEEDS, 0),
+        default=0,
+        help="masking.seed (prepare's --seed made the instances)",
+    )
+    p.add_argument("--epoch", type=number("--epoch", int, at_least(0), 0), default=0)
     p.add_argument(
         "--strategy",
         choices=choices.STRATEGIES,
         default=choices.DYNAMIC,
         help="one that needs no scorer (adaptive's are shown on a sentence by mlmlab mask)",
     )
-    p.add_argument("--dupe-factor", type=int, default=10, help="static: distinct masks per example")
+    p.add_argument(
+        "--dupe-factor",
+        type=number("--dupe-factor", int, at_least(1), 10),
+        default=10,
+        help="static: distinct masks per example",
+    )
     p.add_argument("--whole-word", action="store_true", help="masking.whole_word: select whole words")
     p.set_defaults(func=cmd_dump)
 
     p = sub.add_parser("mask", help="show how one sentence is masked")
     p.add_argument("text")
     p.add_argument("--tokenizer", default="", help="tokenizer folder or vocab.txt (default: bundled uncased vocab)")
-    p.add_argument("--mask-seed", type=int, default=0, help="masking.seed")
-    p.add_argument("--epoch", type=int, default=0)
-    p.add_argument("--rate", type=float, default=0.15)
+    p.add_argument("--mask-seed", type=number("--mask-seed", int, SEEDS, 0), default=0, help="masking.seed")
+    p.add_argument("--epoch", type=number("--epoch", int, at_least(0), 0), default=0)
+    p.add_argument("--rate", type=number("--rate", float, RATE, 0.15), default=0.15)
     p.add_argument("--strategy", choices=choices.STRATEGIES, default=choices.DYNAMIC)
-    p.add_argument("--dupe-factor", type=int, default=10, help="static: distinct masks per example")
+    p.add_argument(
+        "--dupe-factor",
+        type=number("--dupe-factor", int, at_least(1), 10),
+        default=10,
+        help="static: distinct masks per example",
+    )
     p.add_argument("--whole-word", action="store_true", help="masking.whole_word: select whole words")
     p.add_argument("--model", help="model folder: its tokenizer, and for adaptive its uncertainty scores")
     p.add_argument(
@@ -383,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--training-progress",
-        type=float,
+        type=number("--training-progress", float, PROBABILITY, 1),
         default=1.0,
         metavar="SHARE",
         help="adaptive: the share of training done, in [0, 1], whose a to use (default: 1, the end)",
@@ -405,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--processes",
-        type=positive_int,
+        type=number("--processes", int, at_least(1), 2),
         default=1,
         metavar="N",
         help="train as N DDP processes on this host (torchrun; gloo on CPU), train.batch_size split over "
@@ -439,9 +465,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="a prepared dataset folder, or a corpus to prepare (as prepare's --corpus; WikiText wiki.*.tokens too)",
     )
     add_column_options(p)
-    p.add_argument("--max-seq-length", type=int, default=128, help="when preparing text files")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--max-batches", type=int, default=None)
+    p.add_argument(
+        "--max-seq-length",
+        type=number("--max-seq-length", int, at_least(8), 128),
+        default=128,
+        help="when preparing text files",
+    )
+    p.add_argument("--batch-size", type=number("--batch-size", int, at_least(1), 32), default=32)
+    p.add_argument("--max-batches", type=number("--max-batches", int, at_least(1), 20), default=None)
     p.add_argument(
         "--freq-buckets",
         default=MaskingConfig.freq_buckets,
@@ -466,28 +497,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="glue_results", help="folder for glue_results.json / .md")
     p.add_argument(
         "--seeds",
-        type=int,
+        type=number("--seeds", int, SEEDS, 0),
         nargs="+",
         default=list(glue.seeds),
         help="fine-tuning seeds; the median over them is reported (default: %(default)s)",
     )
     p.add_argument(
-        "--lr", type=float, nargs="+", default=glue.learning_rates, help="learning-rate grid (default: per task)"
+        "--lr",
+        type=number("--lr", float, POSITIVE, 2e-5),
+        nargs="+",
+        default=glue.learning_rates,
+        help="learning-rate grid (default: per task)",
     )
-    p.add_argument("--epochs", type=int, default=glue.epochs, help="(default: per task)")
-    p.add_argument("--batch-size", type=int, default=glue.batch_size, help="(default: per task)")
     p.add_argument(
-        "--max-length", type=int, default=glue.max_length, help="longer inputs are truncated (default: per task)"
+        "--epochs", type=number("--epochs", int, at_least(1), 3), default=glue.epochs, help="(default: per task)"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=number("--batch-size", int, at_least(1), 32),
+        default=glue.batch_size,
+        help="(default: per task)",
+    )
+    p.add_argument(
+        "--max-length",
+        type=number("--max-length", int, at_least(1), 128),
+        default=glue.max_length,
+        help="longer inputs are truncated (default: per task)",
     )
     p.add_argument(
         "--dropout",
-        type=float,
+        type=number("--dropout", float, BELOW_ONE, 0.1),
         default=glue.dropout,
         help="hidden and attention dropout while fine-tuning (default 0.1, BERT's, whatever the pretraining's)",
     )
     p.add_argument(
         "--max-train-examples",
-        type=int,
+        type=number("--max-train-examples", int, at_least(1), 2000),
         default=glue.max_train_examples,
         help="a fixed random sample of N training rows (the same for every seed and model)",
     )
@@ -525,13 +570,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--seed",
-        type=int,
+        type=number("--seed", int, SEEDS, 0),
         default=0,
         help="the random-init baseline's weights and the training rows held out to choose C",
     )
     p.add_argument(
         "--random-inits",
-        type=int,
+        type=number("--random-inits", int, at_least(1), 3),
         default=1,
         metavar="N",
         help="average the random-init baseline over N draws (seeds SEED .. SEED+N-1): one draw's probe "
@@ -563,7 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--time-limit",
-        type=float,
+        type=number("--time-limit", float, NON_NEGATIVE, 60),
         default=0.0,
         metavar="MINUTES",
         help="start only the runs that will finish within MINUTES from now, by their arm's finished runs "
@@ -575,7 +620,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--time-steps",
-        type=int,
+        type=number("--time-steps", int, at_least(0), 20),
         default=0,
         metavar="STEPS",
         help="with --dry-run: also time STEPS training steps of each arm here and extrapolate each run's time",
@@ -641,9 +686,9 @@ def main(argv=None) -> int:
         reexec_with_malloc_tuning([sys.executable, "-m", "mlmlab.cli", *sys.argv[1:]])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork DataLoader workers
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # "Loading weights" bars would bury our output
-    args = parse_arguments(build_parser(), argv)
-    args.argv = sys.argv[1:] if argv is None else list(argv)  # as given: `pretrain --processes` relaunches it
     try:
+        args = parse_arguments(build_parser(), argv)  # a number option out of range is a UserError (config.py)
+        args.argv = sys.argv[1:] if argv is None else list(argv)  # as given: `pretrain --processes` relaunches it
         with sigterm_unwinds():
             args.func(args)
             sys.stdout.flush()  # here, where a closed pipe is caught below, not at exit
@@ -653,8 +698,8 @@ def main(argv=None) -> int:
     except UserError as err:
         print(f"mlmlab: error: {err}", file=sys.stderr)
         return 2
-    except OSError as err:  # a full disk, a read-only file: the user's to fix; any other OSError is a bug
-        if (line := write_refusal(err)) is None:
+    except Exception as err:  # a full disk, a read-only file (as any writer reports it): the user's to fix
+        if (line := write_refusal(err)) is None:  # anything else is a bug: its traceback
             raise
         print(f"mlmlab: error: {line}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ import textwrap
 import tokenize
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,19 +42,28 @@ class Allowed:
     why: str = ""  # said in the refusal when the range is not self-explanatory
 
     def admits(self, value) -> bool:
-        if not (isinstance(value, int) or math.isfinite(value)):  # a huge int has no float, and needs none
+        if isinstance(value, int) and abs(value) > LARGEST_INT:
+            return False
+        if not (isinstance(value, int) or math.isfinite(value)):  # a huge int has no float: LARGEST_INT refuses it
             return False
         above = value > self.low if self.low_open else value >= self.low
         below = value < self.high if self.high_open else value <= self.high
         return above and below
 
     def describe(self, value) -> str:
+        if isinstance(value, int) and abs(value) > LARGEST_INT:
+            return f"at most {LARGEST_INT} in size (2**53: past it a count is no longer exact as a float)"
         if self.high == math.inf:
             text = "positive" if (self.low, self.low_open) == (0, True) else f"at least {self.low:g}"
             text += "" if isinstance(value, int) else " and finite"
         else:
             text = f"within {'[('[self.low_open]}{self.low:g}, {self.high:.10g}{'])'[self.high_open]}"
         return f"{text} ({self.why})" if self.why else text
+
+
+# The largest whole number any count, size or step of mlmlab may be: steps, tokens and FLOPs are also
+# counted as floats (exact up to 2**53), and 10**30 steps overflowed int64 tensors with a traceback.
+LARGEST_INT = 2**53
 
 
 def check_range(key: str, value, allowed: Allowed, example) -> None:
@@ -75,6 +85,22 @@ SEEDS = Allowed(0, 2**32 - 1, why="seeds are 32-bit")
 
 def at_least(least: int) -> Allowed:
     return Allowed(least)
+
+
+def number_argument(option: str, kind: type, allowed: Allowed, example) -> Callable[[str], int | float]:
+    """argparse ``type=`` of a command's numeric option: ``kind`` read from the text, then range-checked as a
+    config key is, so that a bad value is the same one line (a UserError, not argparse's usage message)."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise UserError(f"{option} {text!r} is not {what}; use e.g. {option} {example}") from None
+        check_range(option, value, allowed, example)
+        return value
+
+    return parse
 
 
 # Every number of the config is declared with its allowed values. Counts and sizes out of range fail deep
@@ -528,7 +554,9 @@ def read_yaml(source: str) -> dict:
             f"{path} is a folder, not a config file; name a YAML file or a preset ({', '.join(preset_names())})"
         )
     try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        tree = load_yaml(path.read_text(encoding="utf-8")) or {}
+    except Misread as err:
+        raise UserError(f"{path} line {err.line}: {err}; fix the file") from None
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise UserError(f"{path} is not valid YAML ({str(err).splitlines()[0]}); fix the file") from None
     if not isinstance(tree, dict):
@@ -540,10 +568,72 @@ def read_yaml(source: str) -> dict:
 
 
 def _parse_override(item: str) -> tuple[str, object]:
+    """``section.key=value``, the value read as YAML by ``load_yaml``, or a one-line UserError."""
     if "=" not in item:
         raise UserError(f"override {item!r} is not key=value; write e.g. train.lr=3e-4")
     key, raw = item.split("=", 1)
-    return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
+    key = key.strip()
+    if not raw.strip():
+        return key, ""
+    try:
+        return key, load_yaml(raw)
+    except Misread as err:
+        raise UserError(f"override {item}: {err}") from None
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        if isinstance(err, yaml.constructor.ConstructorError):  # "=": a tag with no constructor
+            problem = "it has no plain reading"
+        raise UserError(
+            f"override {item}: {raw!r} is not a YAML value ({problem}); quote text ({key}='...') or close a "
+            f"list ({key}=[a, b])"
+        ) from None
+
+
+class Misread(Exception):
+    """A plain YAML scalar that YAML 1.1 reads otherwise than it looks: a date, an octal or base-60 number."""
+
+    def __init__(self, node: yaml.ScalarNode, reading: str, instead: str | None = None):
+        write = f"write {instead}, or " if instead else ""
+        super().__init__(f"YAML reads {node.value} as {reading}; {write}quote it ('{node.value}') to mean the text")
+        self.line = node.start_mark.line + 1
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe reading, less its surprises: "007" and "010" were the octal numbers 7 and 8, "1:30" the
+    number 90 (base 60), "2024-01-01" a date. Each is a Misread instead; a quoted one stays text."""
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    value = loader.construct_yaml_int(node)
+    digits = node.value.replace("_", "").lstrip("+-")
+    if ":" in digits:
+        raise Misread(node, f"the base-60 number {value}")
+    if len(digits) > 1 and digits[0] == "0" and digits[1] not in "xbo":  # 0x1f, 0b101: the base is written out
+        sign = node.value[0] if node.value[0] in "+-" else ""
+        raise Misread(node, f"the octal number {value}", sign + (digits.lstrip("0") or "0"))
+    return value
+
+
+def _construct_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float:
+    value = loader.construct_yaml_float(node)
+    if ":" in node.value:
+        raise Misread(node, f"the base-60 number {value:g}")
+    return value
+
+
+def _construct_timestamp(loader: yaml.SafeLoader, node: yaml.ScalarNode):
+    raise Misread(node, "a date")
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_Loader.add_constructor("tag:yaml.org,2002:float", _construct_float)
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", _construct_timestamp)
+
+
+def load_yaml(text: str):
+    """A YAML text as every config, preset, study file and override is read: ``yaml.safe_load`` less its
+    misreadings (a Misread names the line)."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
 
 
 def set_dotted(tree: dict, key: str, value) -> None:

@@ -133,3 +133,38 @@ def test_fp16_on_cpu_is_refused_rather_than_trained_in_fp32(capsys, tmp_path):
     )
     assert_one_line_error(code, err, "fp16", "bf16")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        # YAML errors inside an override: before, a yaml traceback
+        ("train.lr==", ["override train.lr==", "not a YAML value"]),
+        ("data.corpus=[a.txt,b.txt", ["override data.corpus=[a.txt,b.txt", "not a YAML value", "close a list"]),
+        # before, accepted: 10**30 steps overflowed deep inside training
+        (f"train.max_steps={10**30}", ["train.max_steps=", "at most 9007199254740992"]),
+        # before, read silently as the octal numbers 7 and 8, the base-60 number 90
+        ("train.seed=007", ["train.seed=007", "octal number 7", "write 7", "quote it ('007')"]),
+        ("train.max_steps=010", ["octal number 8", "write 10"]),
+        ("train.max_steps=1:30", ["base-60 number 90", "quote it ('1:30')"]),
+        # before, "expects str, got datetime.date(2024, 1, 1)" with no word of quoting
+        ("data.tokenizer=2024-01-01", ["2024-01-01 as a date", "quote it ('2024-01-01')"]),
+    ],
+)
+def test_an_override_yaml_misreads_or_cannot_read_is_one_line(capsys, override, words):
+    code, err = run_cli(capsys, "config", override)
+    assert_one_line_error(code, err, *words)
+
+
+def test_a_quoted_override_is_the_text_as_written(capsys):
+    assert main(["config", "train.out_dir='2024-01-01'", "data.tokenizer='007'"]) == 0
+    listing = capsys.readouterr().out
+    assert "train.out_dir = '2024-01-01'" in listing and "data.tokenizer = '007'" in listing
+
+
+def test_a_config_file_with_a_zero_padded_number_names_its_line(capsys, tmp_path):
+    """Before, `seed: 010` trained with seed 8."""
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  max_steps: 100\n  seed: 010\n")
+    code, err = run_cli(capsys, "config", str(path))
+    assert_one_line_error(code, err, f"{path} line 3", "octal number 8", "write 10")

@@ -265,7 +265,7 @@ def test_every_requested_task_missing_is_an_error_not_an_empty_success(tiny_mode
     ("arguments", "expected"),
     [
         ({"init": "scratch"}, "init='scratch' is not known"),
-        ({"epochs": 0}, "epochs=0 must be a whole number >= 1"),
+        ({"epochs": 0}, "epochs=0 must be at least 1"),
         ({"dropout": 1.0}, r"dropout=1.0 must be within \[0, 1\)"),
         ({"seeds": ()}, "seeds .* must be a non-empty list"),
         ({"model_dir": GLUE_DIR}, "has no config.json"),

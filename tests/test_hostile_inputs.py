@@ -10,6 +10,7 @@ resume into a new folder, a changed config, overrides after options, SIGTERM at 
 that prepare cannot use, concurrent cache writers, staging folders of killed writers).
 """
 
+import builtins
 import errno
 import gzip
 import hashlib
@@ -340,6 +341,55 @@ def failing(error: int, where: str) -> Callable[[pytest.MonkeyPatch], None]:
     return fault
 
 
+class HalfWriter:
+    """A file open for writing whose every write puts half its bytes on disk, then raises OSError ``error``."""
+
+    def __init__(self, handle, error: int):
+        self._handle, self._error = handle, error
+
+    def write(self, data) -> int:
+        self._handle.write(data[: len(data) // 2])
+        self._handle.flush()
+        raise OSError(self._error, os.strerror(self._error))
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+    def __enter__(self) -> "HalfWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._handle.close()
+
+
+def filled_part_way(name: str, error: int = errno.ENOSPC) -> Callable[[pytest.MonkeyPatch], None]:
+    """A fault: the disk fills part-way through a file named ``name``: its first write stops half-way with
+    ``error``, as a real full disk does (not at fsync). Copies go through write(), not sendfile, as on file
+    systems without it."""
+
+    def fault(monkeypatch: pytest.MonkeyPatch) -> None:
+        real_open = builtins.open
+
+        def opening(file, mode="r", *args, **kwargs):
+            handle = real_open(file, mode, *args, **kwargs)
+            writes = any(flag in mode for flag in "wax")
+            named = isinstance(file, (str, os.PathLike)) and Path(file).name == name
+            return HalfWriter(handle, error) if writes and named else handle
+
+        monkeypatch.setattr(builtins, "open", opening)
+        monkeypatch.setattr(shutil, "_USE_CP_SENDFILE", False)
+
+    return fault
+
+
+def export_argv(w: World, tmp: Path) -> list[str]:
+    return ["export", str(w.run), "--out", str(tmp / "exported")]
+
+
+def probe_argv(model: Path, data_dir: Path, out: Path, *options: str) -> list[str]:
+    return ["probe", "--model", str(model), "--task", "SST-2", "--data-dir", str(data_dir), "--out", str(out), *options]
+
+
 def vocab_of_its_own(tmp: Path) -> Path:
     """The bundled vocabulary and one token more: a vocabulary no cache holds yet."""
     path = tmp / "vocab.txt"
@@ -543,7 +593,7 @@ CASES = [
     Case(
         "GLUE: infinite learning rate",
         lambda w, t: [*glue_argv(w.model, w.glue), "--lr", "inf"],
-        ("learning_rates=inf", "finite"),
+        ("--lr=inf", "finite"),
     ),
     Case(
         "GLUE: seed beyond 32 bits",
@@ -714,6 +764,69 @@ CASES = [
         resumed_run,
         ("Read-only file system",),
         fault=failing(errno.EROFS, "mlmlab.utils.files.tempfile.mkstemp"),
+    ),
+    # The disk fills part-way through a file (torch's writer, shutil's copy), with the file half written.
+    Case(
+        "disk full part-way through a checkpoint's training state (torch's writer)",
+        resumed_run,
+        ("checkpoint ckpt-00000006", "No space left on device", "ckpt-00000004 is kept intact", "to resume"),
+        fault=filled_part_way("training_state.pt"),
+    ),
+    Case(
+        "disk full part-way through export's weights (shutil's copy)",
+        export_argv,
+        ("the model folder", "exported", "No space left on device", "is intact"),
+        fault=filled_part_way("model.safetensors"),
+    ),
+    Case(
+        "disk full part-way through the run's final model/ (shutil's copy)",
+        resumed_run,
+        ("the model folder", "model", "No space left on device", "ckpt-00000006", "is intact"),
+        fault=filled_part_way("model.safetensors"),
+    ),
+    Case(
+        "read-only file system part-way through a checkpoint's training state",
+        resumed_run,
+        ("checkpoint ckpt-00000006", "Read-only file system", "ckpt-00000004 is kept intact"),
+        fault=filled_part_way("training_state.pt", errno.EROFS),
+    ),
+    # Numbers of a command's options, range-checked as config keys are, naming the option.
+    Case(
+        "tokenizer --vocab-size past any size",
+        lambda w, t: ["tokenizer", "--corpus", str(CORPUS), "--vocab-size", str(10**30), "--out", str(t / "tok")],
+        ("--vocab-size", "at most"),
+    ),
+    Case(
+        "mask --training-progress past the end",
+        lambda w, t: ["mask", "a sentence", "--training-progress", "2"],
+        ("--training-progress=2.0", "[0, 1]"),
+    ),
+    Case("mask --epoch negative", lambda w, t: ["mask", "a sentence", "--epoch", "-3"], ("--epoch=-3", "at least 0")),
+    Case(
+        "dump --mask-seed negative",
+        lambda w, t: ["dump", "--data", str(w.data), "--mask-seed", "-1"],
+        ("--mask-seed=-1", "32-bit"),
+    ),
+    Case("dump -n 0", lambda w, t: ["dump", "--data", str(w.data), "-n", "0"], ("-n=0", "at least 1")),
+    Case(
+        "evaluate --batch-size 0",
+        lambda w, t: ["evaluate", "--model", str(w.model), "--data", str(w.data), "--batch-size", "0"],
+        ("--batch-size=0", "at least 1"),
+    ),
+    Case(
+        "prepare --seed past 32 bits",
+        lambda w, t: [*prepare_argv(w, t, CORPUS), "--seed", str(2**32)],
+        ("--seed=4294967296", "32-bit"),
+    ),
+    Case(
+        "probe --seed past 32 bits",
+        lambda w, t: probe_argv(w.model, w.glue, t / "p", "--seed", str(2**32)),
+        ("--seed=4294967296", "32-bit"),
+    ),
+    Case(
+        "probe random-init draws past 32-bit seeds",
+        lambda w, t: probe_argv(w.model, w.glue, t / "p", "--seed", str(2**32 - 1), "--random-inits", "2"),
+        ("random_inits 2", "4294967296", "32-bit"),
     ),
     # Messages that blamed the wrong cause.
     Case(

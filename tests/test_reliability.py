@@ -21,13 +21,23 @@ import pytest
 import torch
 from conftest import SAMPLE
 from safetensors.torch import load_file
-from test_hostile_inputs import copy_of, glue_argv, moved_run, pretrain_argv, world  # noqa: F401 (world: a fixture)
+from test_hostile_inputs import (  # noqa: F401 (world: a fixture)
+    copy_of,
+    export_argv,
+    filled_part_way,
+    glue_argv,
+    moved_run,
+    pretrain_argv,
+    probe_argv,
+    world,
+)
 
 from mlmlab.cli import main
 from mlmlab.errors import UserError
 from mlmlab.experiments.running.runner import results_lock
 from mlmlab.train import checkpoint
 from mlmlab.train.metrics import MetricsWriter
+from mlmlab.utils import files
 from mlmlab.utils.files import lock_beside, lock_folder, staging_folder
 
 pytestmark = pytest.mark.usefixtures("no_progress_bars")
@@ -272,3 +282,172 @@ def test_a_resume_keeps_the_staging_folder_of_a_live_writer(world, tmp_path):
     dead.mkdir()
     assert main(pretrain_argv(run, "train.max_steps=5", "--resume", "auto")) == 0
     assert live.is_dir() and not dead.exists()
+
+
+# ----- outputs written whole: a write the disk refuses part-way leaves the previous state -------
+def staged_leftovers(folder: Path) -> list[str]:
+    return [path.name for path in folder.iterdir() if path.name.startswith(".tmp-")]
+
+
+def test_a_checkpoint_the_disk_refuses_part_way_leaves_the_last_one_and_the_rerun_resumes(
+    world, tmp_path, capsys, monkeypatch
+):
+    """Before, torch's writer reported the full disk as "RuntimeError: [enforce fail at inline_container.cc]"."""
+    run = moved_run(world, tmp_path)
+    argv = pretrain_argv(run, "train.max_steps=6", "--resume", "auto")
+    filled_part_way("training_state.pt")(monkeypatch)
+    assert main(argv) == 2
+    refusal = one_error_line(capsys.readouterr().err.strip().splitlines()[-1])
+    assert "ckpt-00000004 is kept intact" in refusal and "free space" in refusal
+    assert checkpoint.latest(run).name == "ckpt-00000004" and not staged_leftovers(run)
+    monkeypatch.undo()  # space freed
+    assert main(argv) == 0
+    assert (
+        checkpoint.latest(run).name == "ckpt-00000006" and json.loads((run / "summary.json").read_text())["steps"] == 6
+    )
+
+
+def test_an_export_the_disk_refuses_part_way_leaves_no_half_folder_and_the_rerun_exports(
+    world, tmp_path, capsys, monkeypatch
+):
+    """Before, export copied straight into --out: a third of model.safetensors stayed, and the next export refused
+    the half folder."""
+    argv = export_argv(world, tmp_path)
+    filled_part_way("model.safetensors")(monkeypatch)
+    assert main(argv) == 2
+    one_error_line(capsys.readouterr().err)
+    assert sorted(path.name for path in tmp_path.iterdir()) == []  # no --out, no staging folder, no lock file
+    monkeypatch.undo()
+    assert main(argv) == 0
+    exported = tmp_path / "exported"
+    assert (exported / "model.safetensors").read_bytes() == (world.model / "model.safetensors").read_bytes()
+
+
+# ----- a results folder holds one model's results ----------------------------------------------
+@pytest.mark.parametrize("command", ["probe", "glue"])
+def test_a_results_folder_of_another_model_is_refused_and_the_same_models_rerun_replaces(
+    world, tmp_path, capsys, command
+):
+    """Before, a second model's probe or GLUE into a finished --out replaced its results without a word."""
+    other_model = copy_of(world.model, tmp_path)  # the same weights under another folder: another model's results
+    out = tmp_path / "results"
+
+    def argv(model: Path) -> list[str]:
+        if command == "probe":
+            return probe_argv(model, world.glue, out)
+        return [*glue_argv(model, world.glue)[:-2], "--out", str(out)]
+
+    assert main(argv(other_model)) == 0
+    before = fingerprint(out)
+    capsys.readouterr()
+    assert main(argv(world.model)) == 2
+    refusal = one_error_line(capsys.readouterr().err)
+    assert f"already holds results of the model {other_model}" in refusal and "give --out a new folder" in refusal
+    assert fingerprint(out) == before
+    assert main(argv(other_model)) == 0  # the same model again: its rerun replaces its results
+
+
+# ----- lock files: none left beside an output --------------------------------------------------
+def exported_beside(world, tmp: Path) -> tuple[list[str], Path]:
+    return export_argv(world, tmp), tmp
+
+
+def evaluated_to_json(world, tmp: Path) -> tuple[list[str], Path]:
+    argv = ["evaluate", "--model", str(world.model), "--data", str(world.data), "--max-batches", "1"]
+    return [*argv, "--json", str(tmp / "x.json")], tmp
+
+
+def probed_into(world, tmp: Path) -> tuple[list[str], Path]:
+    return probe_argv(world.model, world.glue, tmp / "out"), tmp / "out"
+
+
+def trained_in(world, tmp: Path) -> tuple[list[str], Path]:
+    run = moved_run(world, tmp)
+    return pretrain_argv(run, "train.max_steps=5", "--resume", "auto"), run
+
+
+@pytest.mark.parametrize("command", [exported_beside, evaluated_to_json, probed_into, trained_in])
+def test_no_lock_file_is_left_beside_an_output(world, tmp_path, capsys, command):
+    """Before, `.x.json.lock`, `.exported.lock` and the folders' `.lock` stayed after the command."""
+    argv, folder = command(world, tmp_path)
+    assert main(argv) == 0
+    assert [path.name for path in folder.iterdir() if path.name.endswith(".lock")] == []
+
+
+def test_a_writer_that_locked_a_released_lock_file_locks_again_and_is_refused_by_its_new_holder(tmp_path, monkeypatch):
+    """Release deletes the lock file: a writer that had opened it before must not take it as its own."""
+    target = tmp_path / "out"
+    first = lock_beside(target, "--out", "")
+    stale = open(first.path, "a+", encoding="utf-8")  # opened by a second writer before the first released
+    first.release()
+    assert not first.path.exists()
+    with lock_beside(target, "--out", ""):  # a third writer: a new lock file under the name
+        opened = iter([stale])
+        real = files._lock_file_handle
+        monkeypatch.setattr(files, "_lock_file_handle", lambda path, instead: next(opened, None) or real(path, instead))
+        with pytest.raises(UserError, match=r"--out is being written by another mlmlab process \(pid "):
+            lock_beside(target, "--out", "")
+
+
+# ----- a real full disk: a small tmpfs ---------------------------------------------------------
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 64 MB file system (tmpfs), mounted for the test and unmounted after it."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if done.returncode:  # not root, or a container without CAP_SYS_ADMIN; the part-way injections above still run
+        pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip() or 'mount failed'})")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill_leaving(disk: Path, free: int) -> Path:
+    """A file that fills ``disk`` up to ``free`` bytes left."""
+    stats = os.statvfs(disk)
+    filler = disk / "filler"
+    with open(filler, "wb") as handle:
+        handle.truncate(0)
+        handle.write(bytes(stats.f_bavail * stats.f_frsize - free))
+    return filler
+
+
+def checkpoint_sizes(run: Path) -> dict[str, int]:
+    saved = checkpoint.latest(run)
+    model = sum(path.stat().st_size for path in (saved / "model").rglob("*") if path.is_file())
+    return {
+        "weights": (saved / "model" / "model.safetensors").stat().st_size,
+        "model": model,
+        "state": (saved / checkpoint.STATE_TENSORS_FILE).stat().st_size,
+    }
+
+
+FULL_DISKS = {  # what fills the disk: the free space left before it, and what the line must say
+    "weights (safetensors' writer)": (lambda size: size["weights"] // 2, "checkpoint ckpt-00000006"),
+    "training state (torch's writer)": (lambda size: size["model"] + size["state"] // 2, "checkpoint ckpt-00000006"),
+    "export (shutil's copy)": (lambda size: size["weights"] // 2, "the model folder"),
+}
+
+
+@pytest.mark.parametrize("fills", list(FULL_DISKS))
+def test_a_real_full_disk_is_one_line_keeps_what_was_written_and_the_rerun_finishes(world, small_disk, capsys, fills):
+    """Before: torch's "RuntimeError: [enforce fail at inline_container.cc]", safetensors' SafetensorError, and
+    shutil.Error with a half-copied model folder, each a traceback."""
+    free, what = FULL_DISKS[fills]
+    if fills.startswith("export"):
+        argv, leftovers_in = export_argv(world, small_disk), small_disk
+    else:
+        run = moved_run(world, small_disk)
+        argv, leftovers_in = pretrain_argv(run, "train.max_steps=6", "--resume", "auto"), run
+    filler = fill_leaving(small_disk, free(checkpoint_sizes(world.run)))
+    capsys.readouterr()
+    assert main(argv) == 2
+    refusal = one_error_line(capsys.readouterr().err.strip().splitlines()[-1])
+    assert what in refusal and "No space left on device" in refusal and "free space" in refusal
+    assert not staged_leftovers(leftovers_in) and not (small_disk / "exported").exists()
+    if not fills.startswith("export"):
+        assert "ckpt-00000004 is kept intact" in refusal and checkpoint.latest(run).name == "ckpt-00000004"
+    filler.unlink()  # space freed: the same command finishes
+    assert main(argv) == 0

@@ -27,6 +27,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,7 @@ from mlmlab import choices
 from mlmlab.data.corpus import read_documents
 from mlmlab.data.records import Columns
 from mlmlab.errors import UserError
+from mlmlab.utils.files import building
 from mlmlab.utils.jsonio import read_json_file
 from mlmlab.utils.progress import progress_bar
 
@@ -73,15 +75,19 @@ def train_tokenizer(
             f"vocab_size {vocab_size} is too small; use at least a few thousand (BERT uses 30522, "
             "RoBERTa 50265; a byte-level BPE needs more than its 256 bytes and 5 special tokens)"
         )
-    out_dir = _empty_out_dir(out_dir)
-    if kind != choices.WORDPIECE:
-        return _train_sentence_tokenizer(corpus_paths, vocab_size, out_dir, lowercase, columns, show_progress, kind)
-    tokenizer = _bert_tokenizer(models.WordPiece(unk_token="[UNK]"), lowercase)
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
-    with progress_bar("tokenizer", None, show_progress, unit="doc") as bar:
-        tokenizer.train_from_iterator(_sentences(corpus_paths, columns, bar), trainer=trainer)
-    vocab = tokenizer.get_vocab()
-    return _save_folder(sorted(vocab, key=vocab.__getitem__), out_dir, lowercase)
+    with new_tokenizer_folder(out_dir) as staging:
+        if kind != choices.WORDPIECE:
+            _train_sentence_tokenizer(corpus_paths, vocab_size, staging, lowercase, columns, show_progress, kind)
+            return Path(out_dir)
+        tokenizer = _bert_tokenizer(models.WordPiece(unk_token="[UNK]"), lowercase)
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
+        )
+        with progress_bar("tokenizer", None, show_progress, unit="doc") as bar:
+            tokenizer.train_from_iterator(_sentences(corpus_paths, columns, bar), trainer=trainer)
+        vocab = tokenizer.get_vocab()
+        _save_folder(sorted(vocab, key=vocab.__getitem__), staging, lowercase)
+    return Path(out_dir)
 
 
 def _train_sentence_tokenizer(
@@ -177,7 +183,9 @@ def refuse_incomplete_bpe(folder: Path) -> None:
 def adopt_vocab(vocab_file: str | Path, out_dir: str | Path, lowercase: bool = True) -> Path:
     """Build a tokenizer folder from an existing BERT vocab.txt (one token per line, id = line)."""
     tokens = _read_vocab_file(Path(vocab_file))
-    return _save_folder(tokens, _empty_out_dir(out_dir), lowercase)
+    with new_tokenizer_folder(out_dir) as staging:
+        _save_folder(tokens, staging, lowercase)
+    return Path(out_dir)
 
 
 def load_tokenizer(tokenizer_dir: str | Path):
@@ -419,9 +427,12 @@ def _require_special_tokens(tokens: Iterable[str], source: Path) -> None:
             )
 
 
-def _empty_out_dir(out_dir: str | Path) -> Path:
+@contextmanager
+def new_tokenizer_folder(out_dir: str | Path) -> Iterator[Path]:
+    """``with new_tokenizer_folder(out) as staging:`` fill ``staging``, published as ``out`` (new or empty) once
+    whole: a full disk leaves no half tokenizer folder that the next try would refuse."""
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"tokenizer folder {out_dir} already exists and is not empty; choose a new folder or delete it")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return out_dir
+    with building(out_dir) as staging:
+        yield staging

@@ -23,7 +23,7 @@ from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from mlmlab.architectures import ADAPTERS, Bert
-from mlmlab.errors import UserError
+from mlmlab.errors import UserError, writes_of
 from mlmlab.evaluate.glue_data import (
     TASKS,
     TRAIN_FILE,
@@ -38,7 +38,7 @@ from mlmlab.model_folder import load_any_tokenizer, read_config, saved_weight_sh
 from mlmlab.train.optim import parameter_groups
 from mlmlab.utils import jsonio, markdown
 from mlmlab.utils.devices import compute_device
-from mlmlab.utils.files import lock_folder, write_text_atomically
+from mlmlab.utils.files import lock_folder, refuse_results_of_another_model, write_text_atomically
 from mlmlab.utils.progress import progress_bar, say
 from mlmlab.utils.restoring import restoring
 
@@ -99,6 +99,7 @@ def run_glue(
         "average": None,
     }
     with lock_folder(out_dir, f"the GLUE output folder {out_dir}", "give --out another folder"):
+        refuse_results_of_another_model(out_dir, "glue_results.json", model_dir)
         for name, task_settings in per_task.items():
             results["tasks"][name] = evaluate_task(TASKS[name], data_dir, task_settings, context, out_dir)
             results["average"] = glue_average(results["tasks"])
@@ -433,7 +434,7 @@ def write_best_test_predictions(task, tests, runs, test_outputs, result, out_dir
     for name, split in tests.items():
         predictions = test_outputs[(best["learning_rate"], best["seed"])][name]
         path = folder / task.test_files[name]
-        path.write_text(submission_text(task, split.indices, predictions), encoding="utf-8")
+        write_text_atomically(path, submission_text(task, split.indices, predictions))
         written.append(str(path))
     return {"learning_rate": best["learning_rate"], "seed": best["seed"], "files": written}
 
@@ -448,8 +449,11 @@ def submission_text(task: GlueTask, indices: list[str], predictions: np.ndarray)
 
 def write_results(results: dict, out_dir: Path) -> None:
     """Each file whole or as before: a study row and a reader of an earlier run's table never see half of one."""
-    write_text_atomically(out_dir / "glue_results.json", jsonio.dumps(results, indent=2) + "\n")
-    write_text_atomically(out_dir / "glue_results.md", format_glue_table(results))
+    with writes_of(
+        f"the GLUE results to {out_dir}", "the results written there before (tasks finished earlier) are kept"
+    ):
+        write_text_atomically(out_dir / "glue_results.json", jsonio.dumps(results, indent=2) + "\n")
+        write_text_atomically(out_dir / "glue_results.md", format_glue_table(results))
 
 
 def format_glue_table(results: dict) -> str:

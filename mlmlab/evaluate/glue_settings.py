@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mlmlab.config import BELOW_ONE, POSITIVE, SEEDS, check_range
+from mlmlab.config import BELOW_ONE, POSITIVE, SEEDS, at_least, check_range
 from mlmlab.errors import UserError
 from mlmlab.evaluate.glue_data import TASKS
 
@@ -101,8 +101,9 @@ class GlueSettings:
             "max_train_examples": self.max_train_examples,
         }
         for name, value in counts.items():
-            if value is not None and not (_is_int(value) and value >= 1):
+            if value is not None and not _is_int(value):
                 raise UserError(f"{name}={value!r} must be a whole number >= 1")
+            check_range(name, value, at_least(1), 1)  # 0, or 10**30, as a config's counts are refused
         rates = self.learning_rates
         if rates is not None and (not isinstance(rates, (list, tuple)) or not all(_is_number(lr) for lr in rates)):
             raise UserError(f"learning_rates {rates!r} must be a list of positive numbers")

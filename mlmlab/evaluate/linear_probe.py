@@ -58,7 +58,8 @@ from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
 from mlmlab import choices
-from mlmlab.errors import UserError
+from mlmlab.config import SEEDS, check_range
+from mlmlab.errors import UserError, writes_of
 from mlmlab.evaluate.glue import (
     EVAL_BATCH_SIZE,
     EncodedSplit,
@@ -76,7 +77,7 @@ from mlmlab.evaluate.glue_settings import TASK_SETTINGS, resolve_task_names
 from mlmlab.model_folder import load_any_tokenizer, read_config
 from mlmlab.utils import jsonio, markdown
 from mlmlab.utils.devices import compute_device
-from mlmlab.utils.files import lock_folder, write_text_atomically
+from mlmlab.utils.files import lock_folder, refuse_results_of_another_model, write_text_atomically
 from mlmlab.utils.progress import progress_bar
 
 DEFAULT_TASKS = ("SST-2", "MRPC", "CoLA")
@@ -135,6 +136,8 @@ def run_probes(
         if out_dir is None
         else lock_folder(Path(out_dir), f"the probe output folder {out_dir}", "give --out another folder")
     ):
+        if out_dir is not None:
+            refuse_results_of_another_model(Path(out_dir), "probe_results.json", Path(model_dir))
         results = probe_all(model_dir, tasks, data_dir, poolings, seed, random_inits, show_progress)
         if out_dir is not None:
             write_probe_results(results, Path(out_dir))
@@ -187,10 +190,16 @@ def checked_arguments(tasks, poolings, seed, random_inits: int = 1) -> list[str]
     known = not isinstance(poolings, str) and all(pooling in choices.POOLINGS for pooling in poolings)
     if not known or not poolings or len(set(poolings)) != len(poolings):
         raise UserError(f"pooling {poolings!r} must name some of {choices.listed(choices.POOLINGS)}, each once")
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+    if not isinstance(seed, int) or isinstance(seed, bool):
         raise UserError(f"probe seed {seed!r} must be an integer >= 0")
+    check_range("probe seed", seed, SEEDS, 0)
     if not isinstance(random_inits, int) or isinstance(random_inits, bool) or random_inits < 1:
         raise UserError(f"probe random_inits {random_inits!r} must be an integer >= 1 (the random-init draws averaged)")
+    if seed + random_inits - 1 > SEEDS.high:  # the draws' seeds are seed .. seed + random_inits - 1
+        raise UserError(
+            f"probe seed {seed} with random_inits {random_inits} draws seeds up to {seed + random_inits - 1}, past "
+            f"{SEEDS.high:.0f} (seeds are 32-bit); lower the seed or the random-init draws"
+        )
     return names
 
 
@@ -400,8 +409,9 @@ def quiet_sklearn():
 
 def write_probe_results(results: dict, out_dir: Path) -> None:
     """Each file whole or as before (a study's row reads the JSON)."""
-    write_text_atomically(out_dir / "probe_results.json", jsonio.dumps(results, indent=2) + "\n")
-    write_text_atomically(out_dir / "probe_results.md", format_probe_table(results))
+    with writes_of(f"the probe results to {out_dir}", "the results written there before are kept"):
+        write_text_atomically(out_dir / "probe_results.json", jsonio.dumps(results, indent=2) + "\n")
+        write_text_atomically(out_dir / "probe_results.md", format_probe_table(results))
 
 
 def format_probe_table(results: dict) -> str:

@@ -34,7 +34,7 @@ from transformers import PreTrainedConfig, PreTrainedModel
 
 from mlmlab.architectures import entry_name, saved_architecture, saved_settings
 from mlmlab.config import Config, config_hash, config_text, flat_keys, from_dict, read_yaml, what_it_computes
-from mlmlab.errors import UserError
+from mlmlab.errors import UserError, writes_of
 from mlmlab.model_folder import (
     is_model_folder,
     load_saved_weights,
@@ -254,11 +254,15 @@ def config_damage(text: str) -> str | None:
 
 # ----- writing -----------------------------------------------------------------------------
 def save(run_dir: Path, step: int, write_contents, keep_last: int) -> Path:
-    """Write a checkpoint atomically via ``write_contents(folder)``; keep the newest ``keep_last``."""
+    """Write a checkpoint atomically via ``write_contents(folder)``; keep the newest ``keep_last``.
+
+    A write the disk refuses (full, read-only) ends in one line naming the checkpoint kept instead.
+    """
     final = Path(run_dir) / f"{PREFIX}{step:08d}"
-    with building(final, replace=True) as staging:
-        write_contents(staging)
-        _write_manifest(staging)
+    with writes_of(f"checkpoint {final.name} to {run_dir}", *_kept_instead(run_dir, step)):
+        with building(final, replace=True) as staging:
+            write_contents(staging)
+            _write_manifest(staging)
     if keep_last > 0:  # 0 keeps every checkpoint (config validation refuses negative values)
         # Only those up to this step: a later one is a damaged one that the resume skipped; it
         # must not count among the newest, or pruning would delete the checkpoint just written.
@@ -266,6 +270,14 @@ def save(run_dir: Path, step: int, write_contents, keep_last: int) -> Path:
         for old in earlier[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _kept_instead(run_dir: Path, step: int) -> tuple[str, str]:
+    """What a failed save of ``step`` leaves to resume from, and how: for ``writes_of``."""
+    earlier = [folder for folder in complete_checkpoints(run_dir, check=False) if step_of(folder) <= step]
+    if not earlier:
+        return "no checkpoint of this run was complete yet", "run the command again"
+    return f"the last complete checkpoint {earlier[-1].name} is kept intact", "rerun the command to resume from it"
 
 
 def step_of(folder: Path) -> int:
@@ -305,7 +317,37 @@ def _write_manifest(folder: Path) -> None:
 
 
 def save_torch(obj, path: Path) -> None:
-    torch.save(obj, path)
+    """``torch.save`` through a Python file, so that a failed write raises its OSError (ENOSPC, EROFS).
+
+    Given a path, torch's writer reports a full disk as "RuntimeError: [enforce fail at
+    inline_container.cc] unexpected pos", and so it does given a file: the OSError the file raised is
+    kept here and raised instead.
+    """
+    with open(path, "wb") as handle:
+        recording = _RecordingWriter(handle)
+        try:
+            torch.save(obj, recording)
+        except RuntimeError:
+            if recording.error is None:
+                raise
+            raise recording.error from None
+
+
+class _RecordingWriter:
+    """A binary file whose first failed write is kept (torch's writer replaces it with a RuntimeError)."""
+
+    def __init__(self, handle):
+        self._handle, self.error = handle, None
+
+    def write(self, data) -> int:
+        try:
+            return self._handle.write(data)
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+    def flush(self) -> None:
+        self._handle.flush()
 
 
 # ----- reading -----------------------------------------------------------------------------

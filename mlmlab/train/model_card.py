@@ -17,25 +17,38 @@ from mlmlab import choices
 from mlmlab.architectures import saved_architecture
 from mlmlab.config import Config, flat_keys, to_dict
 from mlmlab.data.tokenizer import folder_vocab_size
+from mlmlab.errors import writes_of
 from mlmlab.masking.evaluation import EVAL_RATE
 from mlmlab.masking.strategies import strategy_entry
 from mlmlab.model_folder import VOCAB_HASH_KEY, read_config, saved_weight_shapes
 from mlmlab.train.checkpoint import MODEL_DIR, read_progress
 from mlmlab.utils import jsonio
+from mlmlab.utils.files import building, write_text_atomically
 
 CARD = "README.md"
 
 
 def export_model_folder(
-    checkpoint_dir: Path, out: Path, cfg: Config, evaluation: dict | None, data: dict[str, dict | None]
+    checkpoint_dir: Path,
+    out: Path,
+    cfg: Config,
+    evaluation: dict | None,
+    data: dict[str, dict | None],
+    *,
+    replace: bool = False,
 ) -> Path:
-    """The checkpoint's model/ copied to ``out``, with the model card.
+    """The checkpoint's model/ copied to ``out``, with the model card: staged beside ``out`` and renamed when
+    whole, so a full disk leaves ``out`` as it was (``replace``: an existing ``out`` is replaced, else it must be
+    new or empty).
 
     ``data``: {"train": meta, "valid": meta} of the prepared datasets (None where unknown).
     """
-    shutil.copytree(checkpoint_dir / MODEL_DIR, out, dirs_exist_ok=True)
-    state = read_progress(checkpoint_dir)
-    (out / CARD).write_text(card_text(out, cfg, state, jsonio.finite_or_none(evaluation or {}), data), encoding="utf-8")
+    kept = f"{out} is left as it was and the checkpoint {checkpoint_dir} is intact"
+    with writes_of(f"the model folder {out}", kept), building(out, replace=replace) as staging:
+        shutil.copytree(checkpoint_dir / MODEL_DIR, staging, dirs_exist_ok=True)
+        state = read_progress(checkpoint_dir)
+        card = card_text(staging, cfg, state, jsonio.finite_or_none(evaluation or {}), data)
+        (staging / CARD).write_text(card, encoding="utf-8")
     return out
 
 
@@ -254,7 +267,8 @@ def _value(value) -> str:
 def write_finished_run(run_dir: Path, saved: Path, cfg: Config, summary: dict, train_store, valid_store) -> None:
     """The final model folder (the last checkpoint's, ``saved``, copied with its model card, which describes how
     the two token stores were prepared) and summary.json."""
-    export_model_folder(
-        saved, run_dir / MODEL_DIR, cfg, summary["eval"], {"train": train_store.meta, "valid": valid_store.meta}
-    )
-    (run_dir / "summary.json").write_text(jsonio.dumps(summary, indent=1))
+    data = {"train": train_store.meta, "valid": valid_store.meta}
+    export_model_folder(saved, run_dir / MODEL_DIR, cfg, summary["eval"], data, replace=True)
+    kept = f"its last checkpoint {saved.name} and model/ are intact"
+    with writes_of(f"{run_dir / 'summary.json'}", kept, "rerun the command to write it"):
+        write_text_atomically(run_dir / "summary.json", jsonio.dumps(summary, indent=1))

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TextIO
 
 from mlmlab.errors import UserError
+from mlmlab.utils.jsonio import object_or_none
 
 LOCK_FILE = ".lock"  # a folder's WriterLock
 STAGING_PREFIX = ".tmp-"  # a killed writer leaves ".tmp-<target name>-<host>-<pid>-<random>" behind
@@ -101,6 +102,8 @@ def publish(staging: Path, target: Path, *, replace: bool = False) -> bool:
     try:
         os.rename(staging, target)
     except OSError:
+        if replaced is not None:  # the old one goes back under its name: a failed publish leaves it as it was
+            os.rename(replaced, target)
         if replace or not target.is_dir():
             raise
         shutil.rmtree(staging, ignore_errors=True)
@@ -175,8 +178,11 @@ def replacing(target: Path, text: str) -> Iterator[None]:
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as file:
             file.write(text)
+            file.flush()
+            os.fsync(file.fileno())  # the text reaches the disk before the name does
         yield
         os.replace(staging, target)
+        _sync_folder(target.parent)
     finally:
         Path(staging).unlink(missing_ok=True)
 
@@ -197,8 +203,9 @@ class WriterLock:
 
     The OS releases it when the process dies, however it dies, so a killed writer never
     leaves a folder locked. The file holds the holder's pid and host, for the refusal to
-    name; it stays behind (deleting it would let a second writer lock a new file of the
-    same name while the first still holds the old one).
+    name. ``release`` deletes it while still holding it, so no lock file stays beside an
+    output; a writer that locked the deleted file meanwhile sees that its file is no longer
+    the one under the name, and locks again (only a killed writer leaves its file behind).
     """
 
     def __init__(self, lock_file: Path, what: str, instead: str):
@@ -208,6 +215,7 @@ class WriterLock:
 
     def release(self) -> None:
         if self._handle is not None:
+            self.path.unlink(missing_ok=True)  # before the lock ends: whoever locks next has a file of its own
             self._handle.close()  # closing the descriptor releases the lock
             self._handle = None
 
@@ -219,23 +227,42 @@ class WriterLock:
 
 
 def _locked(path: Path, what: str, instead: str) -> TextIO:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "a+", encoding="utf-8")  # not truncated yet: a refused writer reads the holder in it
-    except OSError as err:
-        raise UserError(f"cannot create the lock file {path} ({err.strerror}); {instead}") from None
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _holder(handle)
-        handle.close()
-        raise UserError(
-            f"{what} is being written by another mlmlab process ({holder}); wait for it to end or stop it, or {instead}"
-        ) from None
+    while True:
+        handle = _lock_file_handle(path, instead)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(handle)
+            handle.close()
+            raise UserError(
+                f"{what} is being written by another mlmlab process ({holder}); wait for it to end or stop it, "
+                f"or {instead}"
+            ) from None
+        if _still_named(handle, path):
+            break
+        handle.close()  # its holder deleted it as it released it, after this process opened it: lock the new one
     handle.truncate(0)  # "a+": the write below lands at the (new) end, the start
     handle.write(f"pid {os.getpid()} on host {socket.gethostname()}\n")
     handle.flush()
     return handle
+
+
+def _lock_file_handle(path: Path, instead: str) -> TextIO:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return open(path, "a+", encoding="utf-8")  # not truncated yet: a refused writer reads the holder in it
+    except OSError as err:
+        raise UserError(f"cannot create the lock file {path} ({err.strerror}); {instead}") from None
+
+
+def _still_named(handle: TextIO, path: Path) -> bool:
+    """Whether ``path`` still names the file ``handle`` has open."""
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(handle.fileno())
+    return (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 def _holder(handle: TextIO) -> str:
@@ -273,3 +300,27 @@ def lock_beside(target: Path, what: str, instead: str) -> WriterLock:
     """A ``WriterLock`` on ``.<name>.lock`` beside ``target``: a file's, or a folder's that holds only its contents."""
     target = Path(target)
     return WriterLock(target.parent / f".{target.name}.lock", what, instead)
+
+
+def refuse_results_of_another_model(folder: Path, results_file: str, model_dir: Path, option: str = "--out") -> None:
+    """Refuse a results folder whose ``results_file`` holds another model's figures, before any work.
+
+    "Another model's": the file's ``model_dir`` names another folder than ``model_dir`` (compared as
+    given and resolved); a file that names none, or is not JSON, belongs to no model this can tell
+    apart and is refused too. The same model's results are replaced by the new ones (a rerun).
+    """
+    path = Path(folder) / results_file
+    if not path.is_file():
+        return
+    try:
+        recorded = object_or_none(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError):
+        recorded = {}
+    other = recorded.get("model_dir")
+    if isinstance(other, str) and (other == str(model_dir) or Path(other).resolve() == Path(model_dir).resolve()):
+        return
+    whose = f"the model {other}" if isinstance(other, str) else "an unknown model"
+    raise UserError(
+        f"{option} {folder} already holds results of {whose} ({results_file}), not of {model_dir}; give {option} "
+        "a new folder, or delete that one to replace its results"
+    )
