@@ -438,9 +438,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a prepared dataset folder, or a corpus to prepare (as prepare's --corpus; WikiText wiki.*.tokens too)",
     )
     add_column_options(p)
-    p.add_argument("--max-seq-length", type=int, default=128, help="when preparing text files")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--max-batches", type=int, default=None)
+    p.add_argument(
+        "--max-seq-length", type=int, default=None, help="when preparing text files (default: the model's run's)"
+    )
+    p.add_argument("--batch-size", type=int, default=None, help="(default: the model's run's train.eval_batch_size)")
+    p.add_argument("--max-batches", type=int, default=None, help="(default: every whole batch of the data)")
     p.add_argument(
         "--freq-buckets",
         default=MaskingConfig.freq_buckets,

@@ -32,6 +32,7 @@ from mlmlab.data.loader import iterate_batches
 from mlmlab.data.resolve import prepare_datasets
 from mlmlab.masking.masker import Masker
 from mlmlab.model import COMPILED_LENGTH_MULTIPLE, IGNORE_INDEX, SparsePretraining
+from mlmlab.model_folder import record_held_out_form
 from mlmlab.train import checkpoint
 from mlmlab.train.checkpointer import Checkpointer, resume_notes
 from mlmlab.train.init import initial_model, resolve_init
@@ -160,6 +161,7 @@ def prepared_model(cfg: Config, tokenizer, accelerator, folder: Path | None) -> 
     """(model, module, optimizer): the model (with the checkpoint's weights when resuming from ``folder``), the
     pretraining module around it and its optimizer, the last two prepared by accelerate."""
     model = initial_model(cfg, tokenizer, resuming=folder is not None, log=partial(say_once, accelerator))
+    record_held_out_form(model.config, cfg)  # every model folder of the run says how its held-out set was measured
     module = SparsePretraining(
         model,
         use_nsp=cfg.data.objective == choices.NSP,
