@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import socket
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 import yaml
 from conftest import ROOT
 from scipy import stats
+from test_hostile_inputs import write_glue_task
 
 from mlmlab.cli import main
 from mlmlab.config import ModelConfig, to_dict
@@ -1187,3 +1189,114 @@ def test_every_input_a_study_names_is_checked_before_its_first_run(tmp_path, mon
         runner.run_study(study, show_progress=False, log=lambda line: None)
     assert "\n" not in str(err.value) and all(word in str(err.value) for word in words), str(err.value)
     assert not (tmp_path / "out" / "results.jsonl").exists() or not (tmp_path / "out" / "results.jsonl").read_text()
+
+
+# ----- a row that lacks a measurement is not finished ---------------------------------------
+@pytest.fixture(scope="module")
+def lacking_glue(tmp_path_factory):
+    """A one-run study (2 steps, a further held-out set, GLUE on a small SST-2 and RTE) whose RTE dev file went
+    missing while it trained: (its folder, the study, what the runner said)."""
+    root = tmp_path_factory.mktemp("lacking")
+    write_glue_task(root / "glue" / "SST-2")
+    (root / "glue" / "RTE").mkdir()
+    pairs = "".join(f"{i}\ta film {i}\tit is {i % 3}\t{'not_' * (i % 2)}entailment\n" for i in range(16))
+    for name in ("train.tsv", "dev.tsv"):
+        (root / "glue" / "RTE" / name).write_text("index\tsentence1\tsentence2\tlabel\n" + pairs)
+    base = {**TINY_BASE, "train": {**TINY_BASE["train"], "max_steps": 2, "eval_every": 0}}
+    study = study_file.load_study(
+        write_study(
+            root,
+            base=base,
+            arms=[DYNAMIC],
+            glue_dir=str(root / "glue"),
+            glue={"tasks": ["SST-2", "RTE"], "epochs": 1, "batch_size": 8},
+            eval_data={"valid-again": str(first_documents(SAMPLE_VALID, 10, root / "valid-again.txt"))},
+        )
+    )
+    train_run, said = runner.train_run, []
+
+    def train_then_lose_the_dev_file(*args, **kwargs):
+        trained = train_run(*args, **kwargs)
+        (root / "glue" / "RTE" / "dev.tsv").rename(root / "dev.tsv")
+        return trained
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runner, "train_run", train_then_lose_the_dev_file)
+        runner.run_study(study, show_progress=False, log=said.append)
+    return root, study, said
+
+
+def no_training(*args, **kwargs):
+    raise AssertionError("a run with a model folder was trained again")
+
+
+def test_a_glue_task_without_its_dev_file_leaves_no_average_and_an_unfinished_row(lacking_glue):
+    """Before, the row recorded the average over the other tasks and counted as finished: a rerun never scored it."""
+    root, study, said = lacking_glue
+    (row,) = runner.finished_rows(root / "out" / "results.jsonl")
+    assert row["glue"]["average"] is None and row["glue"]["missing"] == ["RTE"]
+    assert runner.missing_measurements(row, study) == ["glue"]
+    assert any("lacks glue" in line and "without training" in line for line in said), said
+
+
+def test_a_rerun_measures_what_a_row_lacks_on_its_model_without_training(lacking_glue, tmp_path, monkeypatch):
+    root, study, _ = lacking_glue
+    out = Path(shutil.copytree(root / "out", tmp_path / "out"))
+    glue = Path(shutil.copytree(root / "glue", tmp_path / "glue"))
+    shutil.copy(root / "dev.tsv", glue / "RTE" / "dev.tsv")  # the file is back
+    study = dataclasses.replace(study, out_dir=str(out), glue_dir=str(glue))
+    monkeypatch.setattr(runner, "train_run", no_training)
+    said = []
+    (completed,) = runner.run_study(study, show_progress=False, log=said.append)
+    assert 0 <= completed["glue"]["average"] <= 1 and "missing" not in completed["glue"]
+    assert len((out / "results.jsonl").read_text().splitlines()) == 2  # the first row stays, the later one counts
+    rows, notes = report.load_rows(out / "results.jsonl")
+    assert [row["glue"]["average"] for row in rows] == [completed["glue"]["average"]] and notes == []
+    assert runner.run_study(study, show_progress=False, log=said.append) == []  # now finished
+
+
+def test_a_held_out_set_a_row_recorded_as_skipped_is_measured_on_a_rerun(lacking_glue, tmp_path, monkeypatch):
+    """Rows of older versions recorded a set they could not read as skipped, and counted as finished."""
+    root, study, _ = lacking_glue
+    out = Path(shutil.copytree(root / "out", tmp_path / "out"))
+    (row,) = runner.finished_rows(out / "results.jsonl")
+    runner.append_row(out / "results.jsonl", {**row, "eval_data": {"valid-again": {"skipped": "not found"}}})
+    glue = Path(shutil.copytree(root / "glue", tmp_path / "glue"))
+    shutil.copy(root / "dev.tsv", glue / "RTE" / "dev.tsv")
+    study = dataclasses.replace(study, out_dir=str(out), glue_dir=str(glue))
+    monkeypatch.setattr(runner, "train_run", no_training)
+    (completed,) = runner.run_study(study, show_progress=False, log=lambda line: None)
+    assert completed["eval_data"]["valid-again"]["masked_tokens"] > 0
+    assert completed["eval_data"]["valid-again"]["mlm_loss"] == pytest.approx(
+        row["eval_data"]["valid-again"]["mlm_loss"]
+    )
+
+
+@pytest.mark.parametrize(
+    "names, words",
+    [
+        ({"glue": {"tasks": "all"}}, ["CoLA/train.tsv is missing"]),
+        ({"glue": {"tasks": ["rte"]}}, ["RTE/dev.tsv is missing"]),
+        ({"eval_data": {"empty": "EMPTY"}}, ["eval_data 'empty'", "holds no corpus files"]),
+        ({"eval_data": {"pairs": "PAIRS"}}, ["eval_data 'pairs'", "objective 'nsp'", "data.objective=mlm"]),
+    ],
+)
+def test_every_input_a_study_names_is_checked_as_it_will_be_read(tmp_path, monkeypatch, names, words):
+    """Task names as the glue block accepts them ("all", any case) crashed the check with a KeyError; a held-out
+    folder without text, or prepared as NSP pairs for arms that train on packed blocks, failed after training."""
+    glue_dir = tmp_path / "glue"
+    (glue_dir / "RTE").mkdir(parents=True)
+    (glue_dir / "RTE" / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n")
+    (tmp_path / "empty").mkdir()
+    if names.get("eval_data") == {"pairs": "PAIRS"}:  # the text prepared as NSP pairs, prepare's default
+        few = str(first_documents(SAMPLE_VALID, 10, tmp_path / "few.txt"))
+        vocab = str(SAMPLE_VALID.parent / "vocab.txt")
+        assert main(["prepare", "--corpus", few, "--tokenizer", vocab, "--out", str(tmp_path / "pairs")]) == 0
+    if "eval_data" in names:
+        names = {"eval_data": {name: str(tmp_path / path.lower()) for name, path in names["eval_data"].items()}}
+    base = {**TINY_BASE, "data": {**TINY_BASE["data"], "objective": "mlm"}}
+    study = study_file.load_study(write_study(tmp_path, base=base, glue_dir=str(glue_dir), **names))
+    monkeypatch.setattr(runner, "train_run", no_training)
+    with pytest.raises(UserError) as err:
+        runner.run_study(study, show_progress=False, log=lambda line: None)
+    assert "\n" not in str(err.value) and all(word in str(err.value) for word in words), str(err.value)

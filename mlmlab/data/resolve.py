@@ -14,7 +14,7 @@ from accelerate import PartialState
 
 from mlmlab.config import DataConfig
 from mlmlab.data.build import cache_root, prepare, prepared_hash
-from mlmlab.data.corpus import is_prepared_dataset, refuse_missing_fields
+from mlmlab.data.corpus import is_prepared_dataset, refuse_missing_fields, resolve_paths
 from mlmlab.data.mixture import MixedStore, mixture_hash
 from mlmlab.data.records import Columns
 from mlmlab.data.split import DocumentSplit
@@ -118,6 +118,17 @@ def held_out_store(
             show_progress=show_progress,
         )
     )
+
+
+def check_held_out_data(data: list, objectives: set[str]) -> None:
+    """What held_out_store would refuse of ``data`` for models trained with ``objectives``, found before anything is
+    trained: a missing path, a folder without corpus files, a prepared folder of another objective."""
+    paths = [Path(p) for p in data]
+    if folder := prepared_folder(paths):
+        for objective in sorted(objectives):
+            _require_objective(TokenStore(folder), objective)
+        return
+    resolve_paths(paths)
 
 
 def _require_objective(store: TokenStore, objective: str) -> None:
