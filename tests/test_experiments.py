@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -1300,3 +1301,27 @@ def test_every_input_a_study_names_is_checked_as_it_will_be_read(tmp_path, monke
     with pytest.raises(UserError) as err:
         runner.run_study(study, show_progress=False, log=lambda line: None)
     assert "\n" not in str(err.value) and all(word in str(err.value) for word in words), str(err.value)
+
+
+# ----- reports refuse what does not compare -------------------------------------------------
+def test_an_infinite_loss_is_flagged_and_left_out_not_an_infinite_difference(tmp_path):
+    """Before: "Δ = +inf in each of 2 paired seeds"."""
+    rows = decided_rows("dynamic", [6.0, 6.1, 5.9]) + decided_rows("adm", [5.8, math.inf, 5.7])
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    text = report.write_report(results, tmp_path / "report").read_text()
+    assert not re.search(r"[+-]inf|\binf\b|nan", text.replace(str(tmp_path), "")), text
+    assert "- Warning: **adm seed 1 has non-finite figures** (perplexity" in text
+
+
+def test_an_arm_whose_rows_were_measured_differently_gets_no_call(tmp_path):
+    """Before, an arm whose seeds were measured on other held-out targets was called better, with a star."""
+    arm = decided_rows("adm", [5.5, 5.6, 5.4, 5.55])
+    for row in arm:
+        row["eval"]["masked_tokens"] = 266
+    arm[0]["eval"]["masked_tokens"] = 248  # e.g. another eval_batch_size or held-out text for this seed
+    calls = decision_calls(tmp_path, decided_rows("dynamic", [6.0, 6.1, 5.9, 6.05]) + arm)
+    assert "adm" not in calls
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "**adm: its rows were measured with different held-out settings** (masked tokens 248 vs 266)" in text
+    assert "adm better" not in text and "lower, i.e. better" not in text and "] *" not in text
