@@ -229,6 +229,8 @@ def cmd_study(args) -> None:
 
     if args.time_limit < 0:
         raise UserError(f"--time-limit {args.time_limit:g}: give the minutes the runs may take from now (0: no limit)")
+    if args.time_steps is not None and not args.dry_run:
+        raise UserError(f"--time-steps {args.time_steps} times a dry run's steps; add --dry-run, or leave it out")
     study, shard = load_study(args.study, out_dir=args.out), parse_shard(args.shard)
     only = parse_only(args.only, study)
     if args.dry_run:
@@ -577,7 +579,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--time-steps",
         type=int,
-        default=0,
+        default=None,
         metavar="STEPS",
         help="with --dry-run: also time STEPS training steps of each arm here and extrapolate each run's time",
     )

@@ -1325,3 +1325,19 @@ def test_an_arm_whose_rows_were_measured_differently_gets_no_call(tmp_path):
     text = (tmp_path / "report" / "report.md").read_text()
     assert "**adm: its rows were measured with different held-out settings** (masked tokens 248 vs 266)" in text
     assert "adm better" not in text and "lower, i.e. better" not in text and "] *" not in text
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--dry-run", "--time-steps", "-3"], ["--time-steps -3", "at least 1"]),  # priced the study at 0.00 CPU-hours
+        (["--dry-run", "--time-steps", "0"], ["--time-steps 0", "at least 1"]),  # timed nothing, said nothing
+        (["--time-steps", "2"], ["--time-steps 2", "--dry-run"]),  # trained the whole study instead
+    ],
+)
+def test_time_steps_that_time_nothing_are_refused_in_one_line(tmp_path, capsys, monkeypatch, argv, words):
+    monkeypatch.setattr(runner, "train_run", no_training)
+    assert main(["study", write_study(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mlmlab: error: ") and "\n" not in err and all(word in err for word in words), err
+    assert not (tmp_path / "out").exists()

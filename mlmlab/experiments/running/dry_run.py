@@ -8,6 +8,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from mlmlab.errors import UserError
 from mlmlab.experiments.budget import ASSUMED_MFU, CPU_FLOPS, H100_PEAK_FLOPS, cpu_hours, gpu_hours
 from mlmlab.experiments.results import RESULTS_FILE
 from mlmlab.experiments.running.downstream import Downstream, downstream_work, glue_settings, timed_downstream
@@ -22,12 +23,18 @@ from mlmlab.utils.files import live_holder
 def dry_run_text(
     study: Study,
     shard: tuple[int, int] = (0, 1),
-    timed_steps: int = 0,
+    timed_steps: int | None = None,
     show_progress: bool = False,
     only: tuple[tuple[str, int | None], ...] = (),
 ) -> str:
-    """Every arm's config validated and its estimated cost, GLUE and probes included; with ``timed_steps``, each arm's
-    cost timed here too (``show_progress``: bars on stderr). The runs left: this shard's, of those ``only`` names."""
+    """Every arm's config validated and its estimated cost, GLUE and probes included; with ``timed_steps`` (None: not
+    timed), each arm's cost timed here too (``show_progress``: bars on stderr). The runs left: this shard's, of those
+    ``only`` names."""
+    if timed_steps is not None and timed_steps < 1:  # none timed would price every run at 0 seconds, fewer below 0
+        raise UserError(
+            f"--time-steps {timed_steps}: give the number of training steps to time per arm, at least 1 "
+            "(e.g. --time-steps 5), or leave it out for the FLOP estimate alone"
+        )
     runs = plan_runs(study)
     mine = only_runs(shard_runs(runs, shard, study.gates.arm if study.gates else None), only)
     arm_runs = runs[: len(study.arms)]  # the first seed's runs: one per arm
