@@ -127,6 +127,7 @@ def load_pretrained(folder: Path) -> tuple[PreTrainedModel, object]:
         model = architecture.model_class.from_pretrained(folder)
     except Exception as err:  # transformers raises many types for foreign or corrupt files
         raise UserError(f"cannot load the model in {folder}: {str(err).splitlines()[0]}") from None
+    refuse_missing_tokenizer(folder)
     tokenizer = load_tokenizer(folder)
     check_own_tokenizer(folder, tokenizer)
     return model, tokenizer
@@ -137,6 +138,7 @@ def load_any_tokenizer(folder: Path):
     against the vocabulary the model was trained with; no size checks."""
     from transformers import AutoTokenizer
 
+    refuse_missing_tokenizer(folder)  # else AutoTokenizer may build one from config.json alone: another vocabulary
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as error:
@@ -149,6 +151,20 @@ def saved_held_out_form(folder: Path) -> dict | None:
     """The held-out settings recorded in the folder (held_out_form_of); None for a folder written before they were."""
     recorded = read_config(folder).get(HELD_OUT_FORM_KEY)
     return recorded if isinstance(recorded, dict) else None
+
+
+# Where a saved tokenizer's vocabulary is read from: fast tokenizers, WordPiece, BPE's slow files, SentencePiece
+VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "sentencepiece.bpe.model", "spiece.model")
+
+
+def refuse_missing_tokenizer(folder: Path) -> None:
+    """A model folder without its tokenizer files is refused saying so (not as another vocabulary than its own)."""
+    if not any((Path(folder) / name).is_file() for name in VOCABULARY_FILES):
+        raise UserError(
+            f"{folder} holds no tokenizer files ({', '.join(VOCABULARY_FILES[:3])}, ...): the model's tokenizer was "
+            "not saved or copied with its weights; copy its tokenizer files in from where the model came from (a "
+            "run's model/ folder holds them)"
+        )
 
 
 def saved_token_counts(folder: Path) -> np.ndarray | None:
