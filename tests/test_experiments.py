@@ -23,6 +23,7 @@ from mlmlab.config import ModelConfig, to_dict
 from mlmlab.data.resolve import SAMPLE_VALID
 from mlmlab.errors import UserError
 from mlmlab.experiments import study as study_file
+from mlmlab.experiments.gates import describe, gate_results
 from mlmlab.experiments.reporting import report
 from mlmlab.experiments.reporting.curves import mean_curve, progress_of, steps_to_target
 from mlmlab.experiments.reporting.decision import INCONCLUSIVE, decide
@@ -1341,3 +1342,16 @@ def test_time_steps_that_time_nothing_are_refused_in_one_line(tmp_path, capsys, 
     err = capsys.readouterr().err.strip()
     assert err.startswith("mlmlab: error: ") and "\n" not in err and all(word in err for word in words), err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_dry_run_names_a_row_that_lacks_a_measurement(lacking_glue, capsys):
+    root, study, _ = lacking_glue
+    text = dry_run.dry_run_text(study)
+    assert "0 runs left" not in text and "to measure: dynamic seed 0 lacks glue" in text
+
+
+def test_an_infinite_figure_leaves_a_gate_unmeasured_not_held():
+    """Before, a diverged seed's infinite accuracy-like figure made the mean infinite, and the gate held."""
+    rows = [result_row("a", eval={"mlm_accuracy": 0.3}), result_row("b", seed=1, eval={"mlm_accuracy": math.inf})]
+    (result,) = gate_results({"eval.mlm_accuracy": 0.2}, rows)
+    assert not result["held"] and describe([result]) == "eval.mlm_accuracy not measured"

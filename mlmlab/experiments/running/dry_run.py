@@ -12,7 +12,15 @@ from mlmlab.errors import UserError
 from mlmlab.experiments.budget import ASSUMED_MFU, CPU_FLOPS, H100_PEAK_FLOPS, cpu_hours, gpu_hours
 from mlmlab.experiments.results import RESULTS_FILE
 from mlmlab.experiments.running.downstream import Downstream, downstream_work, glue_settings, timed_downstream
-from mlmlab.experiments.running.runner import Run, finished_rows, only_runs, plan_runs, refuse_incomparable, shard_runs
+from mlmlab.experiments.running.runner import (
+    Run,
+    finished_rows,
+    missing_measurements,
+    only_runs,
+    plan_runs,
+    refuse_incomparable,
+    shard_runs,
+)
 from mlmlab.experiments.running.timing import WARMUP_STEPS, run_minutes, timed_run
 from mlmlab.experiments.study import Study
 from mlmlab.train.checkpoint import complete_checkpoints, step_of
@@ -75,7 +83,17 @@ def dry_run_text(
         "global batch per optimizer step = train.batch_size x train.grad_accum x processes; the table counts "
         "one process, so with N processes divide train.grad_accum by N to keep the batch",
     ]
-    return "\n".join(lines + [f"left: {run.arm.name} seed {run.seed} ({run_state(run)})" for run in left])
+    lacking = [(row, missing_measurements(row, study)) for row in rows if row["key"] in {run.key for run in mine}]
+    return "\n".join(
+        lines
+        + [f"left: {run.arm.name} seed {run.seed} ({run_state(run)})" for run in left]
+        + [
+            f"to measure: {row['arm']} seed {row['seed']} lacks {', '.join(missing)} (measured on its model folder, "
+            "no training)"
+            for row, missing in lacking
+            if missing
+        ]
+    )
 
 
 def downstream_note(study: Study, work: dict[str, Downstream]) -> str:
