@@ -23,8 +23,7 @@ from mlmlab.model_folder import (
     saved_token_counts,
     saved_vocab_hash,
 )
-from mlmlab.train.checkpoint import CONFIG_FILE, MODEL_DIR
-from mlmlab.train.checkpoint import PREFIX as CHECKPOINT_PREFIX
+from mlmlab.train.checkpoint import CONFIG_FILE, MODEL_DIR, PREFIX
 from mlmlab.utils.devices import compute_device
 
 
@@ -114,7 +113,7 @@ def held_out_form(model_dir: Path) -> dict:
 
 def _run_config_of(model_dir: Path) -> Config | None:
     """The config of the run a model folder lies in (a run's model/, a checkpoint's ckpt-*/model/), if readable."""
-    run_dir = model_dir.parent.parent if model_dir.parent.name.startswith(CHECKPOINT_PREFIX) else model_dir.parent
+    run_dir = model_dir.parent.parent if model_dir.parent.name.startswith(PREFIX) else model_dir.parent
     if model_dir.name != MODEL_DIR or not (run_dir / CONFIG_FILE).is_file():
         return None
     try:
