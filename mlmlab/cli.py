@@ -242,6 +242,8 @@ def cmd_study(args) -> None:
     from mlmlab.experiments.running.runner import parse_only, parse_shard, run_study
     from mlmlab.experiments.study import load_study
 
+    if args.time_steps is not None and not args.dry_run:
+        raise UserError(f"--time-steps {args.time_steps} times a dry run's steps; add --dry-run, or leave it out")
     study, shard = load_study(args.study, out_dir=args.out), parse_shard(args.shard)
     only = parse_only(args.only, study)
     if args.dry_run:
@@ -468,11 +470,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-seq-length",
         type=number("--max-seq-length", int, at_least(8), 128),
-        default=128,
-        help="when preparing text files",
+        default=None,
+        help="when preparing text files (default: the model's run's)",
     )
-    p.add_argument("--batch-size", type=number("--batch-size", int, at_least(1), 32), default=32)
-    p.add_argument("--max-batches", type=number("--max-batches", int, at_least(1), 20), default=None)
+    p.add_argument(
+        "--batch-size",
+        type=number("--batch-size", int, at_least(1), 32),
+        default=None,
+        help="(default: the model's run's train.eval_batch_size)",
+    )
+    p.add_argument(
+        "--max-batches",
+        type=number("--max-batches", int, at_least(1), 20),
+        default=None,
+        help="(default: every whole batch of the data)",
+    )
     p.add_argument(
         "--freq-buckets",
         default=MaskingConfig.freq_buckets,
@@ -620,8 +632,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--time-steps",
-        type=number("--time-steps", int, at_least(0), 20),
-        default=0,
+        type=number("--time-steps", int, at_least(1), 20),
+        default=None,
         metavar="STEPS",
         help="with --dry-run: also time STEPS training steps of each arm here and extrapolate each run's time",
     )

@@ -1,7 +1,8 @@
 """A model folder: one trained model as mlmlab writes, checks and loads it.
 
 The format (``save_pretrained``'s, so the Auto classes load it): ``config.json`` with one
-entry of mlmlab's, ``vocab_hash`` (the vocabulary the model was trained with); safetensors
+entries of mlmlab's, ``vocab_hash`` (the vocabulary the model was trained with) and ``held_out_form`` (how its
+run built and measured its held-out set, which ``mlmlab evaluate`` follows); safetensors
 weights; the tokenizer files; ``token_counts.npy`` (the pretraining corpus's token counts,
 which define the frequency buckets of later evaluations); an exported folder adds its model
 card (train/model_card.py). A run's ``model/``, a checkpoint's ``model/`` and ``mlmlab
@@ -18,6 +19,7 @@ from torch import nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
 from mlmlab.architectures import architecture_named, saved_architecture
+from mlmlab.config import Config
 from mlmlab.data.tokenizer import folder_vocab_hash, load_tokenizer, vocab_hash
 from mlmlab.errors import UserError
 from mlmlab.model import load_weights, weight_shapes
@@ -27,6 +29,8 @@ CONFIG_JSON = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKEN_COUNTS_FILE = "token_counts.npy"
 VOCAB_HASH_KEY = "vocab_hash"  # config.json entry: the vocabulary the model was trained with
+# config.json entry: the settings its run's held-out figures were measured under, by config key (held_out_form_of)
+HELD_OUT_FORM_KEY = "held_out_form"
 GIVE_A_MODEL_FOLDER = (
     "give a model folder (config.json + model.safetensors), e.g. a run's model/ or a checkpoint's model/"
 )
@@ -52,6 +56,27 @@ def write_model_folder(
     plain.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     np.save(folder / TOKEN_COUNTS_FILE, token_counts)
+
+
+def held_out_form_of(cfg: Config) -> dict:
+    """The settings that decide a run's held-out figures besides the text: how the text becomes sequences (NSP pairs
+    or packed blocks, their length, the pair sampling) and how they are masked and batched. Recorded in the model
+    folder, so that ``mlmlab evaluate`` of the same text measures the same sequences under the same masks."""
+    return {
+        "data.objective": cfg.data.objective,
+        "data.max_seq_length": cfg.data.max_seq_length,
+        "data.short_seq_prob": cfg.data.short_seq_prob,
+        "data.prepare_seed": cfg.data.prepare_seed,
+        "masking.mask_unk": cfg.masking.mask_unk,
+        "train.eval_batch_size": cfg.train.eval_batch_size,
+        "train.eval_batches": cfg.train.eval_batches,
+    }
+
+
+def record_held_out_form(config: PreTrainedConfig, cfg: Config) -> None:
+    """``config`` (a model's, written into every model folder of its run) records ``held_out_form_of(cfg)``; an
+    --init folder's record is replaced by this run's."""
+    setattr(config, HELD_OUT_FORM_KEY, held_out_form_of(cfg))
 
 
 # ----- reading -----------------------------------------------------------------------------
@@ -102,6 +127,7 @@ def load_pretrained(folder: Path) -> tuple[PreTrainedModel, object]:
         model = architecture.model_class.from_pretrained(folder)
     except Exception as err:  # transformers raises many types for foreign or corrupt files
         raise UserError(f"cannot load the model in {folder}: {str(err).splitlines()[0]}") from None
+    refuse_missing_tokenizer(folder)
     tokenizer = load_tokenizer(folder)
     check_own_tokenizer(folder, tokenizer)
     return model, tokenizer
@@ -112,12 +138,33 @@ def load_any_tokenizer(folder: Path):
     against the vocabulary the model was trained with; no size checks."""
     from transformers import AutoTokenizer
 
+    refuse_missing_tokenizer(folder)  # else AutoTokenizer may build one from config.json alone: another vocabulary
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as error:
         raise UserError(f"{folder}: no usable tokenizer ({error}); save the tokenizer into the model folder") from None
     check_own_tokenizer(folder, tokenizer)
     return tokenizer
+
+
+def saved_held_out_form(folder: Path) -> dict | None:
+    """The held-out settings recorded in the folder (held_out_form_of); None for a folder written before they were."""
+    recorded = read_config(folder).get(HELD_OUT_FORM_KEY)
+    return recorded if isinstance(recorded, dict) else None
+
+
+# Where a saved tokenizer's vocabulary is read from: fast tokenizers, WordPiece, BPE's slow files, SentencePiece
+VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "sentencepiece.bpe.model", "spiece.model")
+
+
+def refuse_missing_tokenizer(folder: Path) -> None:
+    """A model folder without its tokenizer files is refused saying so (not as another vocabulary than its own)."""
+    if not any((Path(folder) / name).is_file() for name in VOCABULARY_FILES):
+        raise UserError(
+            f"{folder} holds no tokenizer files ({', '.join(VOCABULARY_FILES[:3])}, ...): the model's tokenizer was "
+            "not saved or copied with its weights; copy its tokenizer files in from where the model came from (a "
+            "run's model/ folder holds them)"
+        )
 
 
 def saved_token_counts(folder: Path) -> np.ndarray | None:

@@ -6,8 +6,9 @@ import torch
 
 from mlmlab import choices
 from mlmlab.config import Config, MaskingConfig
+from mlmlab.data.build import cache_root
 from mlmlab.data.loader import collate
-from mlmlab.data.resolve import tokenizer_dir_for
+from mlmlab.data.resolve import SAMPLE_VALID, dataset_hashes, tokenizer_dir_for
 from mlmlab.data.store import TokenStore
 from mlmlab.data.tokenizer import load_tokenizer, vocab_hash
 from mlmlab.errors import UserError
@@ -152,8 +153,6 @@ def _mask_table(tok, ids, masked, weights, title: str) -> str:
 
 def pretrain_summary(summary: dict, cfg: Config) -> str:
     """What ``pretrain`` prints at the end: where the model is, what it cost, how good it is, what to try next."""
-    from mlmlab.data.resolve import SAMPLE_VALID
-
     model = f"{summary['run_dir']}/model"
     held_out = summary.get("eval") or {}
     lines = [
@@ -169,19 +168,27 @@ def pretrain_summary(summary: dict, cfg: Config) -> str:
             + (f", NSP accuracy {nsp:.4f}" if nsp is not None else "")
             + f" ({held_out['masked_tokens']:,} masked tokens, fixed masks)"
         )
-    valid = " ".join(shlex.quote(p) for p in cfg.data.valid_corpus) or shlex.quote(str(SAMPLE_VALID))
+    valid = " ".join(shlex.quote(p) for p in _held_out_data(cfg))
     fill = (
         f"\"from transformers import pipeline; print(pipeline('fill-mask', model={model!r})"
         f"('The capital of France is {_mask_token(model)}.'))\""
     )  # double quotes outside: pastes into any shell
     lines += [
         "next:",
-        f"  mlmlab evaluate --model {shlex.quote(model)} --data {valid}",
+        f"  mlmlab evaluate --model {shlex.quote(model)} --data {valid} --max-batches {cfg.train.eval_batches}",
         f"  mlmlab glue --model {shlex.quote(model)} --task RTE MRPC --data-dir GLUE_DIR",
         f"  python -c {fill}",
         "(--json: this summary as JSON)",
     ]
     return "\n".join(lines)
+
+
+def _held_out_data(cfg: Config) -> list[str]:
+    """What the run's held-out figures were measured on, as evaluate's --data: the held-out text; with
+    data.valid_fraction (documents held out of the training text), the prepared folder of them."""
+    if cfg.data.valid_fraction:
+        return [str(cache_root() / dataset_hashes(cfg.data, cfg.train.init)["valid"])]
+    return list(cfg.data.valid_corpus) or [str(SAMPLE_VALID)]
 
 
 def _mask_token(model: str) -> str:

@@ -6,6 +6,8 @@ import hashlib
 import json
 import math
 import os
+import re
+import shutil
 import socket
 from pathlib import Path
 
@@ -14,12 +16,14 @@ import pytest
 import yaml
 from conftest import ROOT
 from scipy import stats
+from test_hostile_inputs import write_glue_task
 
 from mlmlab.cli import main
 from mlmlab.config import ModelConfig, to_dict
 from mlmlab.data.resolve import SAMPLE_VALID
 from mlmlab.errors import UserError
 from mlmlab.experiments import study as study_file
+from mlmlab.experiments.gates import describe, gate_results
 from mlmlab.experiments.reporting import report
 from mlmlab.experiments.reporting.curves import mean_curve, progress_of, steps_to_target
 from mlmlab.experiments.reporting.decision import INCONCLUSIVE, decide
@@ -1187,3 +1191,167 @@ def test_every_input_a_study_names_is_checked_before_its_first_run(tmp_path, mon
         runner.run_study(study, show_progress=False, log=lambda line: None)
     assert "\n" not in str(err.value) and all(word in str(err.value) for word in words), str(err.value)
     assert not (tmp_path / "out" / "results.jsonl").exists() or not (tmp_path / "out" / "results.jsonl").read_text()
+
+
+# ----- a row that lacks a measurement is not finished ---------------------------------------
+@pytest.fixture(scope="module")
+def lacking_glue(tmp_path_factory):
+    """A one-run study (2 steps, a further held-out set, GLUE on a small SST-2 and RTE) whose RTE dev file went
+    missing while it trained: (its folder, the study, what the runner said)."""
+    root = tmp_path_factory.mktemp("lacking")
+    write_glue_task(root / "glue" / "SST-2")
+    (root / "glue" / "RTE").mkdir()
+    pairs = "".join(f"{i}\ta film {i}\tit is {i % 3}\t{'not_' * (i % 2)}entailment\n" for i in range(16))
+    for name in ("train.tsv", "dev.tsv"):
+        (root / "glue" / "RTE" / name).write_text("index\tsentence1\tsentence2\tlabel\n" + pairs)
+    base = {**TINY_BASE, "train": {**TINY_BASE["train"], "max_steps": 2, "eval_every": 0}}
+    study = study_file.load_study(
+        write_study(
+            root,
+            base=base,
+            arms=[DYNAMIC],
+            glue_dir=str(root / "glue"),
+            glue={"tasks": ["SST-2", "RTE"], "epochs": 1, "batch_size": 8},
+            eval_data={"valid-again": str(first_documents(SAMPLE_VALID, 10, root / "valid-again.txt"))},
+        )
+    )
+    train_run, said = runner.train_run, []
+
+    def train_then_lose_the_dev_file(*args, **kwargs):
+        trained = train_run(*args, **kwargs)
+        (root / "glue" / "RTE" / "dev.tsv").rename(root / "dev.tsv")
+        return trained
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runner, "train_run", train_then_lose_the_dev_file)
+        runner.run_study(study, show_progress=False, log=said.append)
+    return root, study, said
+
+
+def no_training(*args, **kwargs):
+    raise AssertionError("a run with a model folder was trained again")
+
+
+def test_a_glue_task_without_its_dev_file_leaves_no_average_and_an_unfinished_row(lacking_glue):
+    """Before, the row recorded the average over the other tasks and counted as finished: a rerun never scored it."""
+    root, study, said = lacking_glue
+    (row,) = runner.finished_rows(root / "out" / "results.jsonl")
+    assert row["glue"]["average"] is None and row["glue"]["missing"] == ["RTE"]
+    assert runner.missing_measurements(row, study) == ["glue"]
+    assert any("lacks glue" in line and "without training" in line for line in said), said
+
+
+def test_a_rerun_measures_what_a_row_lacks_on_its_model_without_training(lacking_glue, tmp_path, monkeypatch):
+    root, study, _ = lacking_glue
+    out = Path(shutil.copytree(root / "out", tmp_path / "out"))
+    glue = Path(shutil.copytree(root / "glue", tmp_path / "glue"))
+    shutil.copy(root / "dev.tsv", glue / "RTE" / "dev.tsv")  # the file is back
+    study = dataclasses.replace(study, out_dir=str(out), glue_dir=str(glue))
+    monkeypatch.setattr(runner, "train_run", no_training)
+    said = []
+    (completed,) = runner.run_study(study, show_progress=False, log=said.append)
+    assert 0 <= completed["glue"]["average"] <= 1 and "missing" not in completed["glue"]
+    assert len((out / "results.jsonl").read_text().splitlines()) == 2  # the first row stays, the later one counts
+    rows, notes = report.load_rows(out / "results.jsonl")
+    assert [row["glue"]["average"] for row in rows] == [completed["glue"]["average"]] and notes == []
+    assert runner.run_study(study, show_progress=False, log=said.append) == []  # now finished
+
+
+def test_a_held_out_set_a_row_recorded_as_skipped_is_measured_on_a_rerun(lacking_glue, tmp_path, monkeypatch):
+    """Rows of older versions recorded a set they could not read as skipped, and counted as finished."""
+    root, study, _ = lacking_glue
+    out = Path(shutil.copytree(root / "out", tmp_path / "out"))
+    (row,) = runner.finished_rows(out / "results.jsonl")
+    runner.append_row(out / "results.jsonl", {**row, "eval_data": {"valid-again": {"skipped": "not found"}}})
+    glue = Path(shutil.copytree(root / "glue", tmp_path / "glue"))
+    shutil.copy(root / "dev.tsv", glue / "RTE" / "dev.tsv")
+    study = dataclasses.replace(study, out_dir=str(out), glue_dir=str(glue))
+    monkeypatch.setattr(runner, "train_run", no_training)
+    (completed,) = runner.run_study(study, show_progress=False, log=lambda line: None)
+    assert completed["eval_data"]["valid-again"]["masked_tokens"] > 0
+    assert completed["eval_data"]["valid-again"]["mlm_loss"] == pytest.approx(
+        row["eval_data"]["valid-again"]["mlm_loss"]
+    )
+
+
+@pytest.mark.parametrize(
+    "names, words",
+    [
+        ({"glue": {"tasks": "all"}}, ["CoLA/train.tsv is missing"]),
+        ({"glue": {"tasks": ["rte"]}}, ["RTE/dev.tsv is missing"]),
+        ({"eval_data": {"empty": "EMPTY"}}, ["eval_data 'empty'", "holds no corpus files"]),
+        ({"eval_data": {"pairs": "PAIRS"}}, ["eval_data 'pairs'", "objective 'nsp'", "data.objective=mlm"]),
+    ],
+)
+def test_every_input_a_study_names_is_checked_as_it_will_be_read(tmp_path, monkeypatch, names, words):
+    """Task names as the glue block accepts them ("all", any case) crashed the check with a KeyError; a held-out
+    folder without text, or prepared as NSP pairs for arms that train on packed blocks, failed after training."""
+    glue_dir = tmp_path / "glue"
+    (glue_dir / "RTE").mkdir(parents=True)
+    (glue_dir / "RTE" / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n")
+    (tmp_path / "empty").mkdir()
+    if names.get("eval_data") == {"pairs": "PAIRS"}:  # the text prepared as NSP pairs, prepare's default
+        few = str(first_documents(SAMPLE_VALID, 10, tmp_path / "few.txt"))
+        vocab = str(SAMPLE_VALID.parent / "vocab.txt")
+        assert main(["prepare", "--corpus", few, "--tokenizer", vocab, "--out", str(tmp_path / "pairs")]) == 0
+    if "eval_data" in names:
+        names = {"eval_data": {name: str(tmp_path / path.lower()) for name, path in names["eval_data"].items()}}
+    base = {**TINY_BASE, "data": {**TINY_BASE["data"], "objective": "mlm"}}
+    study = study_file.load_study(write_study(tmp_path, base=base, glue_dir=str(glue_dir), **names))
+    monkeypatch.setattr(runner, "train_run", no_training)
+    with pytest.raises(UserError) as err:
+        runner.run_study(study, show_progress=False, log=lambda line: None)
+    assert "\n" not in str(err.value) and all(word in str(err.value) for word in words), str(err.value)
+
+
+# ----- reports refuse what does not compare -------------------------------------------------
+def test_an_infinite_loss_is_flagged_and_left_out_not_an_infinite_difference(tmp_path):
+    """Before: "Δ = +inf in each of 2 paired seeds"."""
+    rows = decided_rows("dynamic", [6.0, 6.1, 5.9]) + decided_rows("adm", [5.8, math.inf, 5.7])
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    text = report.write_report(results, tmp_path / "report").read_text()
+    assert not re.search(r"[+-]inf|\binf\b|nan", text.replace(str(tmp_path), "")), text
+    assert "- Warning: **adm seed 1 has non-finite figures** (perplexity" in text
+
+
+def test_an_arm_whose_rows_were_measured_differently_gets_no_call(tmp_path):
+    """Before, an arm whose seeds were measured on other held-out targets was called better, with a star."""
+    arm = decided_rows("adm", [5.5, 5.6, 5.4, 5.55])
+    for row in arm:
+        row["eval"]["masked_tokens"] = 266
+    arm[0]["eval"]["masked_tokens"] = 248  # e.g. another eval_batch_size or held-out text for this seed
+    calls = decision_calls(tmp_path, decided_rows("dynamic", [6.0, 6.1, 5.9, 6.05]) + arm)
+    assert "adm" not in calls
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "**adm: its rows were measured with different held-out settings** (masked tokens 248 vs 266)" in text
+    assert "adm better" not in text and "lower, i.e. better" not in text and "] *" not in text
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--dry-run", "--time-steps", "-3"], ["--time-steps=-3", "at least 1"]),  # priced the study at 0.00 CPU-hours
+        (["--dry-run", "--time-steps", "0"], ["--time-steps=0", "at least 1"]),  # timed nothing, said nothing
+        (["--time-steps", "2"], ["--time-steps 2", "--dry-run"]),  # trained the whole study instead
+    ],
+)
+def test_time_steps_that_time_nothing_are_refused_in_one_line(tmp_path, capsys, monkeypatch, argv, words):
+    monkeypatch.setattr(runner, "train_run", no_training)
+    assert main(["study", write_study(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mlmlab: error: ") and "\n" not in err and all(word in err for word in words), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_dry_run_names_a_row_that_lacks_a_measurement(lacking_glue, capsys):
+    root, study, _ = lacking_glue
+    text = dry_run.dry_run_text(study)
+    assert "0 runs left" not in text and "to measure: dynamic seed 0 lacks glue" in text
+
+
+def test_an_infinite_figure_leaves_a_gate_unmeasured_not_held():
+    """Before, a diverged seed's infinite accuracy-like figure made the mean infinite, and the gate held."""
+    rows = [result_row("a", eval={"mlm_accuracy": 0.3}), result_row("b", seed=1, eval={"mlm_accuracy": math.inf})]
+    (result,) = gate_results({"eval.mlm_accuracy": 0.2}, rows)
+    assert not result["held"] and describe([result]) == "eval.mlm_accuracy not measured"

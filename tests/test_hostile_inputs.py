@@ -15,6 +15,7 @@ import errno
 import gzip
 import hashlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -25,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import SAMPLE
+from safetensors.torch import load_file, save_file
 
 from mlmlab.cli import main
 from mlmlab.config import load_config
@@ -276,6 +279,19 @@ def shard_with_an_id_beyond_the_vocabulary(w: World, tmp: Path) -> Path:
     ids[5] = 40_000  # the vocabulary has 30,522 ids
     np.save(data / "shard_00000" / "input_ids.npy", ids)
     return data
+
+
+def drop_tokenizer(model: Path) -> None:
+    for path in model.iterdir():
+        if path.name.startswith(("tokenizer", "vocab", "special_tokens")):
+            path.unlink()
+
+
+def infinite_embeddings(model: Path) -> None:
+    weights = load_file(model / "model.safetensors")
+    name = next(name for name in weights if "word_embeddings" in name)
+    weights[name] = torch.full_like(weights[name], math.inf)
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
 
 
 def swap_tokenizer(w: World) -> Callable[[Path], None]:
@@ -589,6 +605,49 @@ CASES = [
         "GLUE: model folder with another tokenizer",
         lambda w, t: glue_argv(model_with(w, t, swap_tokenizer(w)), w.glue),
         ("not the vocabulary the model was trained with",),
+    ),
+    # Messages that misled: each says what is true and what to do.
+    Case(
+        "evaluate: model folder without its tokenizer files",
+        lambda w, t: ["evaluate", "--model", str(model_with(w, t, drop_tokenizer)), "--data", str(w.data)],
+        ("holds no tokenizer files", "copy"),
+    ),
+    Case(
+        "GLUE: model folder without its tokenizer files",
+        lambda w, t: glue_argv(model_with(w, t, drop_tokenizer), copy_of(w.glue, t)),
+        ("holds no tokenizer files",),
+    ),
+    Case(
+        "probe: model folder without its tokenizer files",
+        lambda w, t: [
+            "probe",
+            "--model",
+            str(model_with(w, t, drop_tokenizer)),
+            "--task",
+            "SST-2",
+            "--data-dir",
+            str(w.glue),
+            "--out",
+            str(t / "probe"),
+        ],
+        ("holds no tokenizer files",),
+    ),
+    Case(
+        "GLUE: --test-predictions without a test file",
+        lambda w, t: [*glue_argv(w.model, copy_of(w.glue, t)), "--test-predictions"],
+        ("--test-predictions", "SST-2/test.tsv is missing", "leave --test-predictions out"),
+    ),
+    Case(
+        "every loss non-finite from the first step (train.init's weights overflow)",
+        lambda w, t: pretrain_argv(
+            t / "r", "--init", str(model_with(w, t, infinite_embeddings)), "train.max_bad_steps=2"
+        ),
+        ("before any update", "train.lr is not the cause", "holds no checkpoint"),
+    ),
+    Case(
+        "a learning rate that diverges after a checkpoint",
+        lambda w, t: pretrain_argv(t / "r", "train.lr=1e30", "train.warmup_steps=0", "train.max_bad_steps=2"),
+        ("lower train.lr", "its checkpoints are kept, the newest", "ckpt-00000002"),
     ),
     Case(
         "GLUE: infinite learning rate",

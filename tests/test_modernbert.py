@@ -260,6 +260,36 @@ def test_the_exported_folder_loads_with_the_auto_classes_and_fill_mask(source):
     assert "batch warmup: 1 micro-batch(es) a step growing to 2 over 2 steps" in card
 
 
+def test_evaluate_of_its_model_on_its_held_out_text_is_the_runs_own_figure(source, tmp_path, capsys):
+    # The packed blocks the run validated on, not NSP pairs of the same text (another figure, fewer targets).
+    argv = ["evaluate", "--model", str(source / "model"), "--data", str(CORPUS), "--max-batches", "2"]
+    assert main([*argv, "--json", str(tmp_path / "eval.json")]) == 0
+    report, own = json.loads((tmp_path / "eval.json").read_text()), json.loads((source / "summary.json").read_text())
+    assert report["objective"] == choices.MLM and report["masked_tokens"] == own["eval"]["masked_tokens"]
+    assert report["mlm_loss"] == pytest.approx(own["eval"]["mlm_loss"], abs=1e-4)
+    capsys.readouterr()
+
+
+def test_init_from_it_under_nsp_names_train_init_and_the_remedy_it_suggests_trains(source, tmp_path, capsys):
+    """Before: "set data.objective=mlm, or model.architecture=bert", without naming train.init; the second is refused
+    next (the folder's architecture is taken)."""
+    argv = [
+        "pretrain",
+        "--no-progress",
+        "--init",
+        str(source / "model"),
+        *COMMON,
+        "train.max_steps=1",
+        "train.warmup_steps=0",
+    ]
+    capsys.readouterr()
+    assert main([*argv, f"train.out_dir={tmp_path / 'nsp'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"train.init={source / 'model'} is a ModernBERT model" in err and "model.architecture" not in err, err
+    remedy = err.split("; set ")[1].split(" ")[0]
+    assert main([*argv, remedy, f"train.out_dir={tmp_path / 'mlm'}"]) == 0
+
+
 def test_export_evaluate_glue_and_probes_work_on_it(source, tmp_path, capsys):
     assert main(["export", str(source / "ckpt-00000002"), "--out", str(tmp_path / "step2")]) == 0
     assert AutoModelForMaskedLM.from_pretrained(tmp_path / "step2").config.model_type == choices.MODERNBERT

@@ -9,6 +9,7 @@ metrics.jsonl, two runs mixed in one folder, a line dropped unseen, an evaluatio
 import hashlib
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -451,3 +452,50 @@ def test_a_real_full_disk_is_one_line_keeps_what_was_written_and_the_rerun_finis
         assert "ckpt-00000004 is kept intact" in refusal and checkpoint.latest(run).name == "ckpt-00000004"
     filler.unlink()  # space freed: the same command finishes
     assert main(argv) == 0
+
+
+# ----- mlmlab evaluate measures what the run measured ---------------------------------------
+@pytest.fixture(scope="module")
+def bert_mlm_run(tmp_path_factory) -> tuple[Path, str]:
+    """A BERT trained 2 steps on packed blocks (data.objective=mlm) of 64 tokens: its run folder, and the
+    "mlmlab evaluate" line of what pretrain printed next."""
+    run = tmp_path_factory.mktemp("bert-mlm") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        printed = []
+        patch.setattr("builtins.print", lambda *args, **kwargs: printed.append(" ".join(map(str, args))))
+        assert main(pretrain_argv(run, "data.objective=mlm", "data.max_seq_length=64", "train.max_steps=2")) == 0
+    hint = next(line.strip() for text in printed for line in text.splitlines() if "mlmlab evaluate" in line)
+    return run, hint
+
+
+def evaluated(argv: list[str], out: Path) -> dict:
+    assert main([*argv, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_the_evaluate_command_pretrain_suggests_gives_the_runs_own_held_out_figure(bert_mlm_run, tmp_path):
+    """Before, it prepared NSP pairs of 128 tokens from the text: another figure over other targets."""
+    run, hint = bert_mlm_run
+    report = evaluated(shlex.split(hint)[1:], tmp_path / "eval.json")
+    own = json.loads((run / "summary.json").read_text())["eval"]
+    assert report["objective"] == "mlm" and report["masked_tokens"] == own["masked_tokens"]
+    assert report["mlm_loss"] == pytest.approx(own["mlm_loss"], abs=1e-4)
+
+
+def test_a_model_folder_that_predates_the_record_follows_its_runs_config(bert_mlm_run, tmp_path):
+    run = copy_of(bert_mlm_run[0], tmp_path)
+    config = json.loads((run / "model" / "config.json").read_text())
+    del config["held_out_form"]
+    (run / "model" / "config.json").write_text(json.dumps(config))
+    argv = ["evaluate", "--model", str(run / "model"), "--data", str(SAMPLE / "valid.txt.gz"), "--max-batches", "2"]
+    report = evaluated(argv, tmp_path / "eval.json")
+    own = json.loads((run / "summary.json").read_text())["eval"]
+    assert report["mlm_loss"] == pytest.approx(own["mlm_loss"], abs=1e-4)
+
+
+def test_evaluate_refuses_a_prepared_folder_of_the_other_objective(world, bert_mlm_run, capsys):
+    """world.data holds NSP pairs; the model trained on packed blocks. Before, it was measured on them unsaid."""
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(bert_mlm_run[0] / "model"), "--data", str(world.data)]) == 2
+    err = one_error_line(capsys.readouterr().err)
+    assert "objective 'nsp'" in err and "data.objective=mlm" in err

@@ -14,7 +14,7 @@ from accelerate import PartialState
 
 from mlmlab.config import DataConfig
 from mlmlab.data.build import cache_root, prepare, prepared_hash
-from mlmlab.data.corpus import is_prepared_dataset, refuse_missing_fields
+from mlmlab.data.corpus import is_prepared_dataset, refuse_missing_fields, resolve_paths
 from mlmlab.data.mixture import MixedStore, mixture_hash
 from mlmlab.data.records import Columns
 from mlmlab.data.split import DocumentSplit
@@ -87,12 +87,17 @@ def _copy_files(files: list[Path], folder: Path) -> None:
 
 
 def held_out_store(
-    data: list[str], model_dir: Path, max_seq_length: int, columns: Columns = Columns(), show_progress: bool = False
+    data: list[str], model_dir: Path, form: dict, columns: Columns = Columns(), show_progress: bool = False
 ) -> TokenStore:
-    """A prepared dataset folder as is; a corpus (WikiText detokenised first) prepared with the model's tokenizer."""
+    """A prepared dataset folder as is; a corpus (WikiText detokenised first) prepared with the model's tokenizer.
+
+    ``form``: the data.* settings (keys as model_folder.held_out_form_of has them) the text becomes sequences by: the
+    model's own objective (NSP pairs or packed blocks), length and pair sampling."""
     paths = [Path(p) for p in data]
     if folder := prepared_folder(paths):
-        return TokenStore(folder)
+        store = TokenStore(folder)
+        _require_objective(store, form["data.objective"])
+        return store
     wikitext = [path for path in paths if is_wikitext(path) and path.is_file()]
     corpus = [
         write_plain(path, cache_root().parent / "wikitext" / f"{path.stem}-{file_sha256(path)[:16]}.txt")
@@ -104,12 +109,38 @@ def held_out_store(
         prepare(
             corpus,
             tokenizer_dir=standalone_tokenizer(model_dir),
-            max_seq_length=max_seq_length,
+            max_seq_length=form["data.max_seq_length"],
+            objective=form["data.objective"],
+            short_seq_prob=form["data.short_seq_prob"],
+            seed=form["data.prepare_seed"],
             columns=columns,
             unk_marker=UNK_MARKER if wikitext else "",
             show_progress=show_progress,
         )
     )
+
+
+def check_held_out_data(data: list, objectives: set[str]) -> None:
+    """What held_out_store would refuse of ``data`` for models trained with ``objectives``, found before anything is
+    trained: a missing path, a folder without corpus files, a prepared folder of another objective."""
+    paths = [Path(p) for p in data]
+    if folder := prepared_folder(paths):
+        for objective in sorted(objectives):
+            _require_objective(TokenStore(folder), objective)
+        return
+    resolve_paths(paths)
+
+
+def _require_objective(store: TokenStore, objective: str) -> None:
+    """A prepared folder of the other sequence form (NSP pairs for a model trained on packed blocks, or the reverse)
+    would be measured on inputs the model never saw: refused."""
+    built = store.meta["config"]["objective"]
+    if built != objective:
+        raise UserError(
+            f"{store.path} was prepared with objective {built!r}, but the model was trained with "
+            f"data.objective={objective}; give the text itself (it is prepared as the model was trained), or a "
+            f"folder prepared with --objective {objective}"
+        )
 
 
 def prepared_folder(corpus: list) -> Path | None:

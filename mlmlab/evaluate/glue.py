@@ -79,6 +79,8 @@ def run_glue(
     check_arguments(model_dir, data_dir, init)
     per_task = settings.per_task()
     refuse_all_missing(list(per_task), data_dir)
+    if write_test_predictions:
+        refuse_missing_tests(list(per_task), data_dir)
     context = RunContext(
         model_dir,
         load_any_tokenizer(model_dir),
@@ -142,6 +144,21 @@ def refuse_all_missing(names: list[str], data_dir: Path) -> None:
             f"none of the requested GLUE tasks has its files in {data_dir} (e.g. {first} is missing); "
             "pass the glue_data folder holding CoLA/, SST-2/, ... as --data-dir"
         )
+
+
+def refuse_missing_tests(names: list[str], data_dir: Path) -> None:
+    """--test-predictions writes a submission file per test file: a task that runs without one would write none
+    unsaid. (A task without its train or dev files is skipped and reported anyway.)"""
+    for name in names:
+        task = TASKS[name]
+        if missing_files(task, data_dir):
+            continue
+        absent = [f"{name}/{file}" for file in task.test_files if not (data_dir / name / file).is_file()]
+        if absent:
+            raise UserError(
+                f"--test-predictions: {data_dir / absent[0]} is missing, so no submission file could be written for "
+                f"{name}; put GLUE's test files beside its train.tsv and dev.tsv, or leave --test-predictions out"
+            )
 
 
 # ---------------------------------------------------------------- one task

@@ -6,14 +6,24 @@ loads the model folder and the data, checks that they belong together, and puts 
 
 from pathlib import Path
 
-from mlmlab.architectures import token_positions
+from mlmlab import choices
+from mlmlab.architectures import saved_architecture, token_positions
+from mlmlab.config import Config, from_dict, read_yaml
 from mlmlab.data.records import Columns
 from mlmlab.data.resolve import held_out_store, require_vocab
 from mlmlab.errors import UserError
 from mlmlab.evaluate.perplexity import DEFAULT_BUCKETS, evaluate_mlm
 from mlmlab.evaluate.recalibrate import recalibrated_loss
 from mlmlab.masking.select import token_info_for
-from mlmlab.model_folder import load_pretrained, saved_token_counts, saved_vocab_hash
+from mlmlab.model_folder import (
+    held_out_form_of,
+    load_pretrained,
+    read_config,
+    saved_held_out_form,
+    saved_token_counts,
+    saved_vocab_hash,
+)
+from mlmlab.train.checkpoint import CONFIG_FILE, MODEL_DIR, PREFIX
 from mlmlab.utils.devices import compute_device
 
 
@@ -21,9 +31,9 @@ def evaluate_model(
     model_dir,
     data,
     *,
-    batch_size: int = 32,
+    batch_size: int | None = None,
     max_batches: int | None = None,
-    max_seq_length: int = 128,
+    max_seq_length: int | None = None,
     freq_cuts: tuple[int, ...] = DEFAULT_BUCKETS,
     columns: Columns = Columns(),
     recalibrate: bool = False,
@@ -32,14 +42,21 @@ def evaluate_model(
     """``mlmlab evaluate``: perplexity per frequency bucket + NSP accuracy on held-out data.
 
     ``data``: a prepared dataset folder, or a corpus (files, folders, tables; WikiText
-    ``*.tokens`` included) that is prepared here with the model's own tokenizer.
+    ``*.tokens`` included) that is prepared here with the model's own tokenizer, into the sequences the model
+    trained on (its objective's NSP pairs or packed blocks). ``batch_size`` and ``max_seq_length``: None, the run's
+    own (held_out_form); with them and the run's eval_batches as ``max_batches``, the run's held-out text gives the
+    run's own held-out figures.
     ``recalibrate``: also the prior-free loss (recalibrate.py) as report["recalibrated"]. ``show_progress``:
     bars on stderr (preparing, evaluating).
     """
     model_dir = Path(model_dir)
     bert, tokenizer = load_pretrained(model_dir)
+    form = held_out_form(model_dir)
+    if max_seq_length is not None:
+        form["data.max_seq_length"] = max_seq_length
+    batch_size = batch_size or form["train.eval_batch_size"]
     store = held_out_store(
-        [data] if isinstance(data, (str, Path)) else list(data), model_dir, max_seq_length, columns, show_progress
+        [data] if isinstance(data, (str, Path)) else list(data), model_dir, form, columns, show_progress
     )
     require_vocab(store, saved_vocab_hash(model_dir), f"the model's ({model_dir})")
     positions = token_positions(bert.config.to_dict())
@@ -54,7 +71,7 @@ def evaluate_model(
     report = evaluate_mlm(
         bert.to(device),
         store,
-        token_info_for(tokenizer),
+        token_info_for(tokenizer, form["masking.mask_unk"]),
         batch_size=batch_size,
         max_batches=max_batches,
         device=device,
@@ -66,7 +83,7 @@ def evaluate_model(
         report["recalibrated"] = recalibrated_loss(
             bert,
             store,
-            token_info_for(tokenizer),
+            token_info_for(tokenizer, form["masking.mask_unk"]),
             batch_size=batch_size,
             max_batches=max_batches,
             token_counts=counts,
@@ -74,9 +91,35 @@ def evaluate_model(
             freq_cuts=freq_cuts,
             show_progress=show_progress,
         )
+    report["objective"] = form["data.objective"]  # NSP pairs or packed blocks: what the figures are of
     report["frequency_source"] = "evaluated data" if pretraining_counts is None else "pretraining corpus"
     report["dataset"] = store.meta["hash"][:16]  # what was evaluated: rows made before a data fix differ here
     return report
+
+
+def held_out_form(model_dir: Path) -> dict:
+    """How the model's run built and measured its held-out set (model_folder.held_out_form_of): recorded in the
+    folder; for a folder written before that, its run's config.yaml (a run's model/ or a checkpoint's); else the
+    defaults, with the objective the architecture trains (MLM only without an NSP head)."""
+    recorded = saved_held_out_form(model_dir)
+    if recorded is not None:
+        return {**held_out_form_of(Config()), **recorded}
+    run_config = _run_config_of(model_dir)
+    if run_config is not None:
+        return held_out_form_of(run_config)
+    has_nsp = saved_architecture(read_config(model_dir)).has_nsp
+    return held_out_form_of(from_dict({"data": {"objective": choices.NSP if has_nsp else choices.MLM}}))
+
+
+def _run_config_of(model_dir: Path) -> Config | None:
+    """The config of the run a model folder lies in (a run's model/, a checkpoint's ckpt-*/model/), if readable."""
+    run_dir = model_dir.parent.parent if model_dir.parent.name.startswith(PREFIX) else model_dir.parent
+    if model_dir.name != MODEL_DIR or not (run_dir / CONFIG_FILE).is_file():
+        return None
+    try:
+        return from_dict(read_yaml(str(run_dir / CONFIG_FILE)))
+    except UserError:  # a config this version of mlmlab no longer reads: the architecture's defaults
+        return None
 
 
 def format_eval_table(report: dict, prefix: str = "") -> str:

@@ -25,7 +25,8 @@ def gate_results(minimum: dict, rows: list[dict]) -> list[dict]:
     results = []
     for path, least in minimum.items():
         values = [row_value(row, path) for row in rows]
-        mean = float(np.mean(values)) if values else math.nan
+        # A missing (NaN) or infinite value (a diverged run) leaves the gate unmeasured: an infinite mean would hold.
+        mean = float(np.mean(values)) if values and all(map(math.isfinite, values)) else math.nan
         results.append({"path": path, "mean": mean, "least": least, "held": mean >= least})
     return results
 

@@ -15,16 +15,19 @@ ROW_FIELDS = ("key", "arm", "seed", "eval")  # every row the runner writes has t
 
 
 def read_rows(results: Path) -> tuple[list[dict], list[int]]:
-    """The complete rows in file order (none when the file does not exist), and the numbers of the lines ignored."""
+    """The complete rows in file order (none when the file does not exist), and the numbers of the lines ignored.
+
+    A run has one row: a later row of the same key (the runner's completion of a row that lacked a measurement)
+    replaces the earlier one, where the earlier one stood."""
     if not results.is_file():
         return [], []
-    rows, ignored = [], []
+    rows, ignored = {}, []
     for number, row in json_lines(results.read_text(encoding="utf-8", errors="replace")):
         if is_complete(row):
-            rows.append(row)
+            rows[row["key"]] = row  # a dict keeps the first position of a key and the last value
         else:
             ignored.append(number)
-    return rows, ignored
+    return list(rows.values()), ignored
 
 
 def is_complete(row: dict | None) -> bool:

@@ -57,6 +57,7 @@ def resolve_init(cfg: Config) -> Config:
     saved = read_config(folder, named)
     saved_weight_shapes(folder, named)  # a missing or damaged weights file, before any slow set-up
     _refuse_other_models(folder, saved)
+    _check_objective(folder, saved, cfg.data.objective)
     _check_positions(folder, saved, cfg.data.max_seq_length)
     _check_vocabulary(folder, cfg.data.tokenizer)
     return _with_architecture(cfg, folder, saved)
@@ -78,6 +79,18 @@ def _refuse_other_models(folder: Path, saved: dict) -> None:
                 f"train.init={folder} has {key}={saved[key]!r}, mlmlab builds {key}={built!r}; "
                 f"start from a {model_type} as mlmlab builds it, or without train.init"
             )
+
+
+def _check_objective(folder: Path, saved: dict, objective: str) -> None:
+    """The folder's architecture replaces the config's (_with_architecture): its NSP head, or the lack of one, decides
+    the objective it can continue with, and only data.objective can change that."""
+    architecture = saved_architecture(saved)
+    if objective == choices.NSP and not architecture.has_nsp:
+        raise UserError(
+            f"train.init={folder} is a {architecture.label} model, which has no NSP head "
+            f"({architecture.without_nsp}), and data.objective={choices.NSP} trains one; set "
+            f"data.objective={choices.MLM} to continue pretraining it"
+        )
 
 
 def _check_positions(folder: Path, saved: dict, max_seq_length: int) -> None:

@@ -30,8 +30,10 @@ from mlmlab import choices
 from mlmlab.config import Config, ModelConfig, TrainConfig, report_targets
 from mlmlab.data.loader import iterate_batches
 from mlmlab.data.resolve import prepare_datasets
+from mlmlab.errors import UserError
 from mlmlab.masking.masker import Masker
 from mlmlab.model import COMPILED_LENGTH_MULTIPLE, IGNORE_INDEX, SparsePretraining
+from mlmlab.model_folder import record_held_out_form
 from mlmlab.train import checkpoint
 from mlmlab.train.checkpointer import Checkpointer, resume_notes
 from mlmlab.train.init import initial_model, resolve_init
@@ -152,6 +154,20 @@ def full_norm(grad_norm) -> float:
     return float(grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm)
 
 
+def non_finite_stop(state: TrainerState, run_dir: Path) -> str:
+    """Why training stopped on non-finite losses, what it can be and what is kept: only what is true of this run."""
+    saved = checkpoint.complete_checkpoints(run_dir, check=False)
+    kept = f"its checkpoints are kept, the newest {saved[-1]}" if saved else f"{run_dir} holds no checkpoint of it"
+    cause = (
+        "lower train.lr (or set train.max_grad_norm), or look for a damaged batch in the data"
+        if state.ever_updated
+        else "every loss of the run was non-finite, before any update changed the weights, so train.lr is not the "
+        "cause: a model.* setting, train.precision or train.init's weights make the forward pass overflow (compare "
+        "the config with a preset that trains: mlmlab config)"
+    )
+    return f"{state.bad_steps} non-finite losses in a row up to step {state.step + 1}; {cause}; {kept}"
+
+
 def any_process(accelerator, flag: bool) -> bool:
     """Whether ``flag`` is set on any process: what all of them then act on together."""
     return sum_over_processes(accelerator, torch.tensor([float(flag)])).item() > 0
@@ -161,6 +177,7 @@ def prepared_model(cfg: Config, tokenizer, accelerator, folder: Path | None) -> 
     """(model, module, optimizer): the model (with the checkpoint's weights when resuming from ``folder``), the
     pretraining module around it and its optimizer, the last two prepared by accelerate."""
     model = initial_model(cfg, tokenizer, resuming=folder is not None, log=partial(say_once, accelerator))
+    record_held_out_form(model.config, cfg)  # every model folder of the run says how its held-out set was measured
     module = SparsePretraining(
         model,
         use_nsp=cfg.data.objective == choices.NSP,
@@ -318,7 +335,8 @@ class Trainer:
         """Optimizer step, or skip it when the loss is not finite (and abort after too many)."""
         if not math.isfinite(losses["loss"]):
             self.optimizer.zero_grad(set_to_none=True)
-            self.state.skip(self.cfg.train.max_bad_steps, self.run_dir)
+            if self.state.skip(self.cfg.train.max_bad_steps):
+                raise UserError(non_finite_stop(self.state, self.run_dir))
             return {**losses, "skipped": True}
         # max_grad_norm 0 (no clipping): an infinite bound still returns the norm, for the metrics
         bound = self.cfg.train.max_grad_norm or math.inf

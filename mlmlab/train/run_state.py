@@ -2,11 +2,9 @@
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from mlmlab.config import TrainConfig
 from mlmlab.data.loader import LoaderPosition
-from mlmlab.errors import UserError
 from mlmlab.train.optim import training_progress
 
 
@@ -33,14 +31,15 @@ class TrainerState:
         if self.step == cfg.warmup_steps:
             self.warmup_end_progress = training_progress(cfg, self.step, self.seconds)
 
-    def skip(self, max_bad_steps: int, run_dir: Path) -> None:
-        """One more non-finite loss, its step skipped; training stops at ``max_bad_steps`` in a row."""
+    def skip(self, max_bad_steps: int) -> bool:
+        """One more non-finite loss, its step skipped; whether that makes ``max_bad_steps`` in a row: stop."""
         self.bad_steps += 1
-        if self.bad_steps >= max_bad_steps:
-            raise UserError(
-                f"{self.bad_steps} non-finite losses in a row at step {self.step}; lower train.lr or "
-                f"check the data; the last good checkpoint is kept in {run_dir}"
-            )
+        return self.bad_steps >= max_bad_steps
+
+    @property
+    def ever_updated(self) -> bool:
+        """Whether any step of the run (resumes included) applied an update."""
+        return self.tokens > 0
 
     def apply(self, tokens: int, flops: float) -> None:
         """An applied update, of ``tokens`` non-padding tokens and ``flops`` model FLOPs over all ranks."""

@@ -93,8 +93,9 @@ def row_value_dict(row: dict, path: tuple) -> dict:
 
 
 def by_seed(rows: list[dict], metric: Metric) -> dict[int, float]:
+    """Each seed's value; a missing one (NaN) and a non-finite one (a diverged run: report.py flags it) left out."""
     values = {row["seed"]: metric.value(row) for row in rows}
-    return {seed: value for seed, value in values.items() if not math.isnan(value)}
+    return {seed: value for seed, value in values.items() if math.isfinite(value)}
 
 
 def loss_metric(metrics: list[Metric]) -> Metric:

@@ -19,7 +19,7 @@ from scipy import stats
 
 from mlmlab import choices
 from mlmlab.errors import UserError
-from mlmlab.experiments.gates import gate_outcomes
+from mlmlab.experiments.gates import gate_outcomes, row_value
 from mlmlab.experiments.reporting.curves import (
     flops_at,
     last_eval_within,
@@ -731,6 +731,50 @@ def held_out_data_notes(rows: list[dict]) -> list[str]:
     return [*notes, ""] if notes else []
 
 
+def non_finite_notes(rows: list[dict], metrics: list[Metric]) -> list[str]:
+    """A warning for each row with an infinite figure (a diverged run, a damaged row): by_seed leaves it out of
+    every comparison of that figure, which would otherwise be an infinite Δ."""
+    notes = []
+    for row in rows:
+        bad = [metric.label for metric in metrics if math.isinf(row_value(row, metric.path))]
+        if bad:
+            notes.append(
+                f"**{row['arm']} seed {row['seed']} has non-finite figures** ({', '.join(bad[:3])}"
+                f"{', ...' if len(bad) > 3 else ''}): left out of every comparison of them, which therefore rest "
+                "on the other seeds; see the run's metrics.jsonl"
+            )
+    return notes
+
+
+def held_out_setting(row: dict) -> dict:
+    """What decides which held-out targets a row's figures are over, besides its model: the prepared held-out data
+    and the masked-token count its evaluated batches give (under the fixed masks, the same for every seed measured
+    alike). None: not recorded (older rows)."""
+    return {"valid data": (row.get("datasets") or {}).get("valid"), "masked tokens": row["eval"].get("masked_tokens")}
+
+
+def measured_alike(groups: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], list[str]]:
+    """The arms whose rows were all measured with one held-out setting, and a warning for each other arm: its seeds
+    measured different targets, so no difference of it is a difference of the masking; it is not compared."""
+    kept, notes = {}, []
+    for arm, rows in groups.items():
+        settings = [held_out_setting(row) for row in rows]
+        differing = {
+            name: sorted({str(setting[name]) for setting in settings if setting[name] is not None})
+            for name in settings[0]
+        }
+        differing = {name: values for name, values in differing.items() if len(values) > 1}
+        if not differing:
+            kept[arm] = rows
+            continue
+        kinds = "; ".join(f"{name} {' vs '.join(values)}" for name, values in differing.items())
+        notes.append(
+            f"**{arm}: its rows were measured with different held-out settings** ({kinds}): not compared; "
+            "rerun its seeds alike (one study file, one data section) to compare it"
+        )
+    return kept, notes
+
+
 def glue_notes(rows: list[dict]) -> list[str]:
     skipped = sorted({row["glue"]["skipped"] for row in rows if "skipped" in (row.get("glue") or {})})
     return [f"GLUE skipped: {reason}." for reason in skipped]
@@ -758,6 +802,8 @@ def write_report(results: Path, out: Path) -> Path:
             "and their target shares; the other tables come from results.jsonl alone"
         )
     images = write_plots(groups, baseline, metrics, curves, out)
+    groups, mixed = measured_alike(groups)
+    warnings = [skipped(note) for note in mixed + non_finite_notes(rows, metrics)]
     studies = ", ".join(sorted({row.get("study", "?") for row in rows}))
     seeds = sorted({row["seed"] for row in rows})
     lines = [
@@ -767,9 +813,11 @@ def write_report(results: Path, out: Path) -> Path:
         "",
         *commands(rows, results, out),
         "",
-        f"{len(rows)} runs, {len(groups)} arms, seeds {seeds}; mlmlab "
+        f"{len(rows)} runs, {len(groups) + len(mixed)} arms, seeds {seeds}; mlmlab "
         f"{', '.join(sorted({str(row.get('mlmlab_version')) for row in rows}))}.",
         "",
+        *[f"- Warning: {warning}" for warning in warnings],
+        *([""] if warnings else []),
     ]
     gates, outcomes = gate_outcomes(rows, groups)
     lines += gates_section(gates, outcomes, groups)

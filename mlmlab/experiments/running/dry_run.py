@@ -11,7 +11,15 @@ from pathlib import Path
 from mlmlab.experiments.budget import ASSUMED_MFU, CPU_FLOPS, H100_PEAK_FLOPS, cpu_hours, gpu_hours
 from mlmlab.experiments.results import RESULTS_FILE
 from mlmlab.experiments.running.downstream import Downstream, downstream_work, glue_settings, timed_downstream
-from mlmlab.experiments.running.runner import Run, finished_rows, only_runs, plan_runs, refuse_incomparable, shard_runs
+from mlmlab.experiments.running.runner import (
+    Run,
+    finished_rows,
+    missing_measurements,
+    only_runs,
+    plan_runs,
+    refuse_incomparable,
+    shard_runs,
+)
 from mlmlab.experiments.running.timing import WARMUP_STEPS, run_minutes, timed_run
 from mlmlab.experiments.study import Study
 from mlmlab.train.checkpoint import complete_checkpoints, step_of
@@ -22,12 +30,13 @@ from mlmlab.utils.files import live_holder
 def dry_run_text(
     study: Study,
     shard: tuple[int, int] = (0, 1),
-    timed_steps: int = 0,
+    timed_steps: int | None = None,
     show_progress: bool = False,
     only: tuple[tuple[str, int | None], ...] = (),
 ) -> str:
-    """Every arm's config validated and its estimated cost, GLUE and probes included; with ``timed_steps``, each arm's
-    cost timed here too (``show_progress``: bars on stderr). The runs left: this shard's, of those ``only`` names."""
+    """Every arm's config validated and its estimated cost, GLUE and probes included; with ``timed_steps`` (None: not
+    timed), each arm's cost timed here too (``show_progress``: bars on stderr). The runs left: this shard's, of those
+    ``only`` names."""
     runs = plan_runs(study)
     mine = only_runs(shard_runs(runs, shard, study.gates.arm if study.gates else None), only)
     arm_runs = runs[: len(study.arms)]  # the first seed's runs: one per arm
@@ -68,7 +77,17 @@ def dry_run_text(
         "global batch per optimizer step = train.batch_size x train.grad_accum x processes; the table counts "
         "one process, so with N processes divide train.grad_accum by N to keep the batch",
     ]
-    return "\n".join(lines + [f"left: {run.arm.name} seed {run.seed} ({run_state(run)})" for run in left])
+    lacking = [(row, missing_measurements(row, study)) for row in rows if row["key"] in {run.key for run in mine}]
+    return "\n".join(
+        lines
+        + [f"left: {run.arm.name} seed {run.seed} ({run_state(run)})" for run in left]
+        + [
+            f"to measure: {row['arm']} seed {row['seed']} lacks {', '.join(missing)} (measured on its model folder, "
+            "no training)"
+            for row, missing in lacking
+            if missing
+        ]
+    )
 
 
 def downstream_note(study: Study, work: dict[str, Downstream]) -> str:

@@ -24,9 +24,10 @@ import torch
 
 import mlmlab
 from mlmlab.config import Config, DataConfig, config_hash, config_text, from_dict, set_dotted, to_dict
-from mlmlab.data.resolve import dataset_hashes
+from mlmlab.data.resolve import check_held_out_data, dataset_hashes
 from mlmlab.errors import UserError
 from mlmlab.evaluate.glue import run_glue
+from mlmlab.evaluate.glue_settings import resolve_task_names
 from mlmlab.evaluate.held_out import evaluate_model
 from mlmlab.evaluate.linear_probe import check_task_files, run_probes
 from mlmlab.evaluate.perplexity import evaluate_mlm
@@ -36,7 +37,7 @@ from mlmlab.experiments.gates import describe, gate_results
 from mlmlab.experiments.results import PREREGISTRATION, RESULTS_FILE, read_rows
 from mlmlab.experiments.running.identity import config_changes, identity_hash, settings_of
 from mlmlab.experiments.study import Arm, Study
-from mlmlab.model_folder import load_pretrained
+from mlmlab.model_folder import is_model_folder, load_pretrained
 from mlmlab.train.checkpoint import complete_checkpoints, step_of
 from mlmlab.train.loop import Trainer
 from mlmlab.train.optim import refuse_warmup_without_decay
@@ -246,7 +247,9 @@ def glue_for(run: Run, study: Study, show_progress: bool) -> dict:
         if task["status"] == "ok"
     }
     missing = [name for name, task in result["tasks"].items() if task["status"] != "ok"]
-    return {"average": result["average"], "tasks": tasks, **({"missing": missing} if missing else {})}
+    if missing:  # an average over the other tasks is another figure than the study's: none, and the row is unfinished
+        return {"average": None, "tasks": tasks, "missing": missing}
+    return {"average": result["average"], "tasks": tasks}
 
 
 def probe_for(run: Run, study: Study, show_progress: bool) -> dict:
@@ -326,18 +329,50 @@ def make_row(
     }
 
 
+# A trained run's measurements of its model folder, by the row key each fills, in their order (probes after GLUE).
+MEASUREMENTS = {"eval_data": held_out_reports, "glue": glue_for, "probe": probe_for}
+
+
 def execute(run: Run, study: Study, results: Path, show_progress: bool) -> dict:
     summary, scorer_seconds = train_run(run.config, show_progress)
     trained = time.perf_counter()
-    evaluations = {
-        "eval_data": held_out_reports(run, study, show_progress),
-        "glue": glue_for(run, study, show_progress),
-        "probe": probe_for(run, study, show_progress),
-    }  # in this order: the probes after GLUE
+    evaluations = {key: measure(run, study, show_progress) for key, measure in MEASUREMENTS.items()}
     preregistration = check_preregistration(study, finished_rows(results))  # it may have moved while this run trained
     row = make_row(run, study, summary, scorer_seconds, evaluations, time.perf_counter() - trained, preregistration)
     append_row(results, row)
     return row
+
+
+def missing_measurements(row: dict, study: Study) -> list[str]:
+    """The row keys (eval_data, glue, probe) of the measurements the study asks for that ``row`` lacks, in whole or
+    in part: a set or task skipped, missing or never measured (a row written before the study asked for it)."""
+    held_out = row.get("eval_data") or {}
+    glue, probe = row.get("glue") or {}, row.get("probe") or {}
+    lacking = {
+        "eval_data": any("mlm_loss" not in (held_out.get(name) or {}) for name in study.eval_data),
+        "glue": bool(study.glue.tasks)
+        and (
+            glue.get("average") is None or bool(set(resolve_task_names(study.glue.tasks)) - set(glue.get("tasks", {})))
+        ),
+        "probe": study.probe is not None and probe.get("average_gain") is None,
+    }
+    return [key for key in MEASUREMENTS if lacking[key]]
+
+
+def complete_row(run: Run, study: Study, results: Path, row: dict, lacking: list[str], show_progress: bool) -> dict:
+    """``row`` with the measurements it lacks taken from the run's model folder (no training), appended as the run's
+    row: the last row of a key is the one that counts (results.read_rows)."""
+    started = time.perf_counter()
+    evaluations = {key: MEASUREMENTS[key](run, study, show_progress) for key in lacking}
+    check_preregistration(study, finished_rows(results))
+    completed = {
+        **row,
+        **evaluations,
+        "wall_seconds": row["wall_seconds"] + time.perf_counter() - started,
+        "completed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    append_row(results, completed)
+    return completed
 
 
 def append_row(results: Path, row: dict) -> None:
@@ -388,7 +423,7 @@ def _run_shard(
     study: Study, shard: tuple[int, int], only: tuple, deadline: float, show_progress: bool, log
 ) -> list[dict]:
     planned = plan_runs(study)
-    check_study_inputs(study)
+    check_study_inputs(study, planned)
     results = Path(study.out_dir) / RESULTS_FILE
     results.parent.mkdir(parents=True, exist_ok=True)
     refuse_incomparable(planned, finished_rows(results))
@@ -398,10 +433,17 @@ def _run_shard(
     for number, run in enumerate(runs, 1):
         label = f"[{number}/{len(runs)}] {run.arm.name} seed {run.seed}"
         finished = finished_rows(results)  # read anew before each run: other shards append to it
-        if run.key in {row["key"] for row in finished}:
+        done = next((row for row in finished if row["key"] == run.key), None)
+        lacking = missing_measurements(done, study) if done is not None else []
+        if done is not None and not lacking:
             log(f"{label}: already in {results}, skipped")
             continue
         check_preregistration(study, finished)
+        model = Path(run.config.train.out_dir) / "model"
+        if lacking and is_model_folder(model):
+            log(f"{label}: its row lacks {', '.join(lacking)}; measuring it on {model} (no training)")
+            rows.append(complete_row(run, study, results, done, lacking, show_progress))
+            continue
         if gate_arm is not None and run.arm.name != gate_arm:
             check_gates(study, planned, finished, log)
         too_long = not_in_time(run, finished, deadline)
@@ -424,6 +466,8 @@ def _run_shard(
             + (f", probe gain {100 * gain:+.1f}" if gain is not None else "")
             + f", {row['wall_seconds'] / 60:.1f} min"
         )
+        if lacking := missing_measurements(row, study):
+            log(f"{label}: its row lacks {', '.join(lacking)} (see the row); a rerun measures it without training")
         rows.append(row)
     log(f"{len(rows)} runs finished, {len(runs) - len(rows)} skipped; results in {results}")
     return rows
@@ -468,11 +512,11 @@ def expected_seconds(run: Run, rows: list[dict]) -> tuple[float, str] | None:
     return None
 
 
-def check_study_inputs(study: Study) -> None:
+def check_study_inputs(study: Study, planned: list[Run]) -> None:
     """Every file the study names (GLUE and probe tasks' train and dev files, further held-out sets), before any
     training: a row lacking one of its measurements would count as finished, and a rerun would never add it."""
     for what, tasks, drop in (
-        ("fine-tunes on", study.glue.tasks, "glue: {tasks: []}"),
+        ("fine-tunes on", resolve_task_names(study.glue.tasks) if study.glue.tasks else [], "glue: {tasks: []}"),
         ("probes", study.probe.tasks if study.probe else [], "drop probe:"),
     ):
         if not tasks:
@@ -484,12 +528,13 @@ def check_study_inputs(study: Study) -> None:
             )
         check_task_files(tasks, Path(study.glue_dir))
     for name, paths in study.eval_data.items():
-        missing = next((path for path in paths if not Path(path).exists()), None)
-        if missing is not None:
+        try:
+            check_held_out_data(paths, {run.config.data.objective for run in planned})
+        except UserError as err:
             raise UserError(
-                f"the study's eval_data {name!r} names {missing}, which does not exist (paths are relative "
-                "to where the command runs); fix the path, or remove the set before the first run"
-            )
+                f"the study's eval_data {name!r}: {err} (paths are relative to where the command runs); fix it, or "
+                "remove the set before the first run"
+            ) from None
 
 
 def check_gates(study: Study, planned: list[Run], rows: list[dict], log=print) -> None:
