@@ -56,6 +56,7 @@ from mlmlab.experiments.study import load_study
 from mlmlab.masking.strategies import STRATEGY_ENTRIES
 from mlmlab.train.metrics import METRICS_FILE, metrics_lines
 from mlmlab.utils import markdown
+from mlmlab.utils.files import write_text_atomically
 
 log = logging.getLogger(__name__)
 
@@ -897,5 +898,5 @@ def write_report(results: Path, out: Path) -> Path:
         "",
     ]
     path = out / "report.md"
-    path.write_text("\n".join(lines))
+    write_text_atomically(path, "\n".join(lines))  # a rerun's failed write leaves the last whole report
     return path
