@@ -203,17 +203,16 @@ class MaskingConfig:
     # (k * n_b / n per sequence, randomised rounding) and let the weights choose only within a
     # bucket: a control that cannot shift the target prior between frequent and rare ids.
     frequency_neutral: bool = False
-    # span (SpanBERT, Joshi et al. 2020): span lengths in words ~ Geo(span_p), renormalised over 1..span_max_words
-    # (the paper's p = 0.2 and 10: a mean of 3.8 words)
+    # span (SpanBERT, Joshi et al. 2020): span lengths in words ~ Geo(span_p) renormalised over 1..span_max_words;
+    # the paper's 0.2 and 10 give a mean of 3.8 words
     span_p: float = ranged(0.2, RATE)
-    span_max_words: int = ranged(10, at_least(1))
-    # pmi (PMI-Masking, Levine et al. 2021): the n-gram vocabulary built from the training corpus: its size (the
-    # paper's 800k is for BERT's 3.3B-word corpus; a corpus of millions of words wants thousands), the n-gram
-    # lengths in words (the paper's 2 to 5) and the fewest occurrences of one (the paper's "over 10")
+    span_max_words: int = ranged(10, at_least(1))  # span: the longest span, in words (the paper's 10)
+    # pmi (PMI-Masking, Levine et al. 2021): n-grams in the vocabulary built from the training corpus. The paper's
+    # 800k is for BERT's 3.3B-word corpus; a corpus of millions of words wants thousands
     pmi_vocab_size: int = ranged(800000, at_least(1), example=20000)
-    pmi_min_n: int = ranged(2, at_least(2))
-    pmi_max_n: int = ranged(5, at_least(2))
-    pmi_min_count: int = ranged(11, at_least(1))
+    pmi_min_n: int = ranged(2, at_least(2))  # pmi: the shortest n-gram, in words (the paper's 2)
+    pmi_max_n: int = ranged(5, at_least(2))  # pmi: the longest n-gram, in words (the paper's 5)
+    pmi_min_count: int = ranged(11, at_least(1))  # pmi: the fewest occurrences of an n-gram (the paper's "over 10")
 
     @property
     def freq_cuts(self) -> tuple[int, ...]:

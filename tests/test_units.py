@@ -147,6 +147,19 @@ def test_units_are_whole_words_inside_one_run_and_masks_are_whole_units_but_one(
             assert len(partial) <= 1, (strategy, row)  # only the unit that reaches k is cut short
 
 
+@pytest.mark.parametrize("strategy", [choices.SPAN, choices.PMI])
+def test_whole_word_composes_with_units_by_changing_nothing(strategy, sample_store, bert_tokenizer):
+    batch = random_batch(sample_store, bert_tokenizer, np.random.default_rng(3), rows=16)
+    masks = []
+    for whole_word in (False, True):
+        cfg = Config(
+            masking=MaskingConfig(strategy=strategy, whole_word=whole_word, pmi_vocab_size=PMI_TEST_VOCAB)
+        ).masking
+        masked, _ = Masker(cfg, bert_tokenizer, None, corpus=sample_store).mask(batch, 2, None, progress=0, step=1)
+        masks.append((masked["input_ids"], masked["labels"]))
+    assert all(torch.equal(a, b) for a, b in zip(*masks))
+
+
 def test_pmi_vocabulary_of_the_sample_holds_its_collocations(sample_store, bert_tokenizer):
     cfg = Config(masking=MaskingConfig(strategy=choices.PMI, pmi_vocab_size=PMI_TEST_VOCAB)).masking
     vocabulary = corpus_ngrams(cfg, sample_store, continuation_table(bert_tokenizer), token_info_for(bert_tokenizer))
