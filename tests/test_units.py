@@ -13,7 +13,9 @@ from mlmlab import choices
 from mlmlab.cli import main
 from mlmlab.config import Config, MaskingConfig, load_config
 from mlmlab.data.loader import collate
+from mlmlab.data.mixture import MixedStore
 from mlmlab.data.ngrams import ngram_text
+from mlmlab.errors import UserError
 from mlmlab.masking.masker import Masker, corpus_ngrams
 from mlmlab.masking.select import continuation_table, eligible_positions, token_info_for, word_starts
 from mlmlab.masking.units import span_length_cdf
@@ -173,6 +175,12 @@ def test_pmi_vocabulary_of_the_sample_holds_its_collocations(sample_store, bert_
     assert [entry["pmi_n"] for entry in vocabulary] == sorted((e["pmi_n"] for e in vocabulary), reverse=True)
     out = sample_store.path / "ngrams"
     assert len(list(out.glob("*.json"))) >= 1  # kept beside the prepared data: built once
+
+
+def test_pmi_on_a_mixture_of_corpora_is_refused_in_one_line(sample_store, bert_tokenizer):
+    cfg = Config(masking=MaskingConfig(strategy=choices.PMI)).masking
+    with pytest.raises(UserError, match="a mixture of corpora has no n-gram vocabulary yet; train it on one corpus"):
+        Masker(cfg, bert_tokenizer, None, corpus=MixedStore([sample_store, sample_store], [1.0, 1.0]))
 
 
 def test_a_changed_setting_builds_another_vocabulary_under_another_name(sample_store):

@@ -32,6 +32,7 @@ from collections.abc import Callable
 import torch
 
 from mlmlab.config import MaskingConfig
+from mlmlab.data.mixture import MixedStore
 from mlmlab.data.ngrams import NgramSettings, ngram_vocabulary
 from mlmlab.errors import UserError
 from mlmlab.masking.schedules import rate_at
@@ -126,9 +127,11 @@ def ngram_settings(cfg: MaskingConfig) -> NgramSettings:
 
 def corpus_ngrams(cfg: MaskingConfig, corpus, continuation: torch.Tensor, info: TokenInfo) -> list[dict]:
     """The PMI n-gram vocabulary of the prepared training data ``corpus`` (a TokenStore), best first."""
-    if corpus is None or not hasattr(corpus, "meta"):
+    if corpus is None:
+        raise ValueError(f"masking.strategy={cfg.strategy} needs corpus= (the prepared training data)")
+    if isinstance(corpus, MixedStore):
         raise UserError(
-            f"masking.strategy={cfg.strategy} masks the n-grams of one prepared training corpus"
-            + (" (a mixture of corpora has none yet); train on one corpus" if corpus is not None else "; give one")
+            f"masking.strategy={cfg.strategy} masks the n-grams of one training corpus, and a mixture of corpora "
+            "has no n-gram vocabulary yet; train it on one corpus (data.corpus=FILES)"
         )
     return ngram_vocabulary(corpus, ngram_settings(cfg), continuation.numpy(), info.special_ids)
