@@ -6,6 +6,8 @@ selection itself is the shared Gumbel-top-k of ``select.py``.
 
 ``span`` (SpanBERT) and ``pmi`` (PMI-Masking) key like ``dynamic`` with uniform weights, and select units of
 whole words instead of single positions (units.py): random-length spans, or the corpus's collocated n-grams.
+Their targets are corrupted 80/10/10 per token like every other strategy's (SpanBERT decides per span), so that
+strategies differ only in which positions are targets; per-span corruption is not offered.
 
 ``adaptive`` (ADM, seeds/002) keys like ``dynamic`` and weights each eligible position
 w = max((1 - a) + a * s, floor), where s is the position's uncertainty score (scorers.py),
