@@ -5,9 +5,10 @@ Prints ratios measured in this one run (medians over interleaved repetitions):
 1. time to mask one batch (32 x 128, bert-base-uncased vocab): mlmlab's uniform
    ``mask_batch`` vs ``DataCollatorForLanguageModeling`` (its masking method and its
    whole call on pre-tokenised examples);
-2. step-time overhead of each ADM scorer relative to dynamic masking, at the tiny
-   (L2/H128) and mini (L4/H256) sizes, seq 128, batch 32; a step = weights + mask_batch
-   + pretraining_loss + backward + AdamW step, timed in blocks of ``score_every`` steps;
+2. step-time overhead of span and PMI masking and of each ADM scorer relative to dynamic
+   masking, at the tiny (L2/H128) and mini (L4/H256) sizes, seq 128, batch 32; a step = a
+   training step's masking (``Masker``: weights, units, selection) + pretraining_loss +
+   backward + AdamW step + what ADM learns, timed in blocks of ``score_every`` steps;
 3. peak RSS of the entropy scorer, chunked vs naive full softmax, at batch 64 of mini.
 
 Usage: python benchmarks/masking.py [--rounds N] [--quick]
@@ -33,10 +34,12 @@ sys.path.insert(0, str(ROOT))
 
 from mlmlab import choices  # noqa: E402
 from mlmlab.config import MaskingConfig, ModelConfig  # noqa: E402
+from mlmlab.data.build import prepare  # noqa: E402
+from mlmlab.data.store import TokenStore  # noqa: E402
 from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer  # noqa: E402
+from mlmlab.masking.masker import Masker  # noqa: E402
 from mlmlab.masking.scorers import scorer_names  # noqa: E402
 from mlmlab.masking.select import Corruption, mask_batch, token_info_for  # noqa: E402
-from mlmlab.masking.strategies import build_strategy  # noqa: E402
 from mlmlab.masking.variants import READS_LOSSES, READS_MODEL  # noqa: E402
 from mlmlab.model import build_model, pretraining_loss  # noqa: E402
 
@@ -48,6 +51,21 @@ SIZES = {
 }
 SEQ, BATCH = 128, 32
 COST_CONTROL_EVERY = (4, 10)  # entropy "with cost control": score every K-th step, uniform masks between
+# Units of whole words: SpanBERT's spans, and PMI n-grams (a vocabulary sized for the 600k-word sample)
+UNIT_ARMS = {
+    choices.SPAN: MaskingConfig(strategy=choices.SPAN),
+    choices.PMI: MaskingConfig(strategy=choices.PMI, pmi_vocab_size=20000),
+}
+
+
+def prepared_sample(folder: Path):
+    """The bundled training sample prepared with the bert-base vocabulary: the corpus PMI masking's n-grams come
+    from (built beside it when the pmi arm is set up, before any timing)."""
+    return TokenStore(
+        prepare(
+            [SAMPLE / "train.txt.gz"], tokenizer_dir=folder / "uncased", max_seq_length=SEQ, out_dir=folder / "data"
+        )
+    )
 
 
 def load_bert_tokenizer(folder: Path):
@@ -107,33 +125,29 @@ def bench_mask_time(tokenizer, reps: int) -> None:
         print(f"  {name:24s} {m * 1e3:8.2f} ms   ratio to mlmlab {m / ours:5.2f}")
 
 
-def bench_overhead(tokenizer, size: str, arms: dict, rounds: int) -> None:
-    info = token_info_for(tokenizer)
+def bench_overhead(tokenizer, size: str, arms: dict, rounds: int, corpus) -> None:
     vocab = len(tokenizer)
     torch.manual_seed(0)  # benchmark only: model init
     bert = build_model(SIZES[size], vocab, tokenizer.pad_token_id)
     optimizer = torch.optim.AdamW(bert.parameters(), lr=1e-4)
     batches = [real_batch(tokenizer, BATCH, offset=i * BATCH) for i in range(4)]
-    strategies = {name: build_strategy(cfg, info=info, vocab_size=vocab) for name, cfg in arms.items()}
+    # a training step's masking (masker.py): weights, units of words (span, pmi), selection, what ADM learns
+    maskers = {name: Masker(cfg, tokenizer, None, corpus=corpus) for name, cfg in arms.items()}
     counter = {"step": 0}
 
     def block(name: str) -> float:
         """Seconds per step over one scoring period of the arm (score_every steps)."""
-        strategy, cfg = strategies[name], arms[name]
+        masker, cfg = maskers[name], arms[name]
         start = time.perf_counter()
         for step in range(1, cfg.score_every + 1):  # the first step of the period is scored
             batch = batches[counter["step"] % len(batches)]
             counter["step"] += 1
-            weights = strategy.weights(bert, batch, 1.0, step=step)  # a = a_max: full ADM
-            masked = mask_batch(
-                batch, seed=0, epoch_key=counter["step"], rate=0.15, info=info, corruption=Corruption(), weights=weights
-            )
+            masked, _ = masker.mask(batch, counter["step"], bert, progress=1.0, step=step)  # ADM: a = a_max
             result = pretraining_loss(bert, masked)
             result["loss"].backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            strategy.observe(masked, result)
-            strategy.learn()
+            masker.learn_step([masked], [result])
         return (time.perf_counter() - start) / cfg.score_every
 
     for name in arms:  # warm up (and fill the loss tables)
@@ -197,9 +211,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = load_bert_tokenizer(Path(tmp))
         bench_mask_time(tokenizer, reps=30)
+        corpus = prepared_sample(Path(tmp))
         adm = dict(strategy=choices.ADAPTIVE, adapt_schedule=choices.CONSTANT)
         tiny_arms = {
             choices.DYNAMIC: MaskingConfig(strategy=choices.DYNAMIC),
+            **UNIT_ARMS,
             **{scorer: MaskingConfig(**adm, scorer=scorer) for scorer in scorer_names(READS_LOSSES)},
             **{
                 f"{choices.ENTROPY} every {k}": MaskingConfig(**adm, scorer=choices.ENTROPY, score_every=k)
@@ -207,11 +223,11 @@ def main() -> None:
             },
             **{f"{scorer} every step": MaskingConfig(**adm, scorer=scorer) for scorer in scorer_names(READS_MODEL)},
         }
-        bench_overhead(tokenizer, "tiny", tiny_arms, args.rounds)
+        bench_overhead(tokenizer, "tiny", tiny_arms, args.rounds, corpus)
         if not args.quick:
             dear = (choices.MAX_PROB, choices.GRAD_NORM)
             mini_arms = {k: v for k, v in tiny_arms.items() if not k.startswith(dear)}
-            bench_overhead(tokenizer, "mini", mini_arms, max(2, args.rounds - 1))
+            bench_overhead(tokenizer, "mini", mini_arms, max(2, args.rounds - 1), corpus)
             bench_peak_memory()
 
 

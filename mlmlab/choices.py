@@ -25,7 +25,9 @@ TOKENIZER_KINDS = (WORDPIECE, BPE, UNIGRAM)
 STATIC = "static"  # BERT: dupe_factor fixed masks per example, cycled over epochs
 DYNAMIC = "dynamic"  # RoBERTa: new masks every epoch
 ADAPTIVE = "adaptive"  # ADM: weights from the model's uncertainty
-STRATEGIES = [STATIC, DYNAMIC, ADAPTIVE]
+SPAN = "span"  # SpanBERT: spans of whole words, geometric lengths
+PMI = "pmi"  # PMI-Masking: n-grams whose words co-occur far above chance, else single words
+STRATEGIES = [STATIC, DYNAMIC, ADAPTIVE, SPAN, PMI]
 
 ENTROPY = "entropy"
 MAX_PROB = "max_prob"

@@ -87,8 +87,12 @@ def cmd_prepare(args) -> None:
 
 
 def cmd_dump(args) -> None:
-    from mlmlab.show import dump_instances
+    from mlmlab.show import dump_instances, top_ngrams
 
+    if args.ngrams:
+        for record in top_ngrams(args.data, args.ngrams, pmi_vocab_size=args.pmi_vocab_size):
+            print(json.dumps(record, ensure_ascii=False))
+        return
     for record in dump_instances(
         args.data,
         args.n,
@@ -99,6 +103,7 @@ def cmd_dump(args) -> None:
         strategy=args.strategy,
         dupe_factor=args.dupe_factor,
         whole_word=args.whole_word,
+        pmi_vocab_size=args.pmi_vocab_size,
     ):
         print(json.dumps(record, ensure_ascii=False))
 
@@ -121,6 +126,7 @@ def cmd_mask(args) -> None:
             whole_word=args.whole_word,
             scorer=args.scorer,
             frequency_neutral=args.frequency_neutral,
+            pmi_vocab_size=args.pmi_vocab_size,
         )
     )
 
@@ -307,6 +313,16 @@ def add_progress_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars or progress lines on stderr")
 
 
+def add_pmi_option(p: argparse.ArgumentParser) -> None:
+    """masking.pmi_vocab_size for the commands that show PMI masking: the setting a smaller corpus changes."""
+    p.add_argument(
+        "--pmi-vocab-size",
+        type=int,
+        default=MaskingConfig.pmi_vocab_size,
+        help="pmi: masking.pmi_vocab_size, the n-grams in the vocabulary (default: the paper's 800000)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mlmlab", description="Pretrain BERT-style encoders and compare masking strategies."
@@ -378,6 +394,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="static: distinct masks per example",
     )
     p.add_argument("--whole-word", action="store_true", help="masking.whole_word: select whole words")
+    add_pmi_option(p)
+    p.add_argument(
+        "--ngrams",
+        type=int,
+        default=0,
+        metavar="N",
+        help="print the N best n-grams of the dataset's PMI vocabulary instead (built beside it the first time)",
+    )
     p.set_defaults(func=cmd_dump)
 
     p = sub.add_parser("mask", help="show how one sentence is masked")
@@ -397,9 +421,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model folder: its tokenizer, and for adaptive its uncertainty scores")
     p.add_argument(
         "--data",
-        help="prepared dataset: its tokenizer, and the corpus counts that the frequency scorer "
-        "and --frequency-neutral read",
+        help="prepared dataset: its tokenizer, the corpus counts that the frequency scorer "
+        "and --frequency-neutral read, and the n-grams that --strategy pmi masks",
     )
+    add_pmi_option(p)
     p.add_argument(
         "--scorer",
         choices=choices.SCORERS,

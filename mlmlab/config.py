@@ -189,7 +189,8 @@ class DataConfig:
 
 @dataclass
 class MaskingConfig:
-    strategy: str = choices.DYNAMIC  # "static" (BERT), "dynamic" (RoBERTa), "adaptive" (ADM)
+    # "static" (BERT), "dynamic" (RoBERTa), "adaptive" (ADM), "span" (SpanBERT), "pmi" (PMI-Masking)
+    strategy: str = choices.DYNAMIC
     rate: float = ranged(0.15, RATE)  # share of eligible positions selected per sequence
     mask_prob: float = ranged(0.8, PROBABILITY)  # of the selected: shown as [MASK]
     # of the selected: shown as a random ordinary token; the rest unchanged
@@ -228,6 +229,16 @@ class MaskingConfig:
     # (k * n_b / n per sequence, randomised rounding) and let the weights choose only within a
     # bucket: a control that cannot shift the target prior between frequent and rare ids.
     frequency_neutral: bool = False
+    # span (SpanBERT, Joshi et al. 2020): span lengths in words ~ Geo(span_p) renormalised over 1..span_max_words;
+    # the paper's 0.2 and 10 give a mean of 3.8 words
+    span_p: float = ranged(0.2, RATE)
+    span_max_words: int = ranged(10, at_least(1))  # span: the longest span, in words (the paper's 10)
+    # pmi (PMI-Masking, Levine et al. 2021): n-grams in the vocabulary built from the training corpus. The paper's
+    # 800k is for BERT's 3.3B-word corpus; a corpus of millions of words wants thousands
+    pmi_vocab_size: int = ranged(800000, at_least(1), example=20000)
+    pmi_min_n: int = ranged(2, at_least(2))  # pmi: the shortest n-gram, in words (the paper's 2)
+    pmi_max_n: int = ranged(5, at_least(2))  # pmi: the longest n-gram, in words (the paper's 5)
+    pmi_min_count: int = ranged(11, at_least(1))  # pmi: the fewest occurrences of an n-gram (the paper's "over 10")
 
     @property
     def freq_cuts(self) -> tuple[int, ...]:
@@ -330,6 +341,11 @@ def validate(cfg: Config) -> None:
     _check_choice("masking.normalize", m.normalize, choices.NORMALIZATIONS)
     m.freq_cuts  # parsing it is the check: a bad value raises the one-line UserError
     _check_frequency_neutral(m)
+    if m.pmi_max_n < m.pmi_min_n:
+        raise UserError(
+            f"masking.pmi_max_n={m.pmi_max_n} is below masking.pmi_min_n={m.pmi_min_n}; the n-grams are "
+            f"{m.pmi_min_n} to pmi_max_n words long, so use e.g. masking.pmi_max_n={max(m.pmi_min_n, 5)}"
+        )
     _check_choice("data.objective", cfg.data.objective, choices.OBJECTIVES)
     _check_held_out(cfg.data)
     _check_mixture(cfg.data.corpus)

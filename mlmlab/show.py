@@ -8,13 +8,14 @@ from mlmlab import choices
 from mlmlab.config import Config, MaskingConfig
 from mlmlab.data.build import cache_root
 from mlmlab.data.loader import collate
+from mlmlab.data.ngrams import ngram_text
 from mlmlab.data.resolve import SAMPLE_VALID, dataset_hashes, tokenizer_dir_for
 from mlmlab.data.store import TokenStore
 from mlmlab.data.tokenizer import load_tokenizer, vocab_hash
 from mlmlab.errors import UserError
-from mlmlab.masking.masker import Masker
+from mlmlab.masking.masker import Masker, corpus_ngrams
 from mlmlab.masking.scorers import scorer_entry, scorer_names
-from mlmlab.masking.select import token_info_for
+from mlmlab.masking.select import continuation_table, token_info_for
 from mlmlab.masking.strategies import strategy_entry
 from mlmlab.masking.variants import READS_COUNTS, READS_LOSSES, READS_MODEL
 from mlmlab.model import IGNORE_INDEX
@@ -34,6 +35,7 @@ def dump_instances(
     strategy: str = choices.DYNAMIC,
     dupe_factor: int = 10,
     whole_word: bool = False,
+    pmi_vocab_size: int = MaskingConfig.pmi_vocab_size,
 ):
     """Yield instances start..start+n-1 as dicts; with ``masked``, as the training step masks them."""
     store = TokenStore(data_dir)
@@ -43,14 +45,16 @@ def dump_instances(
         )
     tokenizer = load_tokenizer(store.tokenizer_dir)
     cfg = Config(
-        masking=MaskingConfig(strategy=strategy, dupe_factor=dupe_factor, seed=seed, whole_word=whole_word)
+        masking=MaskingConfig(
+            strategy=strategy, dupe_factor=dupe_factor, seed=seed, whole_word=whole_word, pmi_vocab_size=pmi_vocab_size
+        )
     ).masking  # validated
     if masked and strategy_entry(strategy).scored:
         raise UserError(
             f"--strategy {strategy} weights by a scorer, which a dump does not run; show it on a "
             f"sentence with mlmlab mask --strategy {strategy}"
         )
-    masker = Masker(cfg, tokenizer, store.token_counts)
+    masker = Masker(cfg, tokenizer, store.token_counts, corpus=store)
     for index in range(start, min(start + n, len(store))):
         example = store[index]
         record = {
@@ -67,6 +71,25 @@ def dump_instances(
             record["masked_tokens"] = tokenizer.convert_ids_to_tokens(record["masked_input_ids"])
             record["labels"] = batch["labels"][0].tolist()
         yield record
+
+
+def top_ngrams(data_dir, n: int, **masking) -> list[dict]:
+    """The ``n`` best n-grams of the PMI vocabulary of the prepared dataset ``data_dir`` under ``masking`` (the
+    masking.pmi_* keys), built beside it the first time: {"rank", "ngram", "words", "count", "pmi_n"} each."""
+    store = TokenStore(data_dir)
+    tokenizer = load_tokenizer(store.tokenizer_dir)
+    cfg = Config(masking=MaskingConfig(strategy=choices.PMI, **masking)).masking  # validated
+    vocabulary = corpus_ngrams(cfg, store, continuation_table(tokenizer), token_info_for(tokenizer, cfg.mask_unk))
+    return [
+        {
+            "rank": rank,
+            "ngram": ngram_text(entry, tokenizer),
+            "words": len(entry["words"]),
+            "count": entry["count"],
+            "pmi_n": round(entry["pmi_n"], 3),
+        }
+        for rank, entry in enumerate(vocabulary[:n], start=1)
+    ]
 
 
 def mask_sentence(
@@ -87,7 +110,7 @@ def mask_sentence(
     """
     epoch = masking.pop("epoch", 0)
     cfg = Config(masking=MaskingConfig(**masking)).masking  # validated
-    tok, pretrained, counts = _mask_inputs(cfg, tokenizer, data, model)
+    tok, pretrained, store = _mask_inputs(cfg, tokenizer, data, model)
     ids = torch.tensor([tok(text)["input_ids"]])  # (1, T)
     batch = {
         "input_ids": ids,
@@ -95,14 +118,16 @@ def mask_sentence(
         "token_type_ids": torch.zeros_like(ids),
         "example_ids": torch.zeros(1, dtype=torch.long),
     }
-    masked, weights = Masker(cfg, tok, counts).mask(batch, epoch, pretrained, progress=progress, step=1)
+    counts = None if store is None else store.token_counts
+    masker = Masker(cfg, tok, counts, corpus=store)
+    masked, weights = masker.mask(batch, epoch, pretrained, progress=progress, step=1)
     return _mask_table(
         tok, ids[0], masked, weights, f"{cfg.strategy} masking, rate {cfg.rate}, seed {cfg.seed}, epoch {epoch}"
     )
 
 
 def _mask_inputs(cfg: MaskingConfig, tokenizer: str, data: str | None, model: str | None):
-    """(tokenizer, model or None, corpus counts or None) that masking ``cfg`` needs, or a UserError saying what
+    """(tokenizer, model or None, prepared dataset or None) that masking ``cfg`` needs, or a UserError saying what
     is missing. The tokenizer is the model folder's, else the prepared dataset's, else ``tokenizer``."""
     reads = scorer_entry(cfg.scorer).reads if strategy_entry(cfg.strategy).scored else None
     if reads == READS_LOSSES:
@@ -118,6 +143,10 @@ def _mask_inputs(cfg: MaskingConfig, tokenizer: str, data: str | None, model: st
             "the frequency scorer and --frequency-neutral read the training corpus's token counts: add "
             "--data DIR (a prepared dataset)"
         )
+    if strategy_entry(cfg.strategy).ngrams and data is None:
+        raise UserError(
+            f"--strategy {cfg.strategy} masks the n-grams of a training corpus: add --data DIR (a prepared dataset)"
+        )
     if data is not None and tokenizer:
         raise UserError("--data brings the tokenizer the dataset was prepared with; drop --tokenizer")
     store = TokenStore(data) if data is not None else None
@@ -129,7 +158,7 @@ def _mask_inputs(cfg: MaskingConfig, tokenizer: str, data: str | None, model: st
             f"{data} was prepared with another vocabulary than {model}'s; use a dataset prepared with "
             "the model's tokenizer"
         )
-    return tok, pretrained, None if store is None else store.token_counts
+    return tok, pretrained, store
 
 
 def _mask_table(tok, ids, masked, weights, title: str) -> str:

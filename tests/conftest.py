@@ -105,3 +105,16 @@ def sample_paragraphs():
     """Real Wikipedia paragraphs from the bundled sample (body lines of <doc> blocks)."""
     with gzip.open(SAMPLE / "train.txt.gz", "rt", encoding="utf-8") as handle:
         return [line.strip() for line in handle if len(line) > 200 and not line.startswith("<")]
+
+
+PMI_TEST_VOCAB = 2000  # masking.pmi_vocab_size of every test that masks n-grams: one vocabulary, built once
+
+
+@pytest.fixture(scope="session")
+def sample_store():
+    """The bundled training sample, prepared as a default run prepares it (the session's cache, shared with the
+    runs of other tests)."""
+    from mlmlab.config import DataConfig
+    from mlmlab.data.resolve import prepare_datasets
+
+    return prepare_datasets(DataConfig())[0]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import PMI_TEST_VOCAB
 from safetensors.torch import load_file
 
 from mlmlab.config import load_config
@@ -153,7 +154,10 @@ def forget_last_checkpoint(run_dir) -> None:
     (run_dir / "summary.json").unlink()
 
 
-@pytest.mark.parametrize("masking", [(), ADM_CONTEXT], ids=["dynamic", "adm-context"])
+PMI = ("masking.strategy=pmi", f"masking.pmi_vocab_size={PMI_TEST_VOCAB}")  # the first run builds its n-grams
+
+
+@pytest.mark.parametrize("masking", [(), ADM_CONTEXT, PMI], ids=["dynamic", "adm-context", "pmi"])
 def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, one_process, masking):
     # Dropout off: each rank draws its own dropout masks, which no split could reproduce.
     double = ddp_pretrain(tmp_path / "two", *masking)

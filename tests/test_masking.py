@@ -1,10 +1,14 @@
-"""The shared selection mechanism: counts, 80/10/10, specials, labels, determinism."""
+"""The shared selection mechanism: counts, 80/10/10, specials, labels, determinism (unit strategies too)."""
 
+import pytest
 import torch
+from conftest import PMI_TEST_VOCAB
 from torch.utils.data import DataLoader
 
-from mlmlab.config import ModelConfig
+from mlmlab import choices
+from mlmlab.config import Config, MaskingConfig, ModelConfig
 from mlmlab.data.loader import collate
+from mlmlab.masking.masker import Masker
 from mlmlab.masking.select import (
     IGNORE_INDEX,
     Corruption,
@@ -103,7 +107,8 @@ class _Examples(torch.utils.data.Dataset):
         }
 
 
-def _masks_via_loader(dataset, info, batch_size, workers, epoch):
+def _masks_via_loader(dataset, mask, batch_size, workers, epoch):
+    """{example index: (masked ids, labels)} of ``mask(batch, epoch)`` over the loader's batches."""
     loader = DataLoader(
         dataset,
         batch_size=batch_size,
@@ -112,18 +117,31 @@ def _masks_via_loader(dataset, info, batch_size, workers, epoch):
     )
     rows = {}
     for batch in loader:
-        masked = mask_batch(batch, seed=11, epoch_key=epoch, rate=0.15, info=info, corruption=Corruption())
+        masked = mask(batch, epoch)
         for row, index in enumerate(batch["example_ids"].tolist()):
             n = int(batch["attention_mask"][row].sum())
             rows[index] = (masked["input_ids"][row, :n].tolist(), masked["labels"][row, :n].tolist())
     return rows
 
 
-def test_masks_independent_of_workers_and_batch_size(bert_tokenizer, sample_paragraphs):
-    info = token_info_for(bert_tokenizer)
+def _masking(strategy, tokenizer, store):
+    """mask(batch, epoch) of ``strategy``: the shared mask_batch (dynamic), or a training step's Masker."""
+    if strategy == choices.DYNAMIC:
+        info = token_info_for(tokenizer)
+        return lambda batch, epoch: mask_batch(
+            batch, seed=11, epoch_key=epoch, rate=0.15, info=info, corruption=Corruption()
+        )
+    cfg = Config(masking=MaskingConfig(strategy=strategy, seed=11, pmi_vocab_size=PMI_TEST_VOCAB)).masking
+    masker = Masker(cfg, tokenizer, None, corpus=store)
+    return lambda batch, epoch: masker.mask(batch, epoch, None, progress=0.0, step=1)[0]
+
+
+@pytest.mark.parametrize("strategy", [choices.DYNAMIC, choices.SPAN, choices.PMI])
+def test_masks_independent_of_workers_and_batch_size(strategy, bert_tokenizer, sample_paragraphs, sample_store):
+    mask = _masking(strategy, bert_tokenizer, sample_store)
     dataset = _Examples(real_batch(bert_tokenizer, sample_paragraphs[:40], 40))
-    reference = _masks_via_loader(dataset, info, batch_size=8, workers=0, epoch=0)
-    assert _masks_via_loader(dataset, info, batch_size=8, workers=2, epoch=0) == reference
-    assert _masks_via_loader(dataset, info, batch_size=5, workers=0, epoch=0) == reference
-    next_epoch = _masks_via_loader(dataset, info, batch_size=8, workers=0, epoch=1)
+    reference = _masks_via_loader(dataset, mask, batch_size=8, workers=0, epoch=0)
+    assert _masks_via_loader(dataset, mask, batch_size=8, workers=2, epoch=0) == reference
+    assert _masks_via_loader(dataset, mask, batch_size=5, workers=0, epoch=0) == reference
+    next_epoch = _masks_via_loader(dataset, mask, batch_size=8, workers=0, epoch=1)
     assert sum(next_epoch[i] != reference[i] for i in reference) >= 39  # new masks every epoch

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import SAMPLE
+from conftest import PMI_TEST_VOCAB, SAMPLE
 from safetensors.torch import load_file
 from test_pretrain import assert_killed_run_resumes_bitwise
 from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification, RobertaForMaskedLM, pipeline
@@ -126,6 +126,9 @@ STRATEGIES = {
     "dynamic": ["masking.strategy=dynamic"],
     "whole-word": ["masking.whole_word=true"],
     **{f"adaptive-{scorer}": [*ADAPTIVE, f"masking.scorer={scorer}"] for scorer in choices.SCORERS},
+    # units of whole words, by the bundled byte-level BPE's own "Ġ"
+    "span": ["masking.strategy=span", "data.tokenizer=sample-bpe-8k"],
+    "pmi": ["masking.strategy=pmi", f"masking.pmi_vocab_size={PMI_TEST_VOCAB}", "data.tokenizer=sample-bpe-8k"],
 }
 
 

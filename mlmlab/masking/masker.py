@@ -17,9 +17,10 @@ these strategy calls (variants.Strategy is the interface):
     key = strategy.epoch_key(epoch)                                  # epoch: of the batch (a step may span two)
     weights = strategy.weights(model, batch, progress, key, step)    # (B, T) or None = uniform; step: from 1
     groups = strategy.selection_groups(batch)                        # (B, T) frequency buckets, or None
+    units = strategy.selection_units(batch, key, starts, eligible)   # span, pmi only: (B, T) unit starts
     mask_batch(batch, seed=cfg.seed, epoch_key=key, rate=rate_at(cfg, progress), info=info,
                corruption=corruption, weights=weights, groups=groups, whole_word=cfg.whole_word,
-               continuation=table)
+               continuation=table, unit_starts=units)
 
 ``learn_step`` calls ``strategy.observe(masked, result)`` for every micro-batch in the same
 order (a strategy pairs each observe with the weights of its own batch by that order), then
@@ -31,23 +32,40 @@ from collections.abc import Callable
 import torch
 
 from mlmlab.config import MaskingConfig
+from mlmlab.data.mixture import MixedStore
+from mlmlab.data.ngrams import NgramSettings, ngram_vocabulary
+from mlmlab.errors import UserError
 from mlmlab.masking.schedules import rate_at
-from mlmlab.masking.select import Corruption, continuation_table, mask_batch, token_info_for
-from mlmlab.masking.strategies import build_strategy
+from mlmlab.masking.select import (
+    Corruption,
+    TokenInfo,
+    continuation_table,
+    eligible_positions,
+    mask_batch,
+    token_info_for,
+    word_starts,
+)
+from mlmlab.masking.strategies import build_strategy, strategy_entry
 
 
 class Masker:
     """Masks a run's training batches and keeps what its strategy learns (checkpointed as its state)."""
 
-    def __init__(self, cfg: MaskingConfig, tokenizer, token_counts):
+    def __init__(self, cfg: MaskingConfig, tokenizer, token_counts, corpus=None):
         """``token_counts``: (V,) the training corpus's token counts (frequency buckets, the frequency scorer),
-        or None."""
+        or None; ``corpus``: the prepared training data (a TokenStore), for a strategy that reads its PMI
+        n-gram vocabulary (built beside it the first time), or None."""
         self.cfg = cfg
         self.info = token_info_for(tokenizer, cfg.mask_unk)  # held-out evaluation masks with it too
         self.corruption = Corruption(cfg.mask_prob, cfg.random_prob)
-        self.strategy = build_strategy(cfg, info=self.info, vocab_size=len(tokenizer), token_counts=token_counts)
+        entry = strategy_entry(cfg.strategy)
+        self.units = entry.units  # span, pmi: selection draws whole units of words
         # (V,) bool: the pieces that continue a word, by the tokenizer's own convention
-        self.continuation = continuation_table(tokenizer) if cfg.whole_word else None
+        self.continuation = continuation_table(tokenizer) if cfg.whole_word or self.units else None
+        ngrams = corpus_ngrams(cfg, corpus, self.continuation, self.info) if entry.ngrams else None
+        self.strategy = build_strategy(
+            cfg, info=self.info, vocab_size=len(tokenizer), token_counts=token_counts, ngrams=ngrams
+        )
 
     def mask_step(self, micro: list[tuple[int, dict]], model, *, progress: float, step: int) -> list[dict]:
         """The step's micro-batches, masked, in order. ``micro``: (epoch, batch) pairs, the batches on the
@@ -59,6 +77,7 @@ class Masker:
         weights its targets were drawn by (None: uniform)."""
         epoch_key = self.strategy.epoch_key(epoch)
         weights = self.strategy.weights(model, batch, progress, epoch_key, step=step)  # (B, T) or None
+        units = self._units(batch, epoch_key) if self.units else None  # (B, T) bool unit starts
         masked = mask_batch(
             batch,
             seed=self.cfg.seed,
@@ -70,8 +89,16 @@ class Masker:
             groups=self.strategy.selection_groups(batch),
             whole_word=self.cfg.whole_word,
             continuation=self.continuation,
+            unit_starts=units,
         )
         return masked, weights
+
+    def _units(self, batch: dict, epoch_key: int) -> torch.Tensor:
+        """(B, T) bool: where the strategy's units of whole words begin in ``batch``."""
+        ids = batch["input_ids"]  # (B, T)
+        eligible = eligible_positions(ids, self.info.special_ids)  # (B, T)
+        starts = word_starts(eligible, self.continuation.to(ids.device)[ids])  # (B, T)
+        return self.strategy.selection_units(batch, epoch_key, starts, eligible)
 
     def learn_step(
         self, masked: list[dict], results: list[dict], gather: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -91,3 +118,20 @@ class Masker:
 
     def load_state_dict(self, state: dict) -> None:
         self.strategy.load_state_dict(state)
+
+
+def ngram_settings(cfg: MaskingConfig) -> NgramSettings:
+    """The masking.pmi_* settings that decide the n-gram vocabulary."""
+    return NgramSettings(cfg.pmi_vocab_size, cfg.pmi_min_n, cfg.pmi_max_n, cfg.pmi_min_count)
+
+
+def corpus_ngrams(cfg: MaskingConfig, corpus, continuation: torch.Tensor, info: TokenInfo) -> list[dict]:
+    """The PMI n-gram vocabulary of the prepared training data ``corpus`` (a TokenStore), best first."""
+    if corpus is None:
+        raise ValueError(f"masking.strategy={cfg.strategy} needs corpus= (the prepared training data)")
+    if isinstance(corpus, MixedStore):
+        raise UserError(
+            f"masking.strategy={cfg.strategy} masks the n-grams of one training corpus, and a mixture of corpora "
+            "has no n-gram vocabulary yet; train it on one corpus (data.corpus=FILES)"
+        )
+    return ngram_vocabulary(corpus, ngram_settings(cfg), continuation.numpy(), info.special_ids)

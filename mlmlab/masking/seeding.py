@@ -27,6 +27,7 @@ MASK_STREAMS = (STREAM_SELECT, STREAM_ACTION, STREAM_TOKEN)
 STREAM_SCORE = 4  # the uniformly masked copy that the grad_norm scorer differentiates
 STREAM_QUOTA = 5  # frequency-neutral ADM: one number per sequence that rounds the bucket quotas
 STREAM_SCORED_ROWS = 6  # ADM with masking.score_fraction < 1: which sequences a model scorer scores
+STREAM_SPAN = 7  # span masking: the length in words of a span that would begin at a word
 
 
 def mix32(x):
@@ -39,7 +40,7 @@ def mix32(x):
     return x ^ (x >> 16)
 
 
-def _absorb(state, key):
+def absorb(state, key):
     """Fold one more coordinate into a hash state."""
     return mix32(state ^ mix32(key + _GOLDEN))
 
@@ -57,8 +58,8 @@ def key_hash(seed: int, streams, example_ids: torch.Tensor, epoch_keys: torch.Te
     streams of one masking step costs one pass.
     """
     streams = torch.as_tensor(streams, device=example_ids.device)[:, None]  # (S, 1)
-    per_example = _absorb(
-        _absorb(_absorb(_absorb(0, seed), streams), example_ids.long()[None, :]), epoch_keys.long()[None, :]
+    per_example = absorb(
+        absorb(absorb(absorb(0, seed), streams), example_ids.long()[None, :]), epoch_keys.long()[None, :]
     )  # (S, B)
     return mix32(per_example[:, :, None] ^ _position_keys(length, example_ids.device))  # (S, B, T)
 

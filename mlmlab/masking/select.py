@@ -158,6 +158,41 @@ def word_starts(eligible: torch.Tensor, is_continuation: torch.Tensor) -> torch.
     return eligible & ~(is_continuation & prev_eligible)
 
 
+def unit_owner(starts: torch.Tensor, eligible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(owner, member), both (B, T): the position of the unit start each position belongs to (the last start at
+    or before it; 0 where none), and whether it is an eligible position inside a unit. ``starts``: (B, T) bool."""
+    positions = torch.arange(starts.size(1), device=starts.device).expand_as(starts)
+    owner = torch.where(starts, positions, torch.full_like(positions, -1)).cummax(dim=1).values  # (B, T)
+    member = eligible & (owner >= 0)  # (B, T) tokens that belong to a unit
+    return owner.clamp(min=0), member
+
+
+def gumbel_top_k_units(weights, eligible, unit_starts, k, u) -> torch.Tensor:
+    """(B, T) bool: exactly k[b] positions of row b, as whole units taken in a random order, the last one trimmed.
+
+    A unit runs from a start in ``unit_starts`` (B, T) bool to the next start or ineligible position
+    (units.unit_starts: spans, PMI n-grams); every eligible position must belong to one. Units are
+    ranked by Gumbel keys of their mean piece weight (uniform weights: every unit equally likely,
+    whatever its length, so the lengths of the units taken follow those drawn) and taken in that
+    order until k tokens are; the unit that crosses k keeps only its first k - (tokens before it)
+    tokens. So the count is exactly k, and at most one unit per sequence is cut short (it may then
+    end inside a word).
+    """
+    owner, member = unit_owner(unit_starts, eligible)
+    length = torch.zeros_like(owner).scatter_add_(1, owner, member.long())  # (B, T) tokens, at unit starts
+    total = torch.zeros_like(weights, dtype=torch.float32).scatter_add_(1, owner, torch.where(member, weights, 0.0))
+    unit_weight = total / length.clamp(min=1)  # (B, T) mean piece weight, at unit starts
+    keys = torch.log(unit_weight.clamp(min=1e-30)) - torch.log(-torch.log(u))  # (B, T)
+    keys = keys.masked_fill(~unit_starts, float("-inf"))
+    order = keys.argsort(dim=1, descending=True)  # (B, T) unit starts first, best key first
+    sorted_length = length.gather(1, order) * unit_starts.gather(1, order)  # (B, T)
+    before = sorted_length.cumsum(dim=1) - sorted_length  # (B, T) tokens taken before each unit
+    take = torch.minimum((k[:, None] - before).clamp(min=0), sorted_length)  # (B, T) tokens taken from each
+    taken = torch.zeros_like(take).scatter_(1, order, take)  # (B, T) at unit starts
+    offset = torch.arange(owner.size(1), device=owner.device) - owner  # (B, T) position inside its unit
+    return member & (offset < taken.gather(1, owner))
+
+
 def gumbel_top_k_words(weights, eligible, is_continuation, k, u) -> torch.Tensor:
     """(B, T) bool: whole words drawn without replacement, P ∝ mean weight of their pieces.
 
@@ -167,10 +202,7 @@ def gumbel_top_k_words(weights, eligible, is_continuation, k, u) -> torch.Tensor
     """
     length_t = eligible.size(1)
     starts = word_starts(eligible, is_continuation)  # (B, T)
-    positions = torch.arange(length_t, device=eligible.device).expand_as(starts)
-    owner = torch.where(starts, positions, torch.full_like(positions, -1)).cummax(dim=1).values  # (B, T)
-    member = eligible & (owner >= 0)  # (B, T) tokens that belong to a word
-    owner = owner.clamp(min=0)
+    owner, member = unit_owner(starts, eligible)
     length = torch.zeros_like(weights, dtype=torch.float32).scatter_add_(1, owner, member.float())  # (B, T) at starts
     total = torch.zeros_like(length).scatter_add_(1, owner, torch.where(member, weights.float(), 0.0))
     word_weight = total / length.clamp(min=1)  # (B, T) mean piece weight, at word starts
@@ -213,13 +245,16 @@ def select_and_corrupt(
     eligible=None,
     is_continuation=None,
     groups=None,
+    unit_starts=None,
 ):
     """Masks for a batch as a pure function of (seed, example, epoch key, position).
 
     input_ids (B, T); example_ids, epoch_keys (B,); weights (B, T) or None for uniform;
     is_continuation (B, T) bool or None: when given, whole words are selected;
     groups (B, T) long or None: when given, each group gets its proportional share of the
-    k targets (gumbel_top_k_grouped); not with is_continuation.
+    k targets (gumbel_top_k_grouped); not with is_continuation;
+    unit_starts (B, T) bool or None: when given, exactly k positions are selected as whole units
+    (gumbel_top_k_units), whatever is_continuation says.
     Returns (masked input_ids, labels, selected), all (B, T).
     """
     batch, length = input_ids.shape
@@ -233,7 +268,9 @@ def select_and_corrupt(
     k = count_to_select(eligible, rate)  # (B,)
     if groups is not None and is_continuation is not None:
         raise ValueError("per-group quotas count tokens; they do not combine with whole-word selection")
-    if groups is not None:
+    if unit_starts is not None:
+        selected = gumbel_top_k_units(weights, eligible, unit_starts, k, draws[seeding.STREAM_SELECT])
+    elif groups is not None:
         u_quota = seeding.row_uniforms(seed, seeding.STREAM_QUOTA, example_ids, epoch_keys)  # (B,)
         selected = gumbel_top_k_grouped(weights, eligible, groups, k, draws[seeding.STREAM_SELECT], u_quota)
     elif is_continuation is None:
@@ -258,6 +295,7 @@ def mask_batch(
     groups=None,
     whole_word: bool = False,
     continuation: torch.Tensor | None = None,
+    unit_starts: torch.Tensor | None = None,
 ) -> dict:
     """A copy of ``batch`` with masked ``input_ids`` and ``labels`` (original ids, -100 elsewhere).
 
@@ -265,6 +303,8 @@ def mask_batch(
     (strategy.selection_groups: frequency-neutral ADM).
     whole_word: select whole words; "##" pieces come from batch["is_continuation"] (B, T) if
     present, else from ``continuation``, the (V,) per-id table of continuation_table.
+    unit_starts: (B, T) bool or None; where each unit of whole words begins (strategy.selection_units: span,
+    pmi): exactly k positions are then drawn as units, the last one trimmed (gumbel_top_k_units).
     """
     example_ids = batch["example_ids"]  # (B,)
     epoch_keys = torch.full_like(example_ids, epoch_key)
@@ -288,5 +328,6 @@ def mask_batch(
         weights=weights,
         is_continuation=is_continuation,
         groups=groups,
+        unit_starts=unit_starts,
     )
     return {**batch, "input_ids": masked, "labels": labels}

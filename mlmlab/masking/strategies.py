@@ -4,6 +4,11 @@
 ``dynamic`` (RoBERTa) draws new masks every epoch. Both use uniform weights, so the
 selection itself is the shared Gumbel-top-k of ``select.py``.
 
+``span`` (SpanBERT) and ``pmi`` (PMI-Masking) key like ``dynamic`` with uniform weights, and select units of
+whole words instead of single positions (units.py): random-length spans, or the corpus's collocated n-grams.
+Their targets are corrupted 80/10/10 per token like every other strategy's (SpanBERT decides per span), so that
+strategies differ only in which positions are targets; per-span corruption is not offered.
+
 ``adaptive`` (ADM, seeds/002) keys like ``dynamic`` and weights each eligible position
 w = max((1 - a) + a * s, floor), where s is the position's uncertainty score (scorers.py),
 normalised to mean 1 over the sequence's eligible positions (or raw, as the seed), and
@@ -35,6 +40,7 @@ from mlmlab.masking.schedules import adapt_factor
 from mlmlab.masking.scorers import SCORER_ENTRIES, scorer_entry
 from mlmlab.masking.seeding import STREAM_SCORED_ROWS, row_uniforms
 from mlmlab.masking.select import TokenInfo, eligible_positions
+from mlmlab.masking.units import NgramTable, drawn_span_lengths, unit_starts
 from mlmlab.masking.variants import StrategyEntry, add_entry, entry_named
 from mlmlab.model import IGNORE_INDEX
 from mlmlab.utils.devices import clock
@@ -66,6 +72,9 @@ class UniformStrategy:
 
     def selection_groups(self, batch: dict):
         """(B, T) groups whose share of the targets selection must keep, or None: uniform masking keeps none."""
+
+    def selection_units(self, batch: dict, epoch_key: int, starts: torch.Tensor, eligible: torch.Tensor):
+        """None: single positions (or single words, masking.whole_word) are the units."""
 
     def observe(self, batch: dict, result: dict) -> None:
         """Count what was selected (and, adaptive, keep the micro-batch's masked-LM losses for learn())."""
@@ -281,6 +290,35 @@ class AdaptiveStrategy(UniformStrategy):
         self.scorer.load_state_dict(state)
 
 
+class SpanStrategy(UniformStrategy):
+    """SpanBERT's span masking: units of whole words whose lengths are drawn anew every epoch (units.py)."""
+
+    def selection_units(self, batch: dict, epoch_key: int, starts: torch.Tensor, eligible: torch.Tensor):
+        ids = batch["example_ids"]  # (B,)
+        lengths = drawn_span_lengths(
+            self.cfg.seed,
+            ids,
+            torch.full_like(ids, epoch_key),
+            starts.size(1),
+            self.cfg.span_p,
+            self.cfg.span_max_words,
+        )  # (B, T)
+        return unit_starts(starts, eligible, lengths)
+
+
+class PmiStrategy(UniformStrategy):
+    """PMI-Masking: the corpus's collocated n-grams (the longest one at a word, taken left to right) and otherwise
+    single words are the units; the units of a sequence are fixed, which of them are targets is drawn every epoch."""
+
+    def __init__(self, cfg: MaskingConfig, ngrams: list[dict], vocab_size=None, token_counts=None):
+        super().__init__(cfg, vocab_size, token_counts)
+        self.table = NgramTable([entry["words"] for entry in ngrams], cfg.pmi_max_n)
+
+    def selection_units(self, batch: dict, epoch_key: int, starts: torch.Tensor, eligible: torch.Tensor):
+        lengths = self.table.lengths(batch["input_ids"], starts, eligible)  # (B, T)
+        return unit_starts(starts, eligible, lengths)
+
+
 def normalise(scores: torch.Tensor, eligible: torch.Tensor, how: str) -> torch.Tensor:
     """(B, T) scores; "mean": each row scaled to mean 1 over its eligible positions; "raw": as is."""
     if how == choices.RAW:
@@ -308,6 +346,12 @@ def _adaptive(cfg: MaskingConfig, info: TokenInfo | None = None, vocab_size: int
     if token_counts is None and cfg.frequency_neutral:
         raise ValueError("frequency_neutral needs token_counts= (the corpus's token counts)")
     return AdaptiveStrategy(cfg, info, vocab_size, token_counts)
+
+
+def _pmi(cfg: MaskingConfig, info=None, vocab_size=None, token_counts=None, ngrams=None):
+    if ngrams is None:
+        raise ValueError("the pmi strategy needs ngrams= (data.ngrams.ngram_vocabulary of the training corpus)")
+    return PmiStrategy(cfg, ngrams, vocab_size, token_counts)
 
 
 def _adaptive_label(m: dict) -> str:
@@ -360,6 +404,28 @@ STRATEGY_ENTRIES = {
             state_bytes=lambda m: scorer_entry(m.scorer).state_bytes(m),
             fsdp_refusal=_adaptive_fsdp_refusal,
         ),
+        StrategyEntry(
+            choices.SPAN,
+            build=_uniform(SpanStrategy),
+            label=lambda m: f"span p={m['span_p']:g}, ≤{m['span_max_words']} words",
+            card_lines=lambda m: [
+                f"- span masking (SpanBERT): spans of whole words, lengths ~ Geo({m.span_p}) over 1 to "
+                f"{m.span_max_words} words"
+            ],
+            units=True,
+        ),
+        StrategyEntry(
+            choices.PMI,
+            build=_pmi,
+            label=lambda m: f"PMI n-grams ({m['pmi_vocab_size']:,}, n {m['pmi_min_n']}-{m['pmi_max_n']})",
+            card_lines=lambda m: [
+                f"- PMI masking (Levine et al. 2021): {m.pmi_vocab_size:,} n-grams of {m.pmi_min_n} to "
+                f"{m.pmi_max_n} words from the training corpus (each seen at least {m.pmi_min_count} times), "
+                "else single words"
+            ],
+            units=True,
+            ngrams=True,
+        ),
     )
 }
 
@@ -375,7 +441,11 @@ def strategy_entry(name: str) -> StrategyEntry:
     return entry_named(STRATEGY_ENTRIES, name, "masking.strategy")
 
 
-def build_strategy(cfg: MaskingConfig, info: TokenInfo | None = None, vocab_size: int | None = None, token_counts=None):
+def build_strategy(
+    cfg: MaskingConfig, info: TokenInfo | None = None, vocab_size: int | None = None, token_counts=None, ngrams=None
+):
     """The strategy cfg.strategy names. vocab_size: the tokenizer's (unpadded); token_counts: (V,) corpus counts or
-    None."""
-    return strategy_entry(cfg.strategy).build(cfg, info, vocab_size, token_counts)
+    None; ngrams: the corpus's PMI n-gram vocabulary, handed only to an entry that reads it."""
+    entry = strategy_entry(cfg.strategy)
+    extra = {"ngrams": ngrams} if entry.ngrams else {}
+    return entry.build(cfg, info, vocab_size, token_counts, **extra)

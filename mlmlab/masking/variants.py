@@ -38,6 +38,10 @@ class Strategy(Protocol):
     def selection_groups(self, batch: dict) -> torch.Tensor | None:
         """(B, T) groups whose share of the targets selection must keep (frequency buckets), or None."""
 
+    def selection_units(self, batch: dict, epoch_key: int, starts: torch.Tensor, eligible: torch.Tensor):
+        """(B, T) bool: where each unit of whole words begins (units.unit_starts), or None: single positions.
+        Asked only of an entry with ``units``; ``starts``: the (B, T) word starts, ``eligible``: (B, T)."""
+
     def observe(self, batch: dict, result: dict) -> None:
         """One masked micro-batch and its forward's result (model.SparsePretraining's), in mask order."""
 
@@ -112,6 +116,12 @@ class StrategyEntry:
     state_bytes: Callable[[MaskingConfig], dict[str, int]] = lambda cfg: {}  # as ScorerEntry's
     # why it cannot run with FSDP's sharded weights, one line that says what to do; None: it can
     fsdp_refusal: Callable[[MaskingConfig], str | None] = lambda cfg: None
+    # it selects units of whole words (span, pmi): masking reads the tokenizer's word boundaries for it and asks its
+    # selection_units; exactly k positions are then drawn as whole units, the last one trimmed
+    units: bool = False
+    # it reads the training corpus's PMI n-gram vocabulary (data/ngrams.py): build gets it as ngrams=, a list
+    # of data.ngrams' entries, built beside the prepared data the first time
+    ngrams: bool = False
 
 
 def add_entry(entries: dict, names: list[str], entry, key: str) -> None:

@@ -244,7 +244,8 @@ class Trainer:
             )
         refuse_unfitting(cfg, len(self.tokenizer), self.accelerator)  # before allocating any of it (ADM's tables too)
         say_precision(self.accelerator, cfg)
-        self.masker = Masker(cfg.masking, self.tokenizer, self.train_store.token_counts)
+        with self.accelerator.main_process_first():  # pmi: the first run on a corpus builds its n-gram vocabulary
+            self.masker = Masker(cfg.masking, self.tokenizer, self.train_store.token_counts, corpus=self.train_store)
         self.model, self.module, self.optimizer = prepared_model(cfg, self.tokenizer, self.accelerator, folder)
         # MFU denominator of every process together (~0.25 s; timed again as the run goes, mfu.MeasuredPeak).
         self.peak = MeasuredPeak(self.accelerator.device, matmul_dtype(self.precision), self.accelerator.num_processes)
