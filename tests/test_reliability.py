@@ -39,7 +39,7 @@ from mlmlab.experiments.running.runner import results_lock
 from mlmlab.train import checkpoint
 from mlmlab.train.metrics import MetricsWriter
 from mlmlab.utils import files
-from mlmlab.utils.files import lock_beside, lock_folder, staging_folder
+from mlmlab.utils.files import lock_beside, lock_folder, refuse_results_of_another_model, staging_folder
 
 pytestmark = pytest.mark.usefixtures("no_progress_bars")
 
@@ -346,6 +346,26 @@ def test_a_results_folder_of_another_model_is_refused_and_the_same_models_rerun_
     assert f"already holds results of the model {other_model}" in refusal and "give --out a new folder" in refusal
     assert fingerprint(out) == before
     assert main(argv(other_model)) == 0  # the same model again: its rerun replaces its results
+
+
+@pytest.mark.parametrize(
+    "recorded, model, out, same",
+    [
+        ("old/study/runs/a/seed0/model", "new/study/runs/a/seed0/model", "new/study/runs/a/seed0/glue", True),
+        ("old/study/runs/a/seed0/model", "new/study/runs/b/seed0/model", "new/study/runs/a/seed0/glue", False),
+        ("x/m/model", "y/m/model", "z/out", False),  # results apart from the model: only its own path is it
+    ],
+)
+def test_results_moved_together_with_their_model_are_still_its_own(tmp_path, recorded, model, out, same):
+    """A study folder moved elsewhere reruns a row's missing measurement into its runs' glue/ beside model/."""
+    results = tmp_path / out
+    results.mkdir(parents=True)
+    (results / "glue_results.json").write_text(json.dumps({"model_dir": str(tmp_path / recorded)}))
+    if same:
+        refuse_results_of_another_model(results, "glue_results.json", tmp_path / model)
+    else:
+        with pytest.raises(UserError, match="already holds results of the model"):
+            refuse_results_of_another_model(results, "glue_results.json", tmp_path / model)
 
 
 # ----- lock files: none left beside an output --------------------------------------------------

@@ -302,12 +302,22 @@ def lock_beside(target: Path, what: str, instead: str) -> WriterLock:
     return WriterLock(target.parent / f".{target.name}.lock", what, instead)
 
 
+def _moved_together(recorded: Path, model_dir: Path, folder: Path) -> bool:
+    """Whether ``recorded`` is ``model_dir`` under another root, both moved with the results ``folder``: the
+    recorded path ends in the path from the folders' common ancestor down to ``model_dir``."""
+    model_dir, folder = model_dir.resolve(), folder.resolve()
+    below = model_dir.relative_to(os.path.commonpath([model_dir, folder])).parts
+    return bool(below) and Path(recorded).parts[-len(below) :] == below and len(below) < len(model_dir.parts) - 1
+
+
 def refuse_results_of_another_model(folder: Path, results_file: str, model_dir: Path, option: str = "--out") -> None:
     """Refuse a results folder whose ``results_file`` holds another model's figures, before any work.
 
     "Another model's": the file's ``model_dir`` names another folder than ``model_dir`` (compared as
-    given and resolved); a file that names none, or is not JSON, belongs to no model this can tell
-    apart and is refused too. The same model's results are replaced by the new ones (a rerun).
+    given and resolved), and not the same one moved together with the results (a study folder moved
+    elsewhere: its runs' glue/ and model/ keep their places beside each other); a file that names none,
+    or is not JSON, belongs to no model this can tell apart and is refused too. The same model's results
+    are replaced by the new ones (a rerun).
     """
     path = Path(folder) / results_file
     if not path.is_file():
@@ -317,7 +327,11 @@ def refuse_results_of_another_model(folder: Path, results_file: str, model_dir: 
     except (OSError, UnicodeDecodeError):
         recorded = {}
     other = recorded.get("model_dir")
-    if isinstance(other, str) and (other == str(model_dir) or Path(other).resolve() == Path(model_dir).resolve()):
+    if isinstance(other, str) and (
+        other == str(model_dir)
+        or Path(other).resolve() == Path(model_dir).resolve()
+        or _moved_together(Path(other), Path(model_dir), Path(folder))
+    ):
         return
     whose = f"the model {other}" if isinstance(other, str) else "an unknown model"
     raise UserError(
