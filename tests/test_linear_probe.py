@@ -212,8 +212,8 @@ def test_cli_prints_the_table_and_writes_results(tiny_model_dir, glue_dir, tmp_p
         ("columns", "missing column(s) sentence"),
         ("dev file", "MRPC/dev.tsv is missing"),
         ("model", "has no config.json"),
-        ("seed", "probe seed -1 must be an integer >= 0"),
-        ("random inits", "probe random_inits 0 must be an integer >= 1"),
+        ("seed", "--seed=-1 must be within [0, 4294967295] (seeds are 32-bit)"),
+        ("random inits", "--random-inits=0 must be at least 1"),
     ],
 )
 def test_cli_errors_are_one_line(tiny_model_dir, glue_dir, tmp_path, capsys, breakage, expected):
