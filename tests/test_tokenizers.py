@@ -140,7 +140,8 @@ def test_the_begins_a_word_table_agrees_with_word_ids_on_real_text(trained, kind
 
 
 # ----- training with each kind ---------------------------------------------------------------
-SMALL = [
+# a model and run small enough to train 20 steps in seconds (test_units.py trains it too)
+SMALL_RUN = [
     "model.hidden_size=32",
     "model.num_layers=1",
     "model.num_heads=2",
@@ -149,6 +150,9 @@ SMALL = [
     "train.eval_every=0",
     "train.warmup_steps=1",
     "data.loader_workers=0",
+]
+SMALL = [
+    *SMALL_RUN,
     f"data.corpus={CORPUS}",
     f"data.valid_corpus={CORPUS}",
     "data.max_seq_length=64",

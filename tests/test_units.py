@@ -8,6 +8,7 @@ from conftest import PMI_TEST_VOCAB
 from scipy.stats import chisquare
 from test_pretrain import _command as bert_command
 from test_pretrain import assert_killed_run_resumes_bitwise
+from test_tokenizers import SMALL_RUN
 
 from mlmlab import choices
 from mlmlab.cli import main
@@ -224,14 +225,7 @@ def test_mask_shows_span_and_pmi_and_pmi_without_data_is_refused(sample_store, c
 
 # ----- training and resume -----------------------------------------------------------------
 SMALL = [
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.intermediate_size=64",
-    "train.batch_size=4",
-    "train.eval_every=0",
-    "train.warmup_steps=1",
-    "data.loader_workers=0",
+    *SMALL_RUN,
     "train.precision=fp32",
     "masking.rate_schedule=linear_decay",  # Ankner's decay, composed
     *PMI,
