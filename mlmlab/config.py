@@ -288,7 +288,8 @@ class TrainConfig:
     save_every: int = ranged(200, at_least(0))  # steps between checkpoints; the final one is always written
     keep_last: int = ranged(2, at_least(0))  # newest checkpoints kept on disk; 0 keeps every one
     seed: int = ranged(0, SEEDS)  # model initialisation, dropout and data order
-    precision: str = choices.AUTO  # "auto": bf16 autocast on CUDA and on CPUs with AMX, else fp32 (train/launch.py)
+    # "auto": bf16 autocast on CUDA and on CPUs whose bf16 matmuls time clearly faster, else fp32 (train/launch.py)
+    precision: str = choices.AUTO
     compile: bool = False  # torch.compile the encoder (static shapes) and MLM head; 0.97-1.05x on a 2-core CPU
     # The MLM decoder and its cross-entropy chunk by chunk, gradients in the forward (mlmlab/head_loss.py): the
     # same loss to float tolerance without the (M, V) logits in memory three times. null (auto): off. Its CPU wins

@@ -2,6 +2,9 @@
 
 import math
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -257,24 +260,47 @@ def test_a_cuda_run_uses_tf32_unless_it_asks_for_fp32(monkeypatch):
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
-def test_auto_precision_is_bf16_on_cpus_with_amx_and_fp32_on_others(tmp_path, monkeypatch):
-    """Where bf16 autocast measured faster and ended where fp32 does (studies/precision-bf16-cpu)."""
+def test_auto_precision_is_bf16_where_bf16_matmuls_measure_clearly_faster(tmp_path, monkeypatch, capsys):
+    """Where bf16 autocast measured faster and ended where fp32 does (studies/precision-bf16-cpu); the log says
+    the measured speed it chose by."""
     import torch
 
     from mlmlab.train import launch
-    from mlmlab.utils.devices import cpu_features
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    for amx, expected in ((True, "bf16"), (False, "no")):
-        monkeypatch.setattr(launch, "cpu_features", lambda amx=amx: {**cpu_features(), "amx_bf16": amx})
-        assert launch.resolve_precision("auto").accelerate == expected
+    for speedup, expected in ((7.0, "bf16"), (launch.BF16_CLEARLY_FASTER, "bf16"), (1.3, "no"), (0.01, "no")):
+        monkeypatch.setattr(launch, "cpu_bf16_speedup", lambda speedup=speedup: speedup)
+        assert launch.resolve_precision("auto").accelerate == expected, speedup
         assert (launch.resolve_precision("fp32").accelerate, launch.resolve_precision("bf16").accelerate) == (
             "no",
             "bf16",
         )
-    monkeypatch.setattr(launch, "cpu_features", lambda: {**cpu_features(), "amx_bf16": True})
-    on_amx = small_trainer(tmp_path, "amx", "train.precision=auto")
-    assert on_amx.precision == "bf16" and matmul_dtypes(on_amx) == {torch.bfloat16}
+    monkeypatch.setattr(launch, "cpu_bf16_speedup", lambda: 7.0)
+    on_fast = small_trainer(tmp_path, "fast", "train.precision=auto")
+    assert on_fast.precision == "bf16" and matmul_dtypes(on_fast) == {torch.bfloat16}
+    assert "precision bf16 (train.precision=auto: bf16 matmuls 7x fp32's on one core here" in capsys.readouterr().err
+
+
+def test_the_bf16_speed_is_timed_in_under_a_second_and_leaves_the_thread_count():
+    import torch
+
+    from mlmlab.train import launch
+
+    threads = torch.get_num_threads()
+    start = time.perf_counter()
+    speedup = launch.time_bf16_speedup()  # timed now, not this process's cached figure
+    assert time.perf_counter() - start < 1.5  # about 0.2 s idle, 0.3-0.75 s beside a study's run
+    assert 1e-4 < speedup < 100 and torch.get_num_threads() == threads
+
+
+def test_auto_precision_is_fp32_where_bf16_matmuls_are_slow():
+    """oneDNN held to AVX2 computes bf16 in software, as on an AVX2-only host (0.01x fp32's speed): whatever
+    this host's units, auto must then train in fp32."""
+    code = "from mlmlab.train import launch; print(launch.cpu_bf16_speedup(), launch.auto_precision())"
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    speedup, precision = done.stdout.split()
+    assert float(speedup) < 0.5 and precision == "fp32", done.stdout + done.stderr
 
 
 def test_batch_warmup_grows_a_micro_batch_at_a_time_with_equal_steps_at_each_size():

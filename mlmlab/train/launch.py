@@ -5,6 +5,7 @@ what nothing here has tested, or what would silently do something other than ask
 is refused in one line.
 """
 
+import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from mlmlab.masking.strategies import strategy_entry
 from mlmlab.train.checkpoint import run_dir_for
 from mlmlab.train.mfu import peak_matmul_flops
 from mlmlab.train.trackers import accelerate_trackers
-from mlmlab.utils.devices import available_cores, cpu_features, describe_cpu, has_bf16_units
+from mlmlab.utils.devices import available_cores, describe_cpu
 from mlmlab.utils.progress import say_once
 
 
@@ -59,15 +60,48 @@ def matmul_dtype(mixed_precision: str) -> torch.dtype:
 
 
 def auto_precision() -> str:
-    """What train.precision=auto trains in: bf16 autocast on a CUDA GPU that has it and on a CPU with
-    AMX tiles, fp32 elsewhere.
+    """What train.precision=auto trains in: bf16 autocast on a CUDA GPU that has it and on a CPU whose bf16
+    matmuls clearly beat its fp32 ones (``cpu_bf16_speedup``), fp32 elsewhere.
 
-    On AMX CPUs bf16 autocast trained 1.25x (tiny) and 1.11x (mini) the tokens/s of fp32 (docs/scale-out.md)
-    and ended where fp32 does (studies/precision-bf16-cpu); without bf16 units it is slower.
+    Where bf16 matmuls ran faster, bf16 autocast trained faster: 1.25x (tiny) and 1.11x (mini) the tokens/s of
+    fp32 on an AMX host (docs/scale-out.md), and ended where fp32 does (studies/precision-bf16-cpu); without
+    bf16 units it is slower.
     """
     if torch.cuda.is_available():
         return choices.BF16 if torch.cuda.is_bf16_supported() else choices.FP32
-    return choices.BF16 if cpu_features()["amx_bf16"] else choices.FP32
+    return choices.BF16 if cpu_bf16_speedup() >= BF16_CLEARLY_FASTER else choices.FP32
+
+
+# The bf16/fp32 matmul speed from which auto trains a CPU run in bf16. A step gains less than its matmuls
+# (bf16 matmuls 2.5x fp32's trained tiny 1.33x faster on an AMD EPYC with AVX512-BF16) and pays for the casts,
+# so near parity bf16 would gain nothing. Hosts measured so far sit far from it on either side (one core,
+# this one's oneDNN held to each level: AMX 6.3-8.2x, AVX512-BF16 without AMX 0.55x, AVX-512 0.19x,
+# AVX2 0.01x), so the processes of one launch, timing on their own, agree.
+BF16_CLEARLY_FASTER = 1.5
+
+
+def time_bf16_speedup() -> float:
+    """This CPU's bf16 over fp32 dense-matmul FLOP/s, timed now on one core (about 0.3 s).
+
+    Measured, never read from the CPU's name or flags: hosts of one machine type differ (AMX, AVX512-BF16
+    alone, none), and oneDNN may be held below what the CPU has (ONEDNN_MAX_CPU_ISA). One thread, because
+    beside another job (a study's run) a thread pool waits at each barrier for a preempted thread: timed
+    on two busy cores the ratio swung 100-fold between calls, on one it stayed within 30%. Rounds alternate
+    the two dtypes and keep each one's best, so a burst of load slows neither alone.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        best = {torch.bfloat16: 0.0, torch.float32: 0.0}
+        for _round in range(3):
+            for dtype in best:
+                best[dtype] = max(best[dtype], peak_matmul_flops("cpu", dtype, seconds=0.03))
+    finally:
+        torch.set_num_threads(threads)
+    return best[torch.bfloat16] / best[torch.float32]
+
+
+cpu_bf16_speedup = functools.cache(time_bf16_speedup)  # once per process: a host's units do not change as it runs
 
 
 # How long a process waits for the others at a collective. The first is the main process preparing the
@@ -143,20 +177,26 @@ def say_precision(accelerator: Accelerator, cfg: Config) -> None:
     setting = "null: auto" if cfg.train.fused_head is None else str(cfg.train.fused_head).lower()
     say_once(
         accelerator,
-        f"precision {used} (train.precision={cfg.train.precision}), {head} MLM head "
-        f"(train.fused_head={setting}) on {where}",
+        f"precision {used} (train.precision={cfg.train.precision}{auto_reason(cfg.train.precision, on_gpu)}), "
+        f"{head} MLM head (train.fused_head={setting}) on {where}",
     )
-    if not on_gpu and used == choices.BF16 and not has_bf16_units(cpu_features()):
+    if not on_gpu and used == choices.BF16 and cpu_bf16_speedup() < 1:
         say_once(accelerator, slow_bf16_note())
 
 
+def auto_reason(setting: str, on_gpu: bool) -> str:
+    """Why auto chose as it did on a CPU: the measured speed it chose by. Empty for a precision set by name."""
+    if setting != choices.AUTO or on_gpu:
+        return ""
+    return f": bf16 matmuls {cpu_bf16_speedup():.2g}x fp32's on one core here, bf16 from {BF16_CLEARLY_FASTER}x"
+
+
 def slow_bf16_note() -> str:
-    """One line for a bf16 run on a CPU without bf16 units: what bf16 costs here, timed now (~0.2 s)."""
-    ratio = peak_matmul_flops("cpu", torch.bfloat16, seconds=0.1) / peak_matmul_flops("cpu", torch.float32, seconds=0.1)
+    """One line for a bf16 run on a CPU whose bf16 matmuls are slower than its fp32 ones (no bf16 units)."""
+    ratio = cpu_bf16_speedup()
     return (
-        f"this CPU has no bf16 units (AMX or AVX512-BF16): its bf16 matmuls ran at {ratio:.2g}x the speed of "
-        f"fp32 just now, so this run may train up to {max(1.0, 1 / ratio):.0f}x slower than in fp32; "
-        "train.precision=fp32 (or auto) avoids that"
+        f"this CPU's bf16 matmuls ran at {ratio:.2g}x the speed of fp32 (one core, timed at start), so this run "
+        f"may train up to {max(1.0, 1 / ratio):.0f}x slower than in fp32; train.precision=fp32 (or auto) avoids that"
     )
 
 

@@ -59,10 +59,11 @@ def clock(device: torch.device | str) -> float:
 
 
 def cpu_features() -> dict:
-    """What this CPU offers for training, as torch sees it: the flags that decide fp32 vs bf16 speed.
+    """What this CPU offers for training, as torch sees it: the flags a log names beside a figure.
 
-    Hosts of one machine type differ: some have AMX tiles (bf16 matmuls 3-5x fp32), others
-    no bf16 units at all (bf16 10-100x slower). Detected, never assumed.
+    Hosts of one machine type differ: some have AMX tiles (bf16 matmuls 3-8x fp32), others
+    no bf16 units at all (bf16 10-100x slower). Named here, never decided on: what precision
+    pays is timed (train/launch.py, cpu_bf16_speedup).
     """
     capabilities = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
     return {
@@ -70,12 +71,6 @@ def cpu_features() -> dict:
         "torch_capability": torch.backends.cpu.get_cpu_capability(),
         **{flag: bool(capabilities.get(flag)) for flag in ("avx512_f", "avx512_bf16", "amx_bf16")},
     }
-
-
-def has_bf16_units(features: dict) -> bool:
-    """Whether the CPU computes bf16 dot products natively (AMX tiles or AVX512-BF16); without, torch
-    converts in software: bf16 matmuls ran ~40x slower than fp32 on an AVX2-only AMD EPYC."""
-    return features["amx_bf16"] or features["avx512_bf16"]
 
 
 def describe_cpu() -> str:
