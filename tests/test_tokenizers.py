@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import SAMPLE
+from conftest import PMI_TEST_VOCAB, SAMPLE
 from transformers import AutoTokenizer, RobertaTokenizerFast
 
 from mlmlab import choices
@@ -178,17 +178,29 @@ STRATEGIES = {
         for scorer in choices.SCORERS
     },
 }
+# Span and PMI draw whole words by the tokenizer's own word starts (Ġ, ▁ where WordPiece has ##): RoBERTa only,
+# which trains 20 steps; the word-start tables are the kind's, not the architecture's.
+UNIT_STRATEGIES = {
+    "span": ["masking.strategy=span"],
+    "pmi": ["masking.strategy=pmi", f"masking.pmi_vocab_size={PMI_TEST_VOCAB}"],
+}
 # 20 steps of every strategy with each kind on RoBERTa; 3 on BERT and ModernBERT keep the suite's time down
 STEPS = {"roberta": 20}
+CASES = [(model, strategy) for model in MODELS for strategy in STRATEGIES] + [("roberta", s) for s in UNIT_STRATEGIES]
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES, ids=STRATEGIES.keys())
-@pytest.mark.parametrize("model", MODELS, ids=MODELS.keys())
+def test_every_masking_strategy_is_among_those_trained_with_each_kind():
+    overrides = [override for run in (*STRATEGIES.values(), *UNIT_STRATEGIES.values()) for override in run]
+    named = {override.split("=")[1] for override in overrides if override.startswith("masking.strategy=")}
+    assert named == set(choices.STRATEGIES)
+
+
+@pytest.mark.parametrize("model,strategy", CASES, ids=[f"{model}-{strategy}" for model, strategy in CASES])
 @pytest.mark.parametrize("kind", [choices.BPE, choices.UNIGRAM])
 def test_every_architecture_trains_with_each_kind(trained, tmp_path, kind, model, strategy):
+    masking = {**STRATEGIES, **UNIT_STRATEGIES}[strategy]
     cfg = load_config(
-        None,
-        [*MODELS[model], *SMALL, *STRATEGIES[strategy], f"data.tokenizer={trained[kind]}", f"train.out_dir={tmp_path}"],
+        None, [*MODELS[model], *SMALL, *masking, f"data.tokenizer={trained[kind]}", f"train.out_dir={tmp_path}"]
     )
     trainer = Trainer(cfg, evaluator=None, show_progress=False)
     tokenizer = trainer.tokenizer
