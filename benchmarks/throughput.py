@@ -2,15 +2,18 @@
 
 Arms, each with the same model size, vocabulary, data and batch size:
 
-- ``hf-naive``: transformers' own model class (``BertForPreTraining`` with NSP, ``BertForMaskedLM``
-  without, ``ModernBertForMaskedLM``; the full MLM head over every position) fed by
-  ``DataCollatorForLanguageModeling`` in a plain loop with AdamW, plainly shuffled batches --
-  what a researcher writes from the transformers docs.
+- ``hf-naive``: transformers' own model class of the preset's architecture (``BertForPreTraining`` with
+  NSP, ``BertForMaskedLM`` without, ``RobertaForMaskedLM``, ``ModernBertForMaskedLM``; the full MLM head
+  over every position), built from the config mlmlab's architecture adapter makes, fed by
+  ``DataCollatorForLanguageModeling`` with the run's own tokenizer (its mask token, padding and special
+  tokens) in a plain loop with AdamW, plainly shuffled batches -- what a researcher writes from the
+  transformers docs.
 - ``hf-sparse``: the anchor. The same transformers modules, but the MLM head applied only to
-  the labelled positions (BERT: a researcher who knows the trick writes it in 30 lines;
-  ModernBERT: transformers' own ``sparse_prediction`` option), fused AdamW, the same collator,
-  batches grouped by length (as the HF Trainer's ``group_by_length`` does). Most of mlmlab's ratio
-  against ``hf-naive`` is this trick alone.
+  the labelled positions (BERT's ``cls.predictions``, RoBERTa's ``lm_head``: a researcher who knows the
+  trick writes it in 30 lines, here the encoder and head found through mlmlab's adapter; ModernBERT:
+  transformers' own ``sparse_prediction`` option), fused AdamW, the same collator, batches grouped by
+  length (as the HF Trainer's ``group_by_length`` does). Most of mlmlab's ratio against ``hf-naive`` is
+  this trick alone.
 - ``mlmlab-unbucketed``: ``Trainer.train_step`` without length bucketing (data.bucket_batches=0).
 - ``mlmlab``: ``Trainer.train_step`` as configured.
 - ``hf-sparse-recipe`` and ``mlmlab-as-shipped``: the anchor and mlmlab both at mlmlab's own defaults
@@ -22,10 +25,11 @@ Arms, each with the same model size, vocabulary, data and batch size:
 
 The first four arms train at transformers' defaults (dropout 0.1, fp32) plus ``--set``. Every arm draws
 the same batches: the bucketed arms one plan (mlmlab's loader order, ``data.loader.epoch_plans``), the
-unbucketed ones another, so their tokens match batch by batch. The transformers arms take from ``--set``
-what a plain loop has: the model, the data, the batch, the precision, the optimizer's settings and the
-collator's uniform 80/10/10 corruption at ``masking.rate``; anything else they cannot apply is named
-before the preset is timed.
+unbucketed ones another, so their tokens match batch by batch, padded alike with the tokenizer's pad id
+(RoBERTa counts positions from past it, so each token sits at the same position in both). The transformers
+arms take from ``--set`` what a plain loop has: the model, the data, the batch, the precision, the optimizer's
+settings and the collator's uniform 80/10/10 corruption at ``masking.rate``; anything else they cannot apply is
+named before the preset is timed.
 
 Arms are interleaved, because these shared machines swing +-30% between runs. Each arm's tokens/s and
 MFU are its own real (non-padding) tokens and model FLOPs summed over its timed steps, over its summed
@@ -37,6 +41,7 @@ precision, threads and host.
     python benchmarks/throughput.py                      # tiny and mini
     python benchmarks/throughput.py --presets mini --steps 30 --rounds 5
     python benchmarks/throughput.py --presets modernbert-tiny   # against ModernBertForMaskedLM(sparse_prediction)
+    python benchmarks/throughput.py --presets roberta-tiny      # against RobertaForMaskedLM, lm_head on labels only
     python benchmarks/throughput.py --set train.precision=bf16  # bf16 autocast (on a CPU with AMX, or a GPU)
     python benchmarks/throughput.py --no-malloc-tuning   # every arm with glibc's allocator defaults
     python benchmarks/throughput.py --lever train.compile=true --lever train.fused_head=true   # two levers' A/Bs
@@ -52,19 +57,14 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
-from transformers import (
-    BertForMaskedLM,
-    BertForPreTraining,
-    DataCollatorForLanguageModeling,
-    ModernBertConfig,
-    ModernBertForMaskedLM,
-)
+from transformers import BertForMaskedLM, DataCollatorForLanguageModeling, ModernBertForMaskedLM
 
 from mlmlab import choices
+from mlmlab.architectures import architecture_of
 from mlmlab.cli import MALLOC_TUNING, reexec_with_malloc_tuning
 from mlmlab.config import load_config
 from mlmlab.data.loader import epoch_plans
-from mlmlab.model import IGNORE_INDEX
+from mlmlab.model import IGNORE_INDEX, encode, predict
 from mlmlab.train.launch import matmul_dtype
 from mlmlab.train.loop import Trainer
 from mlmlab.train.mfu import peak_matmul_flops, peak_matmul_size, training_flops
@@ -142,6 +142,7 @@ class HFArm:
         self.device, self.sparse = trainer.accelerator.device, sparse
         cfg = trainer.cfg
         self.nsp = cfg.data.objective == choices.NSP
+        self.architecture = architecture_of(trainer.model)
         self.model = self._model(trainer.model.config).to(self.device).train()
         self.model_config, self.store, self.batches = cfg.model, trainer.train_store, planned_ids(trainer)
         self.collator = DataCollatorForLanguageModeling(
@@ -165,20 +166,28 @@ class HFArm:
         self.max_grad_norm, self.autocast = train.max_grad_norm, trainer.accelerator.autocast
 
     def _model(self, config):
-        if isinstance(config, ModernBertConfig):  # its sparse head is the library's own option
+        """The adapter's class on mlmlab's own model config (the same shape, vocabulary, padding id, dropout and
+        attention); a model with an NSP head trained without NSP is the BertForMaskedLM a plain MLM script builds."""
+        if self.architecture.model_class is ModernBertForMaskedLM:  # its sparse head is the library's own option
             config = copy.deepcopy(config)
             config.sparse_prediction = self.sparse
             return ModernBertForMaskedLM(config)
-        return BertForPreTraining(config) if self.nsp else BertForMaskedLM(config)
+        if self.architecture.has_nsp and not self.nsp:
+            return BertForMaskedLM(config)
+        return self.architecture.model_class(config)
 
-    def step(self) -> tuple[int, int, float]:
-        """One step on the plan's next batch; its real tokens, padded slots and model FLOPs."""
+    def next_batch(self) -> dict:
+        """The plan's next examples, padded and corrupted by the collator, on the device: (B, T) tensors."""
         examples = [self.store[int(i)] for i in next(self.batches)]
         fields = ("input_ids", "token_type_ids") if self.nsp else ("input_ids",)
         batch = self.collator([{name: e[name].tolist() for name in fields} for e in examples])
         if self.nsp:
             batch["next_sentence_label"] = torch.tensor([e["next_sentence_label"] for e in examples])
-        batch = {k: v.to(self.device) for k, v in batch.items()}
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    def step(self) -> tuple[int, int, float]:
+        """One step on the plan's next batch; its real tokens, padded slots and model FLOPs."""
+        batch = self.next_batch()  # collated in the timed step, as a plain loop does
         with self.autocast():
             loss, head_positions = self._sparse_loss(batch) if self.sparse else self._full_loss(batch)
         loss.backward()
@@ -195,20 +204,17 @@ class HFArm:
         return self.model(**batch).loss, int(batch["attention_mask"].sum())
 
     def _sparse_loss(self, batch: dict) -> tuple[torch.Tensor, int]:
-        """The MLM head on labelled positions only: ModernBERT's sparse_prediction, or BERT's by hand."""
+        """The MLM head on labelled positions only: ModernBERT's sparse_prediction, or by hand for the others
+        (the encoder and head where the adapter finds them: BERT's cls.predictions, RoBERTa's lm_head)."""
         labels = batch["labels"]  # (B, T)
         selected = labels != IGNORE_INDEX  # (B, T)
         if isinstance(self.model, ModernBertForMaskedLM):
             return self.model(**batch).loss, int(selected.sum())
-        encoder = self.model.bert(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            token_type_ids=batch.get("token_type_ids"),
-        )
-        logits = self.model.cls.predictions(encoder[0][selected])  # (M, V) of (B, T, H)
+        hidden, pooled = encode(self.model, batch)  # (B, T, H); the pooled (B, H), None without a pooler
+        logits = predict(self.model, hidden[selected])  # (M, V) of (M, H)
         loss = F.cross_entropy(logits.float(), labels[selected])
         if self.nsp:
-            nsp_logits = self.model.cls.seq_relationship(encoder[1])  # (B, 2) of the pooled (B, H)
+            nsp_logits = self.architecture.nsp_logits(self.model, pooled)  # (B, 2)
             loss = loss + F.cross_entropy(nsp_logits.float(), batch["next_sentence_label"])
         return loss, int(selected.sum())
 

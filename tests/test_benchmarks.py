@@ -3,12 +3,20 @@
 Nothing else imports them, so a change to what they import broke profile_step.py unseen once.
 """
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
+import pytest
+import torch
 from conftest import ROOT
+from transformers import BertForMaskedLM, BertForPreTraining, ModernBertForMaskedLM, RobertaForMaskedLM
+
+from mlmlab.architectures import architecture_of
+from mlmlab.model import IGNORE_INDEX, pretraining_loss
 
 TINY_RUN = ["--batch-size", "2", "--seq", "32", "--warmup", "1"]
 
@@ -56,6 +64,74 @@ def test_throughput_prints_both_ratio_lines_and_each_lever():
         "mlmlab-as-shipped",
         "mlmlab+fused_head=true",
     ], out
+
+
+def test_throughput_takes_roberta_tiny_against_its_anchor():
+    out = run_benchmark("throughput.py", "--presets", "roberta-tiny", "--steps", "1", "--rounds", "1", *TINY_RUN)
+    assert re.search(r"^roberta-tiny on cpu: measured matmul peak", out, re.M), out
+    arms = re.findall(r"^  (\S+) +\d+ +[\d.]+% +(?:float32|bfloat16) +[\d.]+%$", out, re.M)
+    assert arms == ["hf-naive", "hf-sparse", "mlmlab-unbucketed", "mlmlab", "hf-sparse-recipe", "mlmlab-as-shipped"]
+    for line in ("same recipe", "transformers' defaults"):
+        assert re.search(rf"^roberta-tiny vs hf-sparse, {line}: \d+\.\d\dx \(dropout [\d.]+, ", out, re.M), out
+
+
+def load_benchmark(script: str):
+    """A benchmark script as a module (nothing imports them: they are not a package)."""
+    spec = importlib.util.spec_from_file_location(script.removesuffix(".py"), ROOT / "benchmarks" / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "preset, overrides, anchor_class",
+    [
+        ("tiny", [], BertForPreTraining),
+        ("tiny", ["data.objective=mlm"], BertForMaskedLM),
+        ("roberta-tiny", [], RobertaForMaskedLM),
+        ("modernbert-tiny", [], ModernBertForMaskedLM),
+    ],
+    ids=["bert-nsp", "bert-mlm", "roberta", "modernbert"],
+)
+def test_the_anchors_score_the_runs_batch_as_mlmlab_does(tmp_path, preset, overrides, anchor_class):
+    """The transformers arms are the architecture's own class on mlmlab's config, fed the run's batch (the same
+    examples, padded with the tokenizer's pad id, masked with its mask token, never at a special token); given
+    mlmlab's weights, the full head (hf-naive), the sparse head (hf-sparse) and mlmlab's sparse loss agree on it.
+
+    RoBERTa counts positions from past the padding id, so a batch padded with another id, or a BERT class on
+    RoBERTa's config, would put its tokens at other positions than mlmlab's model does.
+    """
+    throughput = load_benchmark("throughput.py")
+    # Unbucketed batches of 8, so that rows differ in length and the batch holds padding
+    settings = ["model.dropout=0.0", "train.precision=fp32", "data.loader_workers=0", "data.bucket_batches=0"]
+    trainer = throughput.make_trainer(
+        preset, SimpleNamespace(batch_size=8, seq=32), str(tmp_path), settings + overrides
+    )
+    naive, sparse = (throughput.HFArm(trainer, sparse=flag) for flag in (False, True))
+    assert type(sparse.model) is anchor_class and type(naive.model) is anchor_class
+    lacks = tuple(architecture_of(trainer.model).optional_parts)  # a BertForMaskedLM has no pooler or NSP head
+    for arm in (naive, sparse):
+        loaded = arm.model.load_state_dict(trainer.model.state_dict(), strict=False)
+        assert not loaded.missing_keys and all(key.startswith(lacks) for key in loaded.unexpected_keys), loaded
+    tokenizer = trainer.tokenizer
+    sparse.collator.generator = torch.Generator().manual_seed(0)  # the collator's draws, not the global RNG's
+    loader = trainer.batches()  # mlmlab's own loader, on the same plan
+    for _ in range(50):  # batch by batch the same examples, up to one that holds padding
+        batch, loaded = sparse.next_batch(), next(loader)
+        labels = batch["labels"]  # (B, T)
+        selected = labels != IGNORE_INDEX  # (B, T)
+        assert torch.equal(torch.where(selected, labels, batch["input_ids"]), loaded["input_ids"])
+        assert torch.equal(batch["attention_mask"], loaded["attention_mask"])
+        if not batch["attention_mask"].all():
+            break
+    padding = batch["attention_mask"] == 0  # (B, T)
+    assert padding.any() and (batch["input_ids"][padding] == tokenizer.pad_token_id).all()
+    assert not torch.isin(labels[selected], torch.tensor(tokenizer.all_special_ids)).any()
+    assert (batch["input_ids"][selected] == tokenizer.mask_token_id).any()
+
+    expected = pretraining_loss(trainer.model, {"token_type_ids": None, **batch}, use_nsp=naive.nsp)["loss"]
+    torch.testing.assert_close(sparse._sparse_loss(batch)[0], expected)
+    torch.testing.assert_close(naive._full_loss(batch)[0], expected)
 
 
 def test_profile_step_profiles_the_same_recipe_pair():
