@@ -128,7 +128,8 @@ class Bert:
             token_type_ids=token_type_ids,
             inputs_embeds=inputs_embeds,
         )
-        return out[0], out[1]  # (B, T, H), (B, H)
+        # (B, T, H), (B, H); no pooled output from a BertForMaskedLM (no pooler): evaluate_mlm scores its MLM alone
+        return out.last_hidden_state, out.pooler_output
 
     @staticmethod
     def predict(model, hidden: torch.Tensor) -> torch.Tensor:
