@@ -128,8 +128,8 @@ class Bert:
             token_type_ids=token_type_ids,
             inputs_embeds=inputs_embeds,
         )
-        # (B, T, H), (B, H); by name, since a BertForMaskedLM (the throughput benchmark's anchor) has no pooler and
-        # its output tuple then no second entry
+        # (B, T, H), (B, H); by name, since a BertForMaskedLM (the benchmarks' anchors) has no pooler and its
+        # output tuple then no second entry: evaluate_mlm scores its MLM alone
         return out.last_hidden_state, out.pooler_output
 
     @staticmethod

@@ -3,7 +3,9 @@
 Nothing else imports them, so a change to what they import broke profile_step.py unseen once.
 """
 
+import gzip
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -145,3 +147,95 @@ def test_profile_step_profiles_the_same_recipe_pair():
     assert re.search(r"phase: masking +[\d.]+ ms per step", out)
     # Every step reads values on the host (mlmlab's denominators and gradient norm; on a CPU fused AdamW's step counts)
     assert [int(reads) for reads in re.findall(r"^  (\d+) host reads of a tensor's value per step$", out, re.M)][1] > 0
+
+
+def load_benchmark(name: str):
+    """A benchmark script as a module, for its pure functions."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_time_to_a_loss_is_interpolated_between_the_evaluations_around_the_crossing():
+    time_to_loss = load_benchmark("time_to_loss")
+    curve = [
+        {"train_seconds": 0.0, "mlm_loss": 10.0},
+        {"train_seconds": 10.0, "mlm_loss": 8.0},
+        {"train_seconds": 20.0, "mlm_loss": 6.0},
+        {"train_seconds": 30.0, "mlm_loss": 7.0},  # a rise after the crossing does not move it
+    ]
+    assert time_to_loss.time_to(curve, 7.0) == 15.0
+    assert time_to_loss.time_to(curve, 6.0) == 20.0
+    assert time_to_loss.time_to(curve, 11.0) == 0.0  # reached before any training
+    assert time_to_loss.time_to(curve, 5.0) is None
+    assert time_to_loss.loss_at(curve, 5.0) == 9.0
+    assert time_to_loss.loss_at(curve, 40.0) == 7.0  # past the last evaluation: the last one's
+
+
+def small_corpus(path, documents: int = 150):
+    """The bundled sample's first ``documents`` documents, as a corpus file."""
+    lines, ended = [], 0
+    with gzip.open(ROOT / "mlmlab" / "resources" / "sample" / "train.txt.gz", "rt", encoding="utf-8") as sample:
+        for line in sample:
+            lines.append(line)
+            ended += line.startswith("</doc>")
+            if ended == documents:
+                break
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+def test_time_to_loss_times_every_arm_on_the_same_masks_with_evaluations_off_the_clock(tmp_path):
+    minutes = 0.02
+    out = run_benchmark(
+        "time_to_loss.py",
+        *("--anchor-minutes", str(minutes), "--eval-every-seconds", "0.3", "--eval-batches", "1"),
+        *("--corpus", str(small_corpus(tmp_path / "corpus.txt")), "--out", str(tmp_path / "out")),
+    )
+    reached = rf"(\d+\.\d\dx|not reached in {minutes:g} min|reached at its first evaluation)"
+    assert re.fullmatch(
+        rf"time to the anchor's final held-out loss: recommended recipe {reached}, anchor's recipe {reached}",
+        out.strip().splitlines()[-1],
+    ), out
+    assert re.search(r"^host: CPU .*; torch .*, threads \d+$", out, re.M), out
+    result = json.loads((tmp_path / "out" / "time_to_loss.json").read_text())
+    arms = result["arms"]
+    assert list(arms) == ["anchor", "anchor-recipe", "recommended"]
+    # One evaluator for all: the same held-out blocks under the same masks (hashed afresh for each arm), and the
+    # same number of targets at every evaluation of every arm
+    held_out = [arm["held_out"] for arm in arms.values()]
+    assert held_out[0]["blocks"] == 32 and held_out == [held_out[0]] * 3
+    assert len({point["masked_tokens"] for arm in arms.values() for point in arm["evaluations"]}) == 1
+    assert [arm["precision"] for arm in arms.values()][:2] == ["float32", "float32"]
+    for name, arm in arms.items():
+        points = arm["evaluations"]
+        stamps = [point["train_seconds"] for point in points]
+        assert stamps[0] == 0.0 and stamps == sorted(stamps) and len(points) >= 2, name
+        spent = 0.0  # the evaluations so far: in the wall time, not in the training time
+        for point in points:
+            assert abs(point["wall_seconds"] - point["train_seconds"] - spent) < 1e-6, (name, point)
+            spent += point["eval_seconds"]
+        assert abs(arm["eval_seconds"] - spent) < 1e-6 and arm["trained_seconds"] == stamps[-1]
+    assert arms["anchor"]["trained_seconds"] >= minutes * 60  # the anchor trains its whole budget
+    final = result["anchor_losses"]["100%"]
+    assert final == arms["anchor"]["evaluations"][-1]["mlm_loss"]
+    for name in ("anchor-recipe", "recommended"):  # each trains until it reaches the anchor's loss, or its budget
+        reached = arms[name]["evaluations"][-1]["mlm_loss"] <= final
+        assert reached == (arms[name]["times_to"]["100%"] is not None), name
+    assert (tmp_path / "out" / "time_to_loss.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_time_to_loss_refuses_a_budget_of_nothing_in_one_line(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "time_to_loss.py", "--anchor-minutes", "0", "--out", str(tmp_path / "out")],
+        cwd=ROOT / "benchmarks",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "time_to_loss.py: error: --anchor-minutes=0.0 must be positive and finite; use e.g. --anchor-minutes=60"
+    ]
+    assert not (tmp_path / "out").exists()

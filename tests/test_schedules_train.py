@@ -138,7 +138,7 @@ def test_the_linear_schedule_is_the_default_and_unchanged():
     assert learning_rate(cfg, 87, 0.87, 0.1) == 1e-3 * ((1.0 - 0.87) / max(1e-12, 1.0 - 0.8))
 
 
-def small_trainer(tmp_path, name: str, *overrides: str):
+def small_trainer(tmp_path, name: str, *overrides: str, on_step_end=None):
     """A Trainer of a one-layer H32 model, batch 4 unless overridden, in tmp_path / name."""
     from mlmlab.config import load_config
     from mlmlab.train.loop import Trainer
@@ -155,7 +155,42 @@ def small_trainer(tmp_path, name: str, *overrides: str):
             *overrides,
         ],
     )
-    return Trainer(cfg, evaluator=None, show_progress=False)
+    return Trainer(cfg, evaluator=None, show_progress=False, on_step_end=on_step_end)
+
+
+def test_on_step_end_sees_every_step_and_a_true_return_ends_the_run_there(tmp_path):
+    """A caller's on_step_end (a benchmark evaluating at wall-clock intervals) is called with the trainer after each
+    step; a true return ends the run after that step, finished as a spent budget is (final checkpoint and model)."""
+    from mlmlab.train.checkpoint import MODEL_DIR, PREFIX, complete_checkpoints
+
+    seen = []
+
+    def stop_at_third(trainer):
+        seen.append(trainer.state.step)
+        return trainer.state.step == 3
+
+    small_trainer(
+        tmp_path,
+        "stopped",
+        "train.max_steps=8",
+        "train.warmup_steps=2",
+        "train.save_every=0",
+        on_step_end=stop_at_third,
+    ).train()
+    assert seen == [1, 2, 3]
+    assert [path.name for path in complete_checkpoints(tmp_path / "stopped")] == [f"{PREFIX}00000003"]
+    assert (tmp_path / "stopped" / MODEL_DIR / "config.json").is_file()
+    seen.clear()
+    record = seen.append  # returns None: a falsy return trains the whole budget
+    small_trainer(
+        tmp_path,
+        "whole",
+        "train.max_steps=4",
+        "train.warmup_steps=2",
+        "train.save_every=0",
+        on_step_end=lambda t: record(t.state.step),
+    ).train()
+    assert seen == [1, 2, 3, 4]
 
 
 def matmul_dtypes(trainer) -> set:
@@ -227,6 +262,24 @@ def test_held_out_evaluation_is_fp32_in_a_bf16_run_as_mlmlab_evaluate_is(tmp_pat
     )
     assert in_run["mlm_loss"] == alone["mlm_loss"] and in_run["mlm_accuracy"] == alone["mlm_accuracy"]
     assert matmul_dtypes(bf16) == {torch.bfloat16}  # training is back in bf16 after it
+
+
+def test_held_out_evaluation_scores_a_bert_for_masked_lm_as_the_same_weights_with_an_nsp_head(tmp_path):
+    """evaluate_mlm takes transformers' BertForMaskedLM (no pooler, no NSP head), as benchmarks/time_to_loss.py's
+    run_mlm anchor is: the same MLM figures as the BertForPreTraining holding its weights."""
+    from transformers import BertForMaskedLM
+
+    from mlmlab.evaluate.perplexity import evaluate_mlm
+
+    trainer = small_trainer(tmp_path, "mlm", "data.objective=mlm")
+    masked_lm = BertForMaskedLM(trainer.model.config)
+    unused = masked_lm.load_state_dict(trainer.model.state_dict(), strict=False).unexpected_keys
+    assert {key.split(".")[1] for key in unused} == {"pooler", "seq_relationship"}
+    figures = [
+        evaluate_mlm(model, trainer.valid_store, trainer.masker.info, max_batches=2)
+        for model in (trainer.model, masked_lm)
+    ]
+    assert figures[0]["masked_tokens"] > 0 and figures[0] == figures[1]
 
 
 def test_a_cuda_run_uses_tf32_unless_it_asks_for_fp32(monkeypatch):

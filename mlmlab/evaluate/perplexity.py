@@ -65,9 +65,9 @@ def evaluate_mlm(
 ) -> dict:
     """Perplexity, MLM accuracy, NSP accuracy (and perplexity per frequency-rank bucket) on ``store``.
 
-    ``model``: a transformers model mlmlab trains (BertForPreTraining, ModernBertForMaskedLM), or
-    training's SparsePretraining as accelerate wrapped it (under FSDP every process must call this,
-    as with any forward of the sharded model).
+    ``model``: a transformers model mlmlab trains (BertForPreTraining, ModernBertForMaskedLM), a BertForMaskedLM
+    (MLM figures only: it has no NSP head), or training's SparsePretraining as accelerate wrapped it (under FSDP
+    every process must call this, as with any forward of the sharded model).
     """
     module = SparsePretraining(model, use_nsp=True) if isinstance(model, PreTrainedModel) else model
     bucket_of, names = (

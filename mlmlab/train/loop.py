@@ -12,7 +12,9 @@ folder and the checkpoint files (``checkpoint.py``), the start from another mode
 the final model folder and its card (``model_card.py``), the metrics files (``metrics.py``), the LR
 schedule (``optim.py``), stop signals (``utils/signals.py``), and held-out evaluation,
 which the caller hands over as ``evaluator`` (a function with the signature of
-``evaluate.perplexity.evaluate_mlm``; evaluation sits in a higher layer than training).
+``evaluate.perplexity.evaluate_mlm``; evaluation sits in a higher layer than training). A caller that
+watches the run as it goes (a benchmark evaluating at wall-clock intervals, stopping at a target loss)
+hands over ``on_step_end`` instead of driving the steps itself.
 """
 
 import math
@@ -203,9 +205,15 @@ class Trainer:
         evaluator: Callable[..., dict] | None,
         resume: str | None = None,
         show_progress: bool = True,
+        on_step_end: Callable[["Trainer"], bool] | None = None,
     ):
-        """A run set up to ``train()``; its folder is this process's until ``train()`` ends (or ``close()``)."""
-        self._lock, self._stop, self.accelerator = None, StopRequest(), None
+        """A run set up to ``train()``; its folder is this process's until ``train()`` ends (or ``close()``).
+
+        ``on_step_end``: called with the trainer on every process after each step (once its logging, evaluation
+        and checkpoint are done), outside the training seconds a time budget counts; a true return on any
+        process ends training after that step as a spent budget does (final checkpoint and evaluation).
+        """
+        self._lock, self._stop, self.accelerator, self.on_step_end = None, StopRequest(), None, on_step_end
         try:
             self._set_up(cfg, evaluator, resume, show_progress)
         except BaseException:
@@ -384,6 +392,8 @@ class Trainer:
                 window.add(out, elapsed)
                 window.show(bar, out["loss"], self.peak)
                 window = self._after_step(out, window)
+                if self.on_step_end is not None and any_process(self.accelerator, bool(self.on_step_end(self))):
+                    break  # the caller's stop: the run ends here as if its budget were spent
         return stopping
 
     def _after_step(self, out: dict, window: SpeedWindow) -> SpeedWindow:

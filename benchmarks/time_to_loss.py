@@ -1,0 +1,493 @@
+"""Time to quality: the training wall time each recipe takes to reach the held-out MLM loss that transformers'
+run_mlm recipe reaches in ``--anchor-minutes``, all arms trained one after another in this process on this host.
+
+Arms, each on the same corpus and tokenizer (default: the sample bundled with mlmlab and its vocabulary):
+
+- ``anchor``: HF's run_mlm recipe as a user runs it: ``transformers.Trainer`` + ``DataCollatorForLanguageModeling``
+  (15%, 80/10/10) + ``BertForMaskedLM`` at mlmlab's tiny size (layers, width, heads, FFN, vocabulary and positions),
+  transformers' default dropout (0.1) and precision (fp32), run_mlm's ``group_texts`` (each line of text tokenized
+  with its special tokens, concatenated, cut into blocks of 128). Its optimizer settings, batch and LR schedule are
+  mlmlab's BERT-tiny values (run_mlm's default LR of 5e-5 would be a straw man at this size: it barely moves a tiny
+  model in an hour). It trains for ``--anchor-minutes`` M.
+- ``anchor-recipe``: mlmlab's engine alone: ``--config tiny`` at the anchor's recipe (MLM only on packed blocks,
+  dropout 0.1, 15% dynamic masking, fp32).
+- ``recommended``: ``--config fast-tiny``, the recipe mlmlab's studies back (mlmlab/configs/fast-tiny.yaml says
+  which study backs each choice).
+
+Each mlmlab arm trains until its held-out loss reaches the anchor's final one, or for M minutes
+(``train.max_minutes``: its LR schedule spans M minutes whenever it stops).
+
+The clock: each arm's training wall time, from the start of its training (after data preparation and model set-up)
+to each evaluation, less the time spent evaluating. Every arm is evaluated at time 0 and then every
+``--eval-every-seconds`` by mlmlab's own held-out evaluator (``evaluate_mlm``) on the same held-out blocks under the
+same fixed uniform 15% masks, whatever trained the model, and at the end of its training. The anchor's LR schedule is
+mlmlab's time-budget schedule (``train.max_minutes``: warmup over steps, then hold, then linear decay over the last
+20% of the time) on that clock; run_mlm's step schedules need a step count, which M minutes hold only in hindsight.
+
+The time at which an arm reaches a loss is linearly interpolated between the two evaluations around the crossing.
+The script prints, per arm, the time to the anchor's loss at 25%, 50% and 100% of its budget and the evaluation time
+it did not count, then one line: the anchor's time to its final loss over each mlmlab arm's. It writes a plot of
+held-out loss against training wall time (time_to_loss.png) and every curve (time_to_loss.json) to ``--out``.
+
+    python benchmarks/time_to_loss.py                        # M = 60 minutes: up to three hours in all
+    python benchmarks/time_to_loss.py --anchor-minutes 10 --eval-every-seconds 20
+    python benchmarks/time_to_loss.py --corpus ../shared/data/enwiki_sample/train.txt.gz \\
+        --valid-corpus ../shared/data/enwiki_sample/valid.txt.gz --tokenizer docs/glue-tiny-wp8k/vocab.txt
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from itertools import chain
+from pathlib import Path
+
+import torch
+import transformers
+from torch.optim.lr_scheduler import LambdaLR
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    DataCollatorForLanguageModeling,
+    PrinterCallback,
+    TrainerCallback,
+    TrainingArguments,
+)
+
+from mlmlab import choices
+from mlmlab.cli import reexec_with_malloc_tuning
+from mlmlab.config import POSITIVE, Config, at_least, from_dict, number_argument, read_yaml, set_dotted
+from mlmlab.data.corpus import read_paragraph_documents
+from mlmlab.data.resolve import SAMPLE_TRAIN, prepare_datasets
+from mlmlab.errors import UserError
+from mlmlab.evaluate.perplexity import evaluate_mlm, evaluated_batches, fixed_mask_batches
+from mlmlab.masking.evaluation import EVAL_RATE, EVAL_SEED
+from mlmlab.masking.select import token_info_for
+from mlmlab.model import padded_vocab_size
+from mlmlab.train.launch import matmul_dtype
+from mlmlab.train.loop import Trainer
+from mlmlab.train.optim import lr_factor
+from mlmlab.utils.devices import clock, compute_device, describe_cpu
+from mlmlab.utils.files import building, require_output
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "time_to_loss"
+EVALUATIONS_PER_BUDGET = 20  # --eval-every-seconds' default: this many evaluations over the anchor's budget
+MILESTONES = (0.25, 0.5, 1.0)  # shares of the anchor's budget whose held-out loss every arm is timed to
+LINES_PER_MAP = 1000  # run_mlm groups the lines of each of datasets.map's batches, 1,000 by default
+# The mlmlab arms, each a preset and the settings that make it the arm; the anchor's recipe is the engine's one.
+ENGINE_SETTINGS = {"data.objective": choices.MLM, "model.dropout": 0.1, "train.precision": choices.FP32}
+MLMLAB_ARMS = {"anchor-recipe": ("tiny", ENGINE_SETTINGS), "recommended": ("fast-tiny", {})}
+LABELS = {
+    "anchor": "anchor (transformers Trainer, run_mlm)",
+    "anchor-recipe": "mlmlab, anchor's recipe (tiny)",
+    "recommended": "mlmlab, recommended recipe (fast-tiny)",
+}
+NEVER = 10**9  # the anchor's step budget: its callback stops it on time instead
+
+
+def arm_config(preset: str, settings: dict, args, run_dir: Path) -> Config:
+    """``preset`` with the arm's ``settings``, the benchmark's data and its time budget."""
+    tree = read_yaml(preset)
+    data = {"data.corpus": args.corpus, "data.valid_corpus": args.valid_corpus, "data.tokenizer": args.tokenizer}
+    budget = {
+        "train.max_minutes": args.anchor_minutes,
+        "train.eval_every": 0,  # the benchmark evaluates, at wall-clock intervals
+        "train.save_every": 0,
+        "train.report_to": "none",
+        "train.out_dir": str(run_dir),
+    }
+    for key, value in {**settings, **{k: v for k, v in data.items() if v}, **budget}.items():
+        set_dotted(tree, key, value)
+    return from_dict(tree)
+
+
+class HeldOut:
+    """The one held-out evaluation of every arm: mlmlab's evaluate_mlm on the same blocks under the fixed masks."""
+
+    def __init__(self, store, tokenizer, cfg: Config, max_batches: int | None):
+        self.store, self.info = store, token_info_for(tokenizer, cfg.masking.mask_unk)
+        self.batch_size, self.max_batches = cfg.train.eval_batch_size, max_batches
+
+    def evaluate(self, model) -> dict:
+        device = next(model.parameters()).device
+        return evaluate_mlm(
+            model, self.store, self.info, batch_size=self.batch_size, max_batches=self.max_batches, device=device
+        )
+
+    def describe(self) -> dict:
+        """What was evaluated: the prepared set, its blocks, the masks' seed and rate, and a hash of the masked
+        blocks themselves (ids and labels), computed afresh."""
+        digest = hashlib.sha256()
+        for batch in fixed_mask_batches(self.store, self.info, self.batch_size, self.max_batches, "cpu"):
+            digest.update(batch["input_ids"].numpy().tobytes() + batch["labels"].numpy().tobytes())
+        batches = evaluated_batches(len(self.store), self.batch_size, self.max_batches)
+        return {
+            "dataset": self.store.meta["hash"][:16],
+            "blocks": min(batches * self.batch_size, len(self.store)),
+            "mask_seed": EVAL_SEED,
+            "mask_rate": EVAL_RATE,
+            "masks_sha256": digest.hexdigest(),
+        }
+
+
+class Curve:
+    """One arm's held-out loss against its training wall time: the time since ``start``, less its evaluations'."""
+
+    def __init__(self, held_out: HeldOut, every_seconds: float, target: float | None = None):
+        self.held_out, self.every_seconds, self.target = held_out, every_seconds, target
+        self.points: list[dict] = []
+        self.eval_seconds = 0.0  # spent evaluating: not training time
+        self._started = None
+        self.device = compute_device()
+
+    def start(self, model) -> None:
+        """The clock starts at the untrained model's evaluation, its first point."""
+        self.evaluate(model, step=0)
+
+    def training_seconds(self) -> float:
+        return 0.0 if self._started is None else clock(self.device) - self._started - self.eval_seconds
+
+    def after_step(self, model, step: int, final: bool) -> bool:
+        """An evaluation when one is due (and after the arm's last step); whether the target loss is reached."""
+        if final or self.training_seconds() >= self.points[-1]["train_seconds"] + self.every_seconds:
+            self.evaluate(model, step)
+        return self.target is not None and self.points[-1]["mlm_loss"] <= self.target
+
+    def evaluate(self, model, step: int) -> None:
+        now = clock(self.device)
+        self._started = now if self._started is None else self._started
+        stamp = now - self._started - self.eval_seconds
+        figures = self.held_out.evaluate(model)
+        spent = clock(self.device) - now
+        self.points.append(
+            {
+                "step": step,
+                "train_seconds": stamp,
+                "wall_seconds": now - self._started,  # = train_seconds + every earlier evaluation's eval_seconds
+                "eval_seconds": spent,
+                **{key: figures[key] for key in ("mlm_loss", "mlm_accuracy", "masked_tokens")},
+            }
+        )
+        self.eval_seconds += spent
+
+
+def anchor_blocks(corpus: list, tokenizer, block_size: int) -> list[dict]:
+    """run_mlm's training set without --line_by_line: each line of text (here each paragraph mlmlab's corpus reader
+    yields) tokenized with its special tokens, then each batch of lines concatenated and cut into blocks of
+    ``block_size``, the batch's remainder dropped (its ``group_texts``)."""
+    lines = [paragraph for document in read_paragraph_documents(corpus) for paragraph in document]
+    blocks = []
+    for first in range(0, len(lines), LINES_PER_MAP):
+        encoded = tokenizer(lines[first : first + LINES_PER_MAP], return_special_tokens_mask=True)
+        grouped = group_texts({key: encoded[key] for key in encoded.keys()}, block_size)
+        blocks += [dict(zip(grouped, values)) for values in zip(*grouped.values())]
+    return blocks
+
+
+def group_texts(examples: dict, block_size: int) -> dict:
+    """run_mlm's group_texts: every field's lists concatenated and cut into blocks of ``block_size``."""
+    concatenated = {key: list(chain(*examples[key])) for key in examples}
+    total = len(concatenated["input_ids"]) // block_size * block_size
+    return {key: [ids[i : i + block_size] for i in range(0, total, block_size)] for key, ids in concatenated.items()}
+
+
+def anchor_model(cfg: Config, tokenizer) -> BertForMaskedLM:
+    """BertForMaskedLM at the preset's size with transformers' default dropout (0.1) and initialisation."""
+    m = cfg.model
+    return BertForMaskedLM(
+        BertConfig(
+            vocab_size=padded_vocab_size(len(tokenizer), m.pad_vocab_multiple),  # mlmlab's rows, so the same size
+            hidden_size=m.hidden_size,
+            num_hidden_layers=m.num_layers,
+            num_attention_heads=m.num_heads,
+            intermediate_size=m.intermediate_size,
+            max_position_embeddings=m.max_position_embeddings,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+
+
+class TimeBudgetLR:
+    """mlmlab's LR factor under a time budget (optim.lr_factor), for LambdaLR's step: progress is the share of
+    ``budget_seconds`` the curve's clock has spent; warmup ends where mlmlab's does, at step warmup_steps."""
+
+    def __init__(self, train, curve: Curve, budget_seconds: float):
+        self.train, self.curve, self.budget_seconds = train, curve, budget_seconds
+        self.warmup_end_progress = 0.0
+
+    def __call__(self, step: int) -> float:
+        t = self.train
+        progress = min(1.0, self.curve.training_seconds() / self.budget_seconds)
+        if step == t.warmup_steps:
+            self.warmup_end_progress = progress
+        return lr_factor(step, t.warmup_steps, progress, self.warmup_end_progress, t.decay_fraction, t.lr_schedule)
+
+
+class TimeBudgetTrainer(transformers.Trainer):
+    """transformers' Trainer with its LR schedule replaced by mlmlab's time-budget one; nothing else changed."""
+
+    def __init__(self, *args, lr_lambda: TimeBudgetLR, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lr_lambda = lr_lambda
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        if self.lr_scheduler is None:
+            self.lr_scheduler = LambdaLR(optimizer or self.optimizer, self.lr_lambda)
+        return self.lr_scheduler
+
+
+class WallClockEvaluation(TrainerCallback):
+    """The anchor's evaluations at wall-clock intervals on its curve's clock, and its stop when the budget is spent."""
+
+    def __init__(self, curve: Curve, budget_seconds: float):
+        self.curve, self.budget_seconds = curve, budget_seconds
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.curve.start(model)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        spent = self.curve.training_seconds() >= self.budget_seconds
+        self.curve.after_step(model, state.global_step, final=spent)
+        control.should_training_stop = spent
+
+
+def run_anchor(cfg: Config, tokenizer, held_out: HeldOut, args, folder: Path) -> dict:
+    """The anchor trained for the budget; its curve, steps and precision."""
+    t, budget = cfg.train, args.anchor_minutes * 60
+    curve = Curve(held_out, args.eval_every_seconds)
+    corpus = list(cfg.data.corpus) or [SAMPLE_TRAIN]
+    training_args = TrainingArguments(
+        output_dir=str(folder),
+        per_device_train_batch_size=t.batch_size,
+        learning_rate=t.lr,
+        weight_decay=t.weight_decay,
+        adam_beta1=t.adam_beta1,
+        adam_beta2=t.adam_beta2,
+        adam_epsilon=t.adam_eps,
+        max_grad_norm=t.max_grad_norm,
+        max_steps=NEVER,
+        save_strategy="no",
+        logging_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+    )
+    trainer = TimeBudgetTrainer(
+        model=anchor_model(cfg, tokenizer),
+        args=training_args,
+        train_dataset=anchor_blocks(corpus, tokenizer, cfg.data.max_seq_length),
+        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15),
+        processing_class=tokenizer,
+        callbacks=[WallClockEvaluation(curve, budget)],
+        lr_lambda=TimeBudgetLR(t, curve, budget),
+    )
+    trainer.remove_callback(PrinterCallback)  # its end-of-training dict on stdout, before the table
+    trainer.train()
+    return summary(curve, "float32", trainer.state.global_step)  # transformers' default: no --bf16
+
+
+def run_mlmlab(cfg: Config, held_out: HeldOut, every_seconds: float, target: float) -> dict:
+    """An mlmlab arm trained until its held-out loss reaches ``target`` or its time budget is spent."""
+    curve = Curve(held_out, every_seconds, target)
+    trainer = Trainer(
+        cfg,
+        evaluator=None,
+        show_progress=False,
+        on_step_end=lambda run: curve.after_step(run.model, run.state.step, final=run.progress() >= 1.0),
+    )
+    if trainer.valid_store.meta["hash"] != held_out.store.meta["hash"]:
+        trainer.close()
+        raise UserError(
+            f"the {cfg.model.architecture} arm prepared other held-out blocks than the anchor's (another tokenizer "
+            "or length?); every arm must be evaluated on the same ones"
+        )
+    curve.start(trainer.model)
+    trainer.train()
+    return summary(curve, str(matmul_dtype(trainer.precision)).removeprefix("torch."), trainer.state.step)
+
+
+def summary(curve: Curve, precision: str, steps: int) -> dict:
+    return {
+        "precision": precision,
+        "steps": steps,
+        "trained_seconds": curve.points[-1]["train_seconds"],
+        "eval_seconds": curve.eval_seconds,
+        "held_out": curve.held_out.describe(),
+        "evaluations": curve.points,
+    }
+
+
+def time_to(points: list[dict], target: float) -> float | None:
+    """The training seconds at which the curve first reaches ``target``: linearly interpolated between the two
+    evaluations around the crossing; None if no evaluation reached it."""
+    for before, point in zip([None, *points], points):
+        if point["mlm_loss"] <= target:
+            if before is None:
+                return point["train_seconds"]
+            drop = (before["mlm_loss"] - target) / (before["mlm_loss"] - point["mlm_loss"])
+            return before["train_seconds"] + drop * (point["train_seconds"] - before["train_seconds"])
+    return None
+
+
+def loss_at(points: list[dict], seconds: float) -> float:
+    """The curve's loss at ``seconds`` of training, linearly interpolated between evaluations; past the last
+    evaluation, the last one's."""
+    for before, point in zip(points, points[1:]):
+        if point["train_seconds"] >= seconds:
+            share = (seconds - before["train_seconds"]) / (point["train_seconds"] - before["train_seconds"])
+            return before["mlm_loss"] + share * (point["mlm_loss"] - before["mlm_loss"])
+    return points[-1]["mlm_loss"]
+
+
+def milestones(arms: dict, budget_seconds: float) -> dict:
+    """{"25%": the anchor's loss at 25% of its budget, ...}; 100% is its final evaluation's."""
+    anchor = arms["anchor"]["evaluations"]
+    return {
+        f"{share:.0%}": loss_at(anchor, share * budget_seconds) if share < 1 else anchor[-1]["mlm_loss"]
+        for share in MILESTONES
+    }
+
+
+def ratio_text(name: str, arms: dict, target: float, minutes: float) -> str:
+    anchor_time, arm_time = time_to(arms["anchor"]["evaluations"], target), arms[name]["times_to"]["100%"]
+    if arm_time is None:
+        return f"not reached in {minutes:g} min"
+    return f"{anchor_time / arm_time:.2f}x" if arm_time > 0 else "reached at its first evaluation"
+
+
+def report(result: dict) -> str:
+    """The printed table, then the one line of ratios, last."""
+    arms, targets, minutes = result["arms"], result["anchor_losses"], result["anchor_minutes"]
+    held_out = arms["anchor"]["held_out"]
+    lines = [
+        f"host: {result['host']}; torch {result['torch']}, transformers {result['transformers']}, "
+        f"threads {result['threads']}",
+        f"held-out: {held_out['blocks']} blocks (prepared set {held_out['dataset']}), fixed uniform "
+        f"{held_out['mask_rate']:.0%} masks (seed {held_out['mask_seed']}), the same for every arm",
+        "anchor's held-out loss: "
+        + ", ".join(f"{loss:.3f} at {share} of its {minutes:g} minutes" for share, loss in targets.items()),
+        "times: training wall time, evaluations excluded, linearly interpolated between evaluations every "
+        f"{result['eval_every_seconds']:g} s",
+        f"{'arm':<40} {'precision':>9} {'steps':>7} {'trained':>9} {'evaluating':>11}"
+        + "".join(f" {'to ' + share:>9}" for share in targets),
+    ]
+    for name, arm in arms.items():
+        times = [arm["times_to"][share] for share in targets]
+        lines.append(
+            f"{LABELS[name]:<40} {arm['precision']:>9} {arm['steps']:>7} {arm['trained_seconds'] / 60:>5.2f} min "
+            f"{arm['eval_seconds']:>9.1f} s"
+            + "".join(f" {'never' if s is None else f'{s / 60:.2f} min':>9}" for s in times)
+        )
+    final = targets["100%"]
+    recommended, engine = (ratio_text(name, arms, final, minutes) for name in ("recommended", "anchor-recipe"))
+    lines.append(
+        f"time to the anchor's final held-out loss: recommended recipe {recommended}, anchor's recipe {engine}"
+    )
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display needed
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, arm in result["arms"].items():
+        points = arm["evaluations"]
+        minutes = [p["train_seconds"] / 60 for p in points]
+        ax.plot(minutes, [p["mlm_loss"] for p in points], marker=".", label=f"{LABELS[name]}, {arm['precision']}")
+    ax.axhline(result["anchor_losses"]["100%"], color="grey", linestyle="--", linewidth=0.8, label="anchor's final")
+    ax.set_xlabel("training wall time (minutes; evaluations excluded)")
+    ax.set_ylabel("held-out MLM loss (fixed uniform 15% masks)")
+    ax.set_title(result["host"], fontsize=8)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(result: dict, out: Path) -> None:
+    """time_to_loss.json and time_to_loss.png, published together: never half a set."""
+    with building(out, replace=True) as staging:
+        (staging / "time_to_loss.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        plot(result, staging / "time_to_loss.png")
+
+
+def benchmark(args) -> dict:
+    budget = args.anchor_minutes * 60
+    with tempfile.TemporaryDirectory() as folder:
+        engine = arm_config(*MLMLAB_ARMS["anchor-recipe"], args, Path(folder) / "anchor-recipe")
+        _, valid_store, tokenizer = prepare_datasets(engine.data)
+        held_out = HeldOut(valid_store, tokenizer, engine, args.eval_batches)
+        arms = {"anchor": run_anchor(engine, tokenizer, held_out, args, Path(folder) / "anchor")}
+        target = arms["anchor"]["evaluations"][-1]["mlm_loss"]
+        for name, (preset, settings) in MLMLAB_ARMS.items():
+            cfg = arm_config(preset, settings, args, Path(folder) / name)
+            arms[name] = run_mlmlab(cfg, held_out, args.eval_every_seconds, target)
+    result = {
+        "host": describe_cpu() if compute_device().type == "cpu" else torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": torch.get_num_threads(),
+        "anchor_minutes": args.anchor_minutes,
+        "eval_every_seconds": args.eval_every_seconds,
+        "arms": arms,
+    }
+    result["anchor_losses"] = milestones(arms, budget)
+    for arm in arms.values():
+        arm["times_to"] = {share: time_to(arm["evaluations"], loss) for share, loss in result["anchor_losses"].items()}
+    return result
+
+
+def parse_arguments(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--anchor-minutes",
+        type=number_argument("--anchor-minutes", float, POSITIVE, 60),
+        default=60.0,
+        help="the anchor's training wall time, and each mlmlab arm's longest (default 60)",
+    )
+    parser.add_argument(
+        "--eval-every-seconds",
+        type=number_argument("--eval-every-seconds", float, POSITIVE, 180),
+        help=f"training seconds between evaluations (default: the anchor's budget / {EVALUATIONS_PER_BUDGET})",
+    )
+    parser.add_argument(
+        "--eval-batches",
+        type=number_argument("--eval-batches", int, at_least(1), 20),
+        help="held-out batches of 32 blocks per evaluation (default: every block of the held-out set)",
+    )
+    parser.add_argument("--corpus", nargs="+", help="training text (default: the sample bundled with mlmlab)")
+    parser.add_argument("--valid-corpus", nargs="+", help="held-out text (default: the bundled validation sample)")
+    parser.add_argument("--tokenizer", help="as data.tokenizer (default: the bundled BERT uncased vocabulary)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    parser.add_argument("--no-malloc-tuning", action="store_true", help="glibc's allocator defaults for every arm")
+    args = parser.parse_args(argv)
+    if args.eval_every_seconds is None:
+        args.eval_every_seconds = args.anchor_minutes * 60 / EVALUATIONS_PER_BUDGET
+    require_output(args.out, "--out", folder=True)
+    return args
+
+
+def main(argv=None) -> int:
+    try:
+        args = parse_arguments(argv)
+        if not args.no_malloc_tuning and argv is None:  # measured under the allocator settings of the mlmlab command
+            reexec_with_malloc_tuning([sys.executable, os.path.abspath(__file__), *sys.argv[1:]])
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # mlmlab's loader forks a worker
+        transformers.logging.disable_progress_bar()  # the arms' model folders' "Writing model shards" bars
+        transformers.logging.set_verbosity_error()  # the tokenizer's "longer than the maximum" before group_texts
+        result = benchmark(args)
+        write_outputs(result, args.out)
+    except UserError as err:
+        print(f"time_to_loss.py: error: {err}", file=sys.stderr)
+        return 2
+    print(report(result))
+    print(f"curves and plot: {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
