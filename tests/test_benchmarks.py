@@ -149,16 +149,8 @@ def test_profile_step_profiles_the_same_recipe_pair():
     assert [int(reads) for reads in re.findall(r"^  (\d+) host reads of a tensor's value per step$", out, re.M)][1] > 0
 
 
-def load_benchmark(name: str):
-    """A benchmark script as a module, for its pure functions."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_time_to_a_loss_is_interpolated_between_the_evaluations_around_the_crossing():
-    time_to_loss = load_benchmark("time_to_loss")
+    time_to_loss = load_benchmark("time_to_loss.py")
     curve = [
         {"train_seconds": 0.0, "mlm_loss": 10.0},
         {"train_seconds": 10.0, "mlm_loss": 8.0},
