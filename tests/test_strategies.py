@@ -12,6 +12,7 @@ import torch
 from accelerate.utils import DistributedType
 from reference import naive_entropy_scores
 from transformers import BertConfig
+from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
 
 from mlmlab.choices import ADAPT_SCHEDULES
 from mlmlab.config import Config, MaskingConfig, ModelConfig
@@ -216,7 +217,8 @@ class _StandInEncoder(torch.nn.Module):
         self.embed = torch.nn.Embedding(vocab, 32)
 
     def forward(self, input_ids, attention_mask, token_type_ids, inputs_embeds=None):  # BertModel's arguments
-        return (self.embed(input_ids), None)
+        # BertModel's output, read by name: no pooled output, as a BertForMaskedLM's encoder has none
+        return BaseModelOutputWithPoolingAndCrossAttentions(last_hidden_state=self.embed(input_ids))
 
 
 def _largest_allocation(fn) -> int:
