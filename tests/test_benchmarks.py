@@ -3,7 +3,6 @@
 Nothing else imports them, so a change to what they import broke profile_step.py unseen once.
 """
 
-import gzip
 import importlib.util
 import json
 import os
@@ -14,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, SAMPLE
+from test_experiments import first_documents
 from transformers import BertForMaskedLM, BertForPreTraining, ModernBertForMaskedLM, RobertaForMaskedLM
 
 from mlmlab.architectures import architecture_of
@@ -165,25 +165,17 @@ def test_time_to_a_loss_is_interpolated_between_the_evaluations_around_the_cross
     assert time_to_loss.loss_at(curve, 40.0) == 7.0  # past the last evaluation: the last one's
 
 
-def small_corpus(path, documents: int = 150):
-    """The bundled sample's first ``documents`` documents, as a corpus file."""
-    lines, ended = [], 0
-    with gzip.open(ROOT / "mlmlab" / "resources" / "sample" / "train.txt.gz", "rt", encoding="utf-8") as sample:
-        for line in sample:
-            lines.append(line)
-            ended += line.startswith("</doc>")
-            if ended == documents:
-                break
-    path.write_text("".join(lines), encoding="utf-8")
-    return path
-
-
 def test_time_to_loss_times_every_arm_on_the_same_masks_with_evaluations_off_the_clock(tmp_path):
     minutes = 0.02
     out = run_benchmark(
         "time_to_loss.py",
         *("--anchor-minutes", str(minutes), "--eval-every-seconds", "0.3", "--eval-batches", "1"),
-        *("--corpus", str(small_corpus(tmp_path / "corpus.txt")), "--out", str(tmp_path / "out")),
+        *(
+            "--corpus",
+            str(first_documents(SAMPLE / "train.txt.gz", 150, tmp_path / "corpus.txt")),
+            "--out",
+            str(tmp_path / "out"),
+        ),
     )
     reached = rf"(\d+\.\d\dx|not reached in {minutes:g} min|reached at its first evaluation)"
     assert re.fullmatch(
