@@ -216,11 +216,13 @@ def check_preregistration(study: Study, rows: list[dict]) -> str | None:
     return current
 
 
-def train_run(cfg: Config, show_progress: bool) -> tuple[dict, float]:
+def train_run(cfg: Config, show_progress: bool) -> tuple[dict, float, float]:
     """Train (or resume) one run: the trainer's summary, its final held-out evaluation with the prior-free
-    loss added (eval.recalibrated), and the seconds spent scoring for ADM."""
+    loss added (eval.recalibrated), the seconds spent scoring for ADM, and the seconds the prior-free loss took
+    (after training: not in the summary's wall_seconds)."""
     trainer = Trainer(cfg, evaluator=evaluate_mlm, show_progress=show_progress)
     summary = trainer.train()
+    trained = time.perf_counter()
     model, _ = load_pretrained(Path(cfg.train.out_dir) / "model")  # the saved model: whole on every process
     summary["eval"]["recalibrated"] = recalibrated_loss(
         model,
@@ -231,7 +233,8 @@ def train_run(cfg: Config, show_progress: bool) -> tuple[dict, float]:
         token_counts=trainer.train_store.token_counts,
         freq_cuts=cfg.masking.freq_cuts,
     )
-    return summary, float(getattr(trainer.masker.strategy, "score_seconds_total", 0.0))
+    scorer_seconds = float(getattr(trainer.masker.strategy, "score_seconds_total", 0.0))
+    return summary, scorer_seconds, time.perf_counter() - trained
 
 
 def glue_for(run: Run, study: Study, show_progress: bool) -> dict:
@@ -312,7 +315,8 @@ def make_row(
         "tokens_seen": summary["tokens_seen"],  # non-padding tokens actually trained on
         "train_seconds": summary["train_seconds"],  # scoring included (it happens inside the step)
         "scorer_seconds": scorer_seconds,
-        # Training (every process that worked on the run: resumes count), then the held-out sets, GLUE and probes.
+        # Training (every process that worked on the run: resumes count), then the prior-free loss, the held-out
+        # sets, GLUE and probes.
         "wall_seconds": summary["wall_seconds"] + evaluation_seconds,
         "torch_threads": torch.get_num_threads(),  # the seconds above depend on it (and on runs sharing the cores)
         "eval": summary["eval"],
@@ -334,11 +338,12 @@ MEASUREMENTS = {"eval_data": held_out_reports, "glue": glue_for, "probe": probe_
 
 
 def execute(run: Run, study: Study, results: Path, show_progress: bool) -> dict:
-    summary, scorer_seconds = train_run(run.config, show_progress)
+    summary, scorer_seconds, refit_seconds = train_run(run.config, show_progress)
     trained = time.perf_counter()
     evaluations = {key: measure(run, study, show_progress) for key, measure in MEASUREMENTS.items()}
     preregistration = check_preregistration(study, finished_rows(results))  # it may have moved while this run trained
-    row = make_row(run, study, summary, scorer_seconds, evaluations, time.perf_counter() - trained, preregistration)
+    evaluation_seconds = refit_seconds + time.perf_counter() - trained
+    row = make_row(run, study, summary, scorer_seconds, evaluations, evaluation_seconds, preregistration)
     append_row(results, row)
     return row
 
