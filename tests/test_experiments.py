@@ -27,9 +27,9 @@ from mlmlab.experiments import study as study_file
 from mlmlab.experiments.gates import describe, gate_results
 from mlmlab.experiments.reporting import report
 from mlmlab.experiments.reporting.curves import mean_curve, progress_of, steps_to_target
-from mlmlab.experiments.reporting.decision import INCONCLUSIVE, decide
+from mlmlab.experiments.reporting.decision import INCONCLUSIVE, WIN, decide
 from mlmlab.experiments.reporting.measures import Metric, metrics_of
-from mlmlab.experiments.reporting.statistics import compare, detectable_effect, holm
+from mlmlab.experiments.reporting.statistics import compare, compare_by_seed, detectable_effect, holm
 from mlmlab.experiments.running import dry_run, identity, runner
 
 TINY_BASE = {
@@ -693,6 +693,19 @@ def test_the_same_difference_in_every_seed_has_no_interval_and_is_not_significan
     assert "no significance is claimed" in report.verdict("adm", "dynamic", metric, comparison)
     rule = {"lower_is_better": True, "min_effect": 0.01, "guard": {}}
     assert decide(rule, comparison, {})[0] == INCONCLUSIVE  # not a win from a zero-width interval
+
+
+def test_a_wins_reason_names_guards_only_where_the_rule_has_them():
+    """rate-schedule-v4's rule has no guard: its wins must not read "every guard held"."""
+    comparison = compare_by_seed({0: 3.6, 1: 3.61, 2: 3.58}, {0: 3.81, 1: 3.79, 2: 3.83})
+    unguarded = {"lower_is_better": True, "min_effect": 0.01, "guard": {}}
+    guarded = {**unguarded, "guard": {"probe.average_gain": 0.01}}
+    assert decide(unguarded, comparison, {}) == (
+        WIN,
+        "better: the interval excludes 0, the mean reaches the least effect",
+    )
+    gain = compare_by_seed({0: 0.02, 1: 0.03, 2: 0.01}, {0: 0.02, 1: 0.02, 2: 0.02})
+    assert decide(guarded, comparison, {"probe.average_gain": gain})[1].endswith(", every guard held")
 
 
 def test_a_final_evaluation_logged_twice_counts_once_in_the_mean_curve():

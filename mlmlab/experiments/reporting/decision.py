@@ -32,7 +32,8 @@ def decide(rule: dict, primary: Comparison | None, guards: dict[str, Comparison 
     ]
     if failed:
         return INCONCLUSIVE, "better, but a guard failed: " + "; ".join(failed)
-    return WIN, "better: the interval excludes 0, the mean reaches the least effect, every guard held"
+    held = ", every guard held" if rule["guard"] else ""  # a rule without guards has none to hold
+    return WIN, f"better: the interval excludes 0, the mean reaches the least effect{held}"
 
 
 def guard_failure(path: str, comparison: Comparison | None, tolerance: float) -> str:
