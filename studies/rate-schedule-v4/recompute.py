@@ -5,8 +5,11 @@
 Written apart from mlmlab's report (json, math and scipy only, nothing imported from mlmlab) so
 that the report's decision table can be checked against a second implementation of the rule in
 preregistration.md: the four primary contrasts (paired by seed, 95% t-interval, Holm over the
-four, |mean Δ| ≥ 0.01), the validity gate, the detectable effects, and the descriptive steps to
-5.8 and 4.5 nats. Prints markdown; compare it cell by cell with report.md.
+four, |mean Δ| ≥ 0.01), the validity gate, the detectable effects, the descriptive steps to
+5.8 and 4.5 nats (per seed), and every arm's paired difference from dynamic in the overall,
+per-bucket, prior-free and WikiText-103 losses and the MLM accuracy. Prints markdown; compare it
+cell by cell with report.md. Not recomputed here: the loss at dynamic's FLOPs (it needs the FLOP
+model of each step's mask rate), the probes and the bootstrap ranges.
 """
 
 import hashlib
@@ -17,8 +20,12 @@ from pathlib import Path
 from scipy import optimize, stats
 
 HERE = Path(__file__).resolve().parent
-CONTRASTS = [("ankner-decay", "constant-22.5"), ("ankner-decay-cm", "dynamic"), ("constant-30", "dynamic"),
-             ("adm-entropy", "dynamic")]
+CONTRASTS = [
+    ("ankner-decay", "constant-22.5"),
+    ("ankner-decay-cm", "dynamic"),
+    ("constant-30", "dynamic"),
+    ("adm-entropy", "dynamic"),
+]
 ALPHA, MIN_EFFECT, POWER = 0.05, 0.01, 0.8
 GATE_ACCURACY, PLATEAU, LOWER_TARGET, ESCAPE_BY = 0.25, 5.8, 4.5, 2000
 
@@ -98,41 +105,99 @@ def gate(rows: list[dict]) -> list[str]:
     dynamic = [row for row in rows if row["arm"] == "dynamic"]
     accuracy = sum(row["eval"]["mlm_accuracy"] for row in dynamic) / len(dynamic)
     late = [row["seed"] for row in dynamic if (first_below(eval_curve(row), PLATEAU) or math.inf) > ESCAPE_BY]
-    return [f"Gate: dynamic mean MLM accuracy {accuracy:.4f} over {len(dynamic)} seeds "
-            f"({'held' if accuracy >= GATE_ACCURACY else 'FAILED'}, threshold {GATE_ACCURACY}); "
-            f"dynamic seeds not below {PLATEAU} nats by step {ESCAPE_BY}: {late or 'none'}", ""]
+    return [
+        f"Gate: dynamic mean MLM accuracy {accuracy:.4f} over {len(dynamic)} seeds "
+        f"({'held' if accuracy >= GATE_ACCURACY else 'FAILED'}, threshold {GATE_ACCURACY}); "
+        f"dynamic seeds not below {PLATEAU} nats by step {ESCAPE_BY}: {late or 'none'}",
+        "",
+    ]
 
 
 def contrast_table(losses: dict[str, dict[int, float]]) -> list[str]:
     found = [(arm, ref, paired(losses.get(arm, {}), losses.get(ref, {}))) for arm, ref in CONTRASTS]
     tested = [(arm, ref, t_test(deltas), len(deltas)) for arm, ref, deltas in found if len(deltas) >= 2]
     adjusted = holm([result[3] for _, _, result, _ in tested]) if tested else []
-    lines = ["| contrast | paired seeds | Δ [95% t-interval] | paired sd | detectable 5% | detectable 1.25% | p | "
-             "p (Holm) | call (unadjusted) | call (Holm) |", "|" + "---|" * 10]
+    lines = [
+        "| contrast | paired seeds | Δ [95% t-interval] | paired sd | detectable 5% | detectable 1.25% | p | "
+        "p (Holm) | call (unadjusted) | call (Holm) |",
+        "|" + "---|" * 10,
+    ]
     for (arm, ref, (mean, sd, half, p), n), p_holm in zip(tested, adjusted):
-        lines.append(f"| {arm} − {ref} | {n} | {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] | {sd:.3g} | "
-                     f"{detectable(sd, n, ALPHA):.3g} | {detectable(sd, n, ALPHA / len(CONTRASTS)):.3g} | "
-                     f"{p:.3g} | {p_holm:.3g} | {call(mean, p, arm)} | **{call(mean, p_holm, arm)}** |")
+        lines.append(
+            f"| {arm} − {ref} | {n} | {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] | {sd:.3g} | "
+            f"{detectable(sd, n, ALPHA):.3g} | {detectable(sd, n, ALPHA / len(CONTRASTS)):.3g} | "
+            f"{p:.3g} | {p_holm:.3g} | {call(mean, p, arm)} | **{call(mean, p_holm, arm)}** |"
+        )
     missing = [f"{arm} − {ref}" for arm, ref, deltas in found if len(deltas) < 2]
     if missing:
-        lines += ["", f"Not yet testable (fewer than 2 paired seeds): {', '.join(missing)}; "
-                      f"Holm above adjusts over the {len(tested)} testable contrasts only."]
+        lines += [
+            "",
+            f"Not yet testable (fewer than 2 paired seeds): {', '.join(missing)}; "
+            f"Holm above adjusts over the {len(tested)} testable contrasts only.",
+        ]
     return lines + [""]
 
 
 def arm_table(rows: list[dict]) -> list[str]:
-    by_arm: dict[str, list[dict]] = {}
-    for row in rows:
-        by_arm.setdefault(row["arm"], []).append(row)
-    lines = ["| arm | seeds | mean MLM loss | min–max | mean steps to 5.8 | mean steps to 4.5 |", "|" + "---|" * 6]
-    for arm, runs in by_arm.items():
+    lines = [
+        "| arm | seeds | mean MLM loss | min–max | steps to 5.8 by seed | steps to 4.5 by seed |",
+        "|" + "---|" * 6,
+    ]
+    for arm, runs in by_arm(rows).items():
         losses = [row["eval"]["mlm_loss"] for row in runs]
         curves = [eval_curve(row) for row in runs]
         to_plateau = [first_below(curve, PLATEAU) for curve in curves]
         to_lower = [first_below(curve, LOWER_TARGET) for curve in curves]
-        lines.append(f"| {arm} | {len(runs)} | {sum(losses) / len(losses):.4f} | {min(losses):.3f}–{max(losses):.3f} | "
-                     f"{mean_steps(to_plateau)} | {mean_steps(to_lower)} |")
+        lines.append(
+            f"| {arm} | {len(runs)} | {sum(losses) / len(losses):.4f} | {min(losses):.3f}–{max(losses):.3f} | "
+            f"{steps_by_seed(to_plateau)} | {steps_by_seed(to_lower)} |"
+        )
     return lines + [""]
+
+
+def by_arm(rows: list[dict]) -> dict[str, list[dict]]:
+    """arm -> its rows in seed order (the last row of a run wins, as a rerun appends)."""
+    runs: dict[str, dict[int, dict]] = {}
+    for row in rows:
+        runs.setdefault(row["arm"], {})[row["seed"]] = row
+    return {arm: [seeds[seed] for seed in sorted(seeds)] for arm, seeds in runs.items()}
+
+
+BUCKETS = ("0_100", "100_300", "300_1000", "1000_3000", "3000_rest")
+# (column, figure of a row): the report's "difference from dynamic" columns, each read straight from the row
+FIGURES = [("MLM loss", lambda row: row["eval"]["mlm_loss"])]
+FIGURES += [
+    (f"loss {bucket}", lambda row, b=bucket: math.log(row["eval"][f"perplexity_freq_{b}"])) for bucket in BUCKETS
+]
+FIGURES += [
+    ("prior-free loss", lambda row: row["eval"]["recalibrated"]["mlm_loss"]),
+    ("prior-free loss 3000_rest", lambda row: row["eval"]["recalibrated"]["mlm_loss_freq_3000_rest"]),
+    ("WikiText-103 loss", lambda row: row["eval_data"]["wikitext103-valid"]["mlm_loss"]),
+    ("MLM accuracy", lambda row: row["eval"]["mlm_accuracy"]),
+]
+
+
+def differences_table(rows: list[dict]) -> list[str]:
+    """Every arm − dynamic, paired by seed: mean [95% t-interval], * where it excludes 0 (descriptive)."""
+    runs = {arm: {row["seed"]: row for row in arm_rows} for arm, arm_rows in by_arm(rows).items()}
+    lines = ["| arm | " + " | ".join(name for name, _ in FIGURES) + " |", "|" + "---|" * (len(FIGURES) + 1)]
+    for arm, seeds in runs.items():
+        if arm == "dynamic":
+            continue
+        cells = []
+        for _, figure in FIGURES:
+            deltas = paired(
+                {s: figure(r) for s, r in seeds.items()}, {s: figure(r) for s, r in runs["dynamic"].items()}
+            )
+            mean, _, half, _ = t_test(deltas)
+            star = " *" if abs(mean) > half else ""
+            cells.append(f"{mean:+.3g} [{mean - half:+.3g}, {mean + half:+.3g}]{star}")
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def steps_by_seed(steps: list[int | None]) -> str:
+    return " / ".join("never" if step is None else str(step) for step in steps) + f" (mean {mean_steps(steps)})"
 
 
 def mean_steps(steps: list[int | None]) -> str:
@@ -143,8 +208,16 @@ def mean_steps(steps: list[int | None]) -> str:
 
 def main() -> None:
     rows = load_rows()
-    print("\n".join(["# rate-schedule-v4, recomputed without mlmlab", ""] + gate(rows)
-                    + contrast_table(final_loss(rows)) + arm_table(rows)))
+    print(
+        "\n".join(
+            ["# rate-schedule-v4, recomputed without mlmlab", ""]
+            + gate(rows)
+            + contrast_table(final_loss(rows))
+            + arm_table(rows)
+            + ["Every arm − dynamic, paired by seed (descriptive):", ""]
+            + differences_table(rows)
+        )
+    )
 
 
 if __name__ == "__main__":
