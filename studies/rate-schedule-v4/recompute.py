@@ -39,12 +39,19 @@ def load_rows() -> list[dict]:
     return rows
 
 
-def final_loss(rows: list[dict]) -> dict[str, dict[int, float]]:
-    """arm -> seed -> final held-out MLM loss (the last row of a run wins, as a rerun appends)."""
-    losses: dict[str, dict[int, float]] = {}
+def runs_by_arm(rows: list[dict]) -> dict[str, dict[int, dict]]:
+    """arm -> seed -> its row (the last row of a run wins, as a rerun appends)."""
+    runs: dict[str, dict[int, dict]] = {}
     for row in rows:
-        losses.setdefault(row["arm"], {})[row["seed"]] = row["eval"]["mlm_loss"]
-    return losses
+        runs.setdefault(row["arm"], {})[row["seed"]] = row
+    return runs
+
+
+def final_loss(rows: list[dict]) -> dict[str, dict[int, float]]:
+    """arm -> seed -> final held-out MLM loss."""
+    return {
+        arm: {seed: row["eval"]["mlm_loss"] for seed, row in seeds.items()} for arm, seeds in runs_by_arm(rows).items()
+    }
 
 
 def eval_curve(row: dict) -> list[tuple[int, float]]:
@@ -143,7 +150,8 @@ def arm_table(rows: list[dict]) -> list[str]:
         "| arm | seeds | mean MLM loss | min–max | steps to 5.8 by seed | steps to 4.5 by seed |",
         "|" + "---|" * 6,
     ]
-    for arm, runs in by_arm(rows).items():
+    for arm, seeds in runs_by_arm(rows).items():
+        runs = [seeds[seed] for seed in sorted(seeds)]
         losses = [row["eval"]["mlm_loss"] for row in runs]
         curves = [eval_curve(row) for row in runs]
         to_plateau = [first_below(curve, PLATEAU) for curve in curves]
@@ -153,14 +161,6 @@ def arm_table(rows: list[dict]) -> list[str]:
             f"{steps_by_seed(to_plateau)} | {steps_by_seed(to_lower)} |"
         )
     return lines + [""]
-
-
-def by_arm(rows: list[dict]) -> dict[str, list[dict]]:
-    """arm -> its rows in seed order (the last row of a run wins, as a rerun appends)."""
-    runs: dict[str, dict[int, dict]] = {}
-    for row in rows:
-        runs.setdefault(row["arm"], {})[row["seed"]] = row
-    return {arm: [seeds[seed] for seed in sorted(seeds)] for arm, seeds in runs.items()}
 
 
 BUCKETS = ("0_100", "100_300", "300_1000", "1000_3000", "3000_rest")
@@ -179,7 +179,7 @@ FIGURES += [
 
 def differences_table(rows: list[dict]) -> list[str]:
     """Every arm − dynamic, paired by seed: mean [95% t-interval], * where it excludes 0 (descriptive)."""
-    runs = {arm: {row["seed"]: row for row in arm_rows} for arm, arm_rows in by_arm(rows).items()}
+    runs = runs_by_arm(rows)
     lines = ["| arm | " + " | ".join(name for name, _ in FIGURES) + " |", "|" + "---|" * (len(FIGURES) + 1)]
     for arm, seeds in runs.items():
         if arm == "dynamic":
