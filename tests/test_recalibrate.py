@@ -5,6 +5,7 @@ import pytest
 import torch
 from test_schedules_train import small_trainer
 
+from mlmlab.evaluate import recalibrate
 from mlmlab.evaluate.recalibrate import recalibrated_loss, refit_bias
 
 
@@ -86,3 +87,35 @@ def test_the_refit_fits_one_half_and_scores_the_other(trained):
     # 30 steps at a warming-up LR leave the model near uniform over 30k ids (raw ~10.3 nats = log 30k): the bias that
     # the refit gives it, the corpus prior and what the fit half adds, scores the other half far better.
     assert report["mlm_loss"] < report["raw_mlm_loss"] - 1.0
+
+
+def direct_objective(features, targets, weight, bias):
+    """The fit half's objective from its definition, in float64: mean cross-entropy, gradient, Hessian diagonal."""
+    probabilities = (features.double() @ weight.double().T + bias).softmax(1)  # (n, V)
+    n = len(targets)
+    loss = -probabilities.log().gather(1, targets[:, None]).mean().item()
+    counts = torch.bincount(targets, minlength=weight.shape[0]).double()
+    return loss, (probabilities.sum(0) - counts) / n, (probabilities.sum(0) - probabilities.square().sum(0)) / n
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 2**30], ids=["recomputed", "cached"])
+def test_the_objective_from_kept_exponentials_is_the_softmax_cross_entropy_at_any_bias(monkeypatch, cache_bytes):
+    """The objective reuses exp(logits - row max) across biases (and recomputes chunks past its memory budget): at a
+    bias spread over 60 nats, as a shrunk rare id's can be, it must still be the cross-entropy, its gradient and
+    curvature, across several chunks."""
+    monkeypatch.setattr(recalibrate, "ROWS_PER_CHUNK", 64)
+    monkeypatch.setattr(recalibrate, "CACHE_BYTES", cache_bytes)
+    generator = torch.Generator().manual_seed(0)
+    vocab, hidden, n = 300, 16, 200
+    features = torch.randn(n, hidden, generator=generator, dtype=torch.float64)
+    weight = 2 * torch.randn(vocab, hidden, generator=generator, dtype=torch.float64)  # logits spread ~ ±30
+    targets = torch.randint(vocab, (n,), generator=generator)
+    fit = recalibrate._FitHalf(features, targets, weight)
+    for spread in (0.0, 5.0, 60.0):
+        bias = spread * torch.rand(vocab, generator=generator, dtype=torch.float64) - spread / 2
+        loss, gradient, curvature = fit.objective(bias)
+        expected_loss, expected_gradient, expected_curvature = direct_objective(features, targets, weight, bias)
+        assert loss == pytest.approx(expected_loss, rel=1e-5)
+        assert torch.allclose(gradient, expected_gradient, atol=1e-7, rtol=1e-4)
+        assert torch.allclose(curvature, expected_curvature, atol=1e-7, rtol=1e-4)
+    assert len(fit._chunks) == (0 if cache_bytes == 0 else 4)
