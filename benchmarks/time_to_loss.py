@@ -18,15 +18,20 @@ Each mlmlab arm trains until its held-out loss reaches the anchor's final one, o
 (``train.max_minutes``: its LR schedule spans M minutes whenever it stops).
 
 The clock: each arm's training wall time, from the start of its training (after data preparation and model set-up)
-to each evaluation, less the time spent evaluating. Every arm is evaluated at time 0 and then every
-``--eval-every-seconds`` by mlmlab's own held-out evaluator (``evaluate_mlm``) on the same held-out blocks under the
-same fixed uniform 15% masks, whatever trained the model, and at the end of its training. The anchor's LR schedule is
+to each evaluation, less the time spent evaluating. Every arm is evaluated at time 0, then every
+``--eval-every-seconds`` (the anchor) or ``--arm-eval-every-seconds`` (the mlmlab arms, 6 times as often by default:
+an arm that reaches the target within one anchor interval would otherwise have its time read off a single straight
+line from the untrained model's loss), and at the end of its training, by mlmlab's own held-out evaluator
+(``evaluate_mlm``) on the same held-out blocks under the same fixed uniform 15% masks, whatever trained the model.
+The anchor's LR schedule is
 mlmlab's time-budget schedule (``train.max_minutes``: warmup over steps, then hold, then linear decay over the last
 20% of the time) on that clock; run_mlm's step schedules need a step count, which M minutes hold only in hindsight.
 
 The time at which an arm reaches a loss is linearly interpolated between the two evaluations around the crossing.
 The script prints, per arm, the time to the anchor's loss at 25%, 50% and 100% of its budget and the evaluation time
-it did not count, then one line: the anchor's time to its final loss over each mlmlab arm's. It writes a plot of
+it did not count, then the evaluations around each mlmlab arm's crossing of the anchor's final loss (the range its
+ratio is known to lie in, whatever the curve did between them), then one line: the anchor's time to its final loss
+over each mlmlab arm's. It writes a plot of
 held-out loss against training wall time (time_to_loss.png) and every curve (time_to_loss.json) to ``--out``.
 
     python benchmarks/time_to_loss.py                        # M = 60 minutes: up to three hours in all
@@ -74,6 +79,10 @@ from mlmlab.utils.files import building, require_output
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "time_to_loss"
 EVALUATIONS_PER_BUDGET = 20  # --eval-every-seconds' default: this many evaluations over the anchor's budget
+# --arm-eval-every-seconds' default: the mlmlab arms are evaluated this many times as often as the anchor. At one
+# evaluation every 3 minutes fast-tiny passed a 60-minute anchor's loss within its first interval (6.14 against 6.58
+# at 3.00 minutes), which brackets its ratio only as 20x or more. Their evaluations cost 4-8 s (the anchor's 33 s).
+ARM_EVALUATIONS_PER_ANCHOR_INTERVAL = 6
 MILESTONES = (0.25, 0.5, 1.0)  # shares of the anchor's budget whose held-out loss every arm is timed to
 LINES_PER_MAP = 1000  # run_mlm groups the lines of each of datasets.map's batches, 1,000 by default
 # The mlmlab arms, each a preset and the settings that make it the arm; the anchor's recipe is the engine's one.
@@ -84,6 +93,7 @@ LABELS = {
     "anchor-recipe": "mlmlab, anchor's recipe (tiny)",
     "recommended": "mlmlab, recommended recipe (fast-tiny)",
 }
+RATIO_LABELS = {"recommended": "recommended recipe", "anchor-recipe": "anchor's recipe"}  # the ratio lines' order
 NEVER = 10**9  # the anchor's step budget: its callback stops it on time instead
 
 
@@ -318,16 +328,26 @@ def summary(curve: Curve, precision: str, steps: int) -> dict:
     }
 
 
+def crossing(points: list[dict], target: float) -> tuple[dict, dict] | None:
+    """The evaluations around the curve's first crossing of ``target``: the last above it and the first at or below
+    it (the first evaluation twice if it starts there); None if no evaluation reached it."""
+    for before, point in zip([points[0], *points], points):
+        if point["mlm_loss"] <= target:
+            return before, point
+    return None
+
+
 def time_to(points: list[dict], target: float) -> float | None:
     """The training seconds at which the curve first reaches ``target``: linearly interpolated between the two
     evaluations around the crossing; None if no evaluation reached it."""
-    for before, point in zip([None, *points], points):
-        if point["mlm_loss"] <= target:
-            if before is None:
-                return point["train_seconds"]
-            drop = (before["mlm_loss"] - target) / (before["mlm_loss"] - point["mlm_loss"])
-            return before["train_seconds"] + drop * (point["train_seconds"] - before["train_seconds"])
-    return None
+    around = crossing(points, target)
+    if around is None:
+        return None
+    before, point = around
+    if before is point:
+        return point["train_seconds"]
+    drop = (before["mlm_loss"] - target) / (before["mlm_loss"] - point["mlm_loss"])
+    return before["train_seconds"] + drop * (point["train_seconds"] - before["train_seconds"])
 
 
 def loss_at(points: list[dict], seconds: float) -> float:
@@ -356,6 +376,22 @@ def ratio_text(name: str, arms: dict, target: float, minutes: float) -> str:
     return f"{anchor_time / arm_time:.2f}x" if arm_time > 0 else "reached at its first evaluation"
 
 
+def bracket_text(name: str, label: str, arms: dict, target: float) -> str:
+    """The evaluations around an mlmlab arm's crossing of the anchor's final loss, and the ratios they allow."""
+    between, anchor_time = arms[name]["final_loss_between"], time_to(arms["anchor"]["evaluations"], target)
+    if between is None:
+        return f"{label} never"
+    before, after = between
+    if after == 0:
+        return f"{label} reached it untrained"
+    ratios = (
+        f"{anchor_time / after:.2f}x or more"
+        if before == 0
+        else f"{anchor_time / after:.2f}-{anchor_time / before:.2f}x"
+    )
+    return f"{label} {before / 60:.2f}-{after / 60:.2f} min ({ratios})"
+
+
 def report(result: dict) -> str:
     """The printed table, then the one line of ratios, last."""
     arms, targets, minutes = result["arms"], result["anchor_losses"], result["anchor_minutes"]
@@ -368,7 +404,7 @@ def report(result: dict) -> str:
         "anchor's held-out loss: "
         + ", ".join(f"{loss:.3f} at {share} of its {minutes:g} minutes" for share, loss in targets.items()),
         "times: training wall time, evaluations excluded, linearly interpolated between evaluations every "
-        f"{result['eval_every_seconds']:g} s",
+        f"{result['eval_every_seconds']:g} s (anchor) and {result['arm_eval_every_seconds']:g} s (mlmlab arms)",
         f"{'arm':<40} {'precision':>9} {'steps':>7} {'trained':>9} {'evaluating':>11}"
         + "".join(f" {'to ' + share:>9}" for share in targets),
     ]
@@ -380,9 +416,13 @@ def report(result: dict) -> str:
             + "".join(f" {'never' if s is None else f'{s / 60:.2f} min':>9}" for s in times)
         )
     final = targets["100%"]
-    recommended, engine = (ratio_text(name, arms, final, minutes) for name in ("recommended", "anchor-recipe"))
     lines.append(
-        f"time to the anchor's final held-out loss: recommended recipe {recommended}, anchor's recipe {engine}"
+        "evaluations around the crossing of the anchor's final loss: "
+        + ", ".join(bracket_text(name, label, arms, final) for name, label in RATIO_LABELS.items())
+    )
+    lines.append(
+        "time to the anchor's final held-out loss: "
+        + ", ".join(f"{label} {ratio_text(name, arms, final, minutes)}" for name, label in RATIO_LABELS.items())
     )
     return "\n".join(lines)
 
@@ -425,7 +465,7 @@ def benchmark(args) -> dict:
         target = arms["anchor"]["evaluations"][-1]["mlm_loss"]
         for name, (preset, settings) in MLMLAB_ARMS.items():
             cfg = arm_config(preset, settings, args, Path(folder) / name)
-            arms[name] = run_mlmlab(cfg, held_out, args.eval_every_seconds, target)
+            arms[name] = run_mlmlab(cfg, held_out, args.arm_eval_every_seconds, target)
     result = {
         "host": describe_cpu() if compute_device().type == "cpu" else torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -433,11 +473,14 @@ def benchmark(args) -> dict:
         "threads": torch.get_num_threads(),
         "anchor_minutes": args.anchor_minutes,
         "eval_every_seconds": args.eval_every_seconds,
+        "arm_eval_every_seconds": args.arm_eval_every_seconds,
         "arms": arms,
     }
     result["anchor_losses"] = milestones(arms, budget)
     for arm in arms.values():
         arm["times_to"] = {share: time_to(arm["evaluations"], loss) for share, loss in result["anchor_losses"].items()}
+        around = crossing(arm["evaluations"], result["anchor_losses"]["100%"])
+        arm["final_loss_between"] = None if around is None else [point["train_seconds"] for point in around]
     return result
 
 
@@ -455,6 +498,12 @@ def parse_arguments(argv=None):
         help=f"training seconds between evaluations (default: the anchor's budget / {EVALUATIONS_PER_BUDGET})",
     )
     parser.add_argument(
+        "--arm-eval-every-seconds",
+        type=number_argument("--arm-eval-every-seconds", float, POSITIVE, 30),
+        help="training seconds between the mlmlab arms' evaluations (default: --eval-every-seconds / "
+        f"{ARM_EVALUATIONS_PER_ANCHOR_INTERVAL})",
+    )
+    parser.add_argument(
         "--eval-batches",
         type=number_argument("--eval-batches", int, at_least(1), 20),
         help="held-out batches of 32 blocks per evaluation (default: every block of the held-out set)",
@@ -467,6 +516,8 @@ def parse_arguments(argv=None):
     args = parser.parse_args(argv)
     if args.eval_every_seconds is None:
         args.eval_every_seconds = args.anchor_minutes * 60 / EVALUATIONS_PER_BUDGET
+    if args.arm_eval_every_seconds is None:
+        args.arm_eval_every_seconds = args.eval_every_seconds / ARM_EVALUATIONS_PER_ANCHOR_INTERVAL
     require_output(args.out, "--out", folder=True)
     return args
 

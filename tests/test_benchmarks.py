@@ -161,6 +161,10 @@ def test_time_to_a_loss_is_interpolated_between_the_evaluations_around_the_cross
     assert time_to_loss.time_to(curve, 6.0) == 20.0
     assert time_to_loss.time_to(curve, 11.0) == 0.0  # reached before any training
     assert time_to_loss.time_to(curve, 5.0) is None
+    # the evaluations the crossing lies between, whatever the curve did in between them
+    assert [p["train_seconds"] for p in time_to_loss.crossing(curve, 7.0)] == [10.0, 20.0]
+    assert [p["train_seconds"] for p in time_to_loss.crossing(curve, 11.0)] == [0.0, 0.0]
+    assert time_to_loss.crossing(curve, 5.0) is None
     assert time_to_loss.loss_at(curve, 5.0) == 9.0
     assert time_to_loss.loss_at(curve, 40.0) == 7.0  # past the last evaluation: the last one's
 
@@ -169,7 +173,8 @@ def test_time_to_loss_times_every_arm_on_the_same_masks_with_evaluations_off_the
     minutes = 0.02
     out = run_benchmark(
         "time_to_loss.py",
-        *("--anchor-minutes", str(minutes), "--eval-every-seconds", "0.3", "--eval-batches", "1"),
+        *("--anchor-minutes", str(minutes), "--eval-every-seconds", "0.3", "--arm-eval-every-seconds", "0.1"),
+        *("--eval-batches", "1"),
         *(
             "--corpus",
             str(first_documents(SAMPLE / "train.txt.gz", 150, tmp_path / "corpus.txt")),
@@ -183,6 +188,12 @@ def test_time_to_loss_times_every_arm_on_the_same_masks_with_evaluations_off_the
         out.strip().splitlines()[-1],
     ), out
     assert re.search(r"^host: CPU .*; torch .*, threads \d+$", out, re.M), out
+    between = r"(never|reached it untrained|\d+\.\d\d-\d+\.\d\d min \(\d+\.\d\d(x or more|-\d+\.\d\dx)\))"
+    assert re.fullmatch(
+        rf"evaluations around the crossing of the anchor's final loss: recommended recipe {between}, "
+        rf"anchor's recipe {between}",
+        out.strip().splitlines()[-2],
+    ), out
     result = json.loads((tmp_path / "out" / "time_to_loss.json").read_text())
     arms = result["arms"]
     assert list(arms) == ["anchor", "anchor-recipe", "recommended"]
@@ -201,12 +212,17 @@ def test_time_to_loss_times_every_arm_on_the_same_masks_with_evaluations_off_the
             assert abs(point["wall_seconds"] - point["train_seconds"] - spent) < 1e-6, (name, point)
             spent += point["eval_seconds"]
         assert abs(arm["eval_seconds"] - spent) < 1e-6 and arm["trained_seconds"] == stamps[-1]
+        every = result["eval_every_seconds" if name == "anchor" else "arm_eval_every_seconds"]
+        assert all(b - a >= every for a, b in zip(stamps, stamps[1:-1])), name  # the last one: when training ended
     assert arms["anchor"]["trained_seconds"] >= minutes * 60  # the anchor trains its whole budget
     final = result["anchor_losses"]["100%"]
     assert final == arms["anchor"]["evaluations"][-1]["mlm_loss"]
     for name in ("anchor-recipe", "recommended"):  # each trains until it reaches the anchor's loss, or its budget
         reached = arms[name]["evaluations"][-1]["mlm_loss"] <= final
         assert reached == (arms[name]["times_to"]["100%"] is not None), name
+        if reached:  # the interpolated time lies between the evaluations around the crossing
+            before, after = arms[name]["final_loss_between"]
+            assert before <= arms[name]["times_to"]["100%"] <= after, name
     assert (tmp_path / "out" / "time_to_loss.png").read_bytes().startswith(b"\x89PNG")
 
 
