@@ -25,7 +25,7 @@ from throughput import build_arms, describe_environment, time_arm
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from mlmlab.cli import reexec_with_malloc_tuning
+from mlmlab.utils.allocator import reexec_with_malloc_tuning
 from mlmlab.utils.devices import clock
 
 SAME_RECIPE = ("hf-sparse-recipe", "mlmlab-as-shipped")

@@ -61,7 +61,6 @@ from transformers import BertForMaskedLM, DataCollatorForLanguageModeling, Moder
 
 from mlmlab import choices
 from mlmlab.architectures import architecture_of
-from mlmlab.cli import MALLOC_TUNING, reexec_with_malloc_tuning
 from mlmlab.config import load_config
 from mlmlab.data.loader import epoch_plans
 from mlmlab.model import IGNORE_INDEX, encode, predict
@@ -69,6 +68,7 @@ from mlmlab.train.launch import matmul_dtype
 from mlmlab.train.loop import Trainer
 from mlmlab.train.mfu import peak_matmul_flops, peak_matmul_size, training_flops
 from mlmlab.train.stable_adamw import StableAdamW
+from mlmlab.utils.allocator import MALLOC_TUNING, reexec_with_malloc_tuning
 from mlmlab.utils.devices import clock, describe_cpu
 
 # transformers' defaults: fp32 on CPU, dropout 0.1 on hidden states and attention (attention_dropout null follows

@@ -62,7 +62,6 @@ from transformers import (
 )
 
 from mlmlab import choices
-from mlmlab.cli import reexec_with_malloc_tuning
 from mlmlab.config import POSITIVE, Config, at_least, from_dict, number_argument, read_yaml, set_dotted
 from mlmlab.data.corpus import read_paragraph_documents
 from mlmlab.data.resolve import SAMPLE_TRAIN, prepare_datasets
@@ -74,6 +73,7 @@ from mlmlab.model import padded_vocab_size
 from mlmlab.train.launch import matmul_dtype
 from mlmlab.train.loop import Trainer
 from mlmlab.train.optim import lr_factor
+from mlmlab.utils.allocator import reexec_with_malloc_tuning
 from mlmlab.utils.devices import clock, compute_device, describe_cpu
 from mlmlab.utils.files import building, require_output
 

@@ -31,6 +31,7 @@ from mlmlab.config import number_argument as number
 from mlmlab.errors import UserError, write_refusal
 from mlmlab.evaluate.glue_settings import GlueSettings
 from mlmlab.utils import jsonio
+from mlmlab.utils.allocator import reexec_with_malloc_tuning
 from mlmlab.utils.signals import exit_code, sigterm_unwinds
 
 
@@ -699,23 +700,6 @@ def parse_arguments(parser: argparse.ArgumentParser, argv) -> argparse.Namespace
     if extra:
         args.overrides = [*args.overrides, *extra]
     return args
-
-
-# glibc returns freed activation memory to the OS after every step and maps it back on the
-# next, which showed up as ~50% system time here. Keeping the heap (no trimming, 1 GiB top
-# pad) measured 1.27x faster steps on the tiny preset (646 -> 507 ms, 2 CPU cores). Blocks
-# over 32 MiB (glibc's largest mmap threshold) are still mapped and unmapped one by one: ADM's
-# scoring pass allocates ~0.6 GB of them a step ((2048, V) logits and their softmax), and an
-# adm-study-v3 run spent half its time in ~450k page faults/s, at 9k instead of 18.5k tokens/s.
-# No mmap at all (MALLOC_MMAP_MAX_=0) serves them from the kept heap too. glibc reads these
-# only at start-up, so the command re-executes itself once with them set.
-MALLOC_TUNING = {"MALLOC_TRIM_THRESHOLD_": str(4 << 30), "MALLOC_TOP_PAD_": str(1 << 30), "MALLOC_MMAP_MAX_": "0"}
-
-
-def reexec_with_malloc_tuning(command: list[str]) -> None:
-    """Replace this process by ``command`` with MALLOC_TUNING set, unless the user set any of it."""
-    if sys.platform.startswith("linux") and not any(key in os.environ for key in MALLOC_TUNING):
-        os.execve(command[0], command, {**os.environ, **MALLOC_TUNING})
 
 
 def main(argv=None) -> int:

@@ -1,4 +1,4 @@
-"""The allocator settings the mlmlab command re-executes itself with (cli.MALLOC_TUNING): freed memory is reused."""
+"""The allocator settings the mlmlab command re-executes itself with (utils/allocator.py): freed memory is reused."""
 
 import subprocess
 import sys
@@ -16,7 +16,7 @@ before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(10): touch()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
-REEXEC = "import sys; from mlmlab.cli import reexec_with_malloc_tuning; reexec_with_malloc_tuning(sys.argv[1:])"
+REEXEC = "import sys; from mlmlab.utils import allocator; allocator.reexec_with_malloc_tuning(sys.argv[1:])"
 
 
 def page_faults(*setup: str) -> int:
@@ -33,3 +33,29 @@ def test_large_blocks_are_reused_not_mapped_again_each_time():
     tuned = page_faults("-c", REEXEC)
     assert untuned > 9 * pages  # glibc's defaults: each block mapped afresh, every page faulted in again
     assert tuned < pages  # with the tuning: the heap's pages serve every block
+
+
+# In the re-executed process: fill 320 MiB of heap with tensors, keep a small block above them (as a run's row or
+# log line is, so the heap's top cannot shrink), free the tensors; print the resident MiB then and after the trim.
+TRIM = """
+import resource, torch
+from mlmlab.utils.allocator import release_freed_memory
+def resident(): return int(open("/proc/self/statm").read().split()[1]) * 4096 >> 20
+blocks = [torch.empty(2 << 20).fill_(1.0) for _ in range(40)]
+kept = torch.empty(1024).fill_(1.0)
+del blocks
+print(resident())
+release_freed_memory()
+print(resident())
+"""
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the settings are glibc's; the command sets them on Linux"
+)
+def test_memory_a_run_freed_goes_back_to_the_os_between_runs():
+    """Under the tuning the heap never shrinks by itself: a study process grew run after run until the OOM killer
+    stopped it. The trim between runs must hand the freed pages back."""
+    command = [sys.executable, "-c", REEXEC, sys.executable, "-c", TRIM]
+    kept, trimmed = map(int, subprocess.run(command, capture_output=True, text=True, check=True).stdout.split())
+    assert kept - trimmed > 250  # MiB of the 320 freed

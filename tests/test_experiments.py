@@ -430,14 +430,20 @@ def test_the_runner_and_the_report_count_the_same_rows(tmp_path):
     assert notes == [f"line {n} of results.jsonl is not a complete result row and was ignored" for n in (2, 3)]
 
 
-def test_arms_of_other_batch_sizes_are_evaluated_on_the_same_sequences(tmp_path):
+def test_arms_of_other_batch_sizes_are_evaluated_on_the_same_sequences(tmp_path, monkeypatch):
     arms = [DYNAMIC, {**DYNAMIC, "name": "dynamic-b4", "train.batch_size": 4}]
     base = {**TINY_BASE, "train": {**TINY_BASE["train"], "max_steps": 2, "eval_every": 0, "eval_batch_size": 8}}
-    rows = runner.run_study(
-        study_file.load_study(write_study(tmp_path, base=base, arms=arms)), show_progress=False, log=lambda line: None
+    study = study_file.load_study(write_study(tmp_path, base=base, arms=arms))
+    trims = []  # the rows already written at each heap trim
+    monkeypatch.setattr(
+        runner,
+        "release_freed_memory",
+        lambda: trims.append(len(runner.finished_rows(Path(study.out_dir) / "results.jsonl"))),
     )
+    rows = runner.run_study(study, show_progress=False, log=lambda line: None)
     assert [row["arm"] for row in rows] == ["dynamic", "dynamic-b4"]
     assert rows[0]["eval"]["masked_tokens"] == rows[1]["eval"]["masked_tokens"]  # 2 batches of 8 sequences each
+    assert trims == [0, 1]  # before each run, after the one before it: a long study's heap does not pile up
 
 
 def test_an_arm_can_run_compute_matched_beside_token_matched_arms(tmp_path):

@@ -42,6 +42,7 @@ from mlmlab.train.checkpoint import complete_checkpoints, step_of
 from mlmlab.train.loop import Trainer
 from mlmlab.train.optim import refuse_warmup_without_decay
 from mlmlab.utils import jsonio
+from mlmlab.utils.allocator import release_freed_memory
 from mlmlab.utils.files import WriterLock
 
 
@@ -444,6 +445,7 @@ def _run_shard(
             log(f"{label}: already in {results}, skipped")
             continue
         check_preregistration(study, finished)
+        release_freed_memory()  # what the runs before this one freed: the tuned heap would keep it (allocator.py)
         model = Path(run.config.train.out_dir) / "model"
         if lacking and is_model_folder(model):
             log(f"{label}: its row lacks {', '.join(lacking)}; measuring it on {model} (no training)")
