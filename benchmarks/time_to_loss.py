@@ -23,16 +23,16 @@ to each evaluation, less the time spent evaluating. Every arm is evaluated at ti
 an arm that reaches the target within one anchor interval would otherwise have its time read off a single straight
 line from the untrained model's loss), and at the end of its training, by mlmlab's own held-out evaluator
 (``evaluate_mlm``) on the same held-out blocks under the same fixed uniform 15% masks, whatever trained the model.
-The anchor's LR schedule is
-mlmlab's time-budget schedule (``train.max_minutes``: warmup over steps, then hold, then linear decay over the last
-20% of the time) on that clock; run_mlm's step schedules need a step count, which M minutes hold only in hindsight.
+The anchor's LR schedule is mlmlab's time-budget schedule (``train.max_minutes``: warmup over steps, then hold, then
+linear decay over the last 20% of the time) on that clock; run_mlm's step schedules need a step count, which M
+minutes hold only in hindsight.
 
 The time at which an arm reaches a loss is linearly interpolated between the two evaluations around the crossing.
 The script prints, per arm, the time to the anchor's loss at 25%, 50% and 100% of its budget and the evaluation time
 it did not count, then the evaluations around each mlmlab arm's crossing of the anchor's final loss (the range its
 ratio is known to lie in, whatever the curve did between them), then one line: the anchor's time to its final loss
-over each mlmlab arm's. It writes a plot of
-held-out loss against training wall time (time_to_loss.png) and every curve (time_to_loss.json) to ``--out``.
+over each mlmlab arm's. It writes a plot of held-out loss against training wall time (time_to_loss.png) and every
+curve (time_to_loss.json) to ``--out``.
 
     python benchmarks/time_to_loss.py                        # M = 60 minutes: up to three hours in all
     python benchmarks/time_to_loss.py --anchor-minutes 10 --eval-every-seconds 20
@@ -369,16 +369,16 @@ def milestones(arms: dict, budget_seconds: float) -> dict:
     }
 
 
-def ratio_text(name: str, arms: dict, target: float, minutes: float) -> str:
-    anchor_time, arm_time = time_to(arms["anchor"]["evaluations"], target), arms[name]["times_to"]["100%"]
+def ratio_text(name: str, arms: dict, minutes: float) -> str:
+    anchor_time, arm_time = arms["anchor"]["times_to"]["100%"], arms[name]["times_to"]["100%"]
     if arm_time is None:
         return f"not reached in {minutes:g} min"
     return f"{anchor_time / arm_time:.2f}x" if arm_time > 0 else "reached at its first evaluation"
 
 
-def bracket_text(name: str, label: str, arms: dict, target: float) -> str:
+def bracket_text(name: str, label: str, arms: dict) -> str:
     """The evaluations around an mlmlab arm's crossing of the anchor's final loss, and the ratios they allow."""
-    between, anchor_time = arms[name]["final_loss_between"], time_to(arms["anchor"]["evaluations"], target)
+    between, anchor_time = arms[name]["final_loss_between"], arms["anchor"]["times_to"]["100%"]
     if between is None:
         return f"{label} never"
     before, after = between
@@ -415,14 +415,13 @@ def report(result: dict) -> str:
             f"{arm['eval_seconds']:>9.1f} s"
             + "".join(f" {'never' if s is None else f'{s / 60:.2f} min':>9}" for s in times)
         )
-    final = targets["100%"]
     lines.append(
         "evaluations around the crossing of the anchor's final loss: "
-        + ", ".join(bracket_text(name, label, arms, final) for name, label in RATIO_LABELS.items())
+        + ", ".join(bracket_text(name, label, arms) for name, label in RATIO_LABELS.items())
     )
     lines.append(
         "time to the anchor's final held-out loss: "
-        + ", ".join(f"{label} {ratio_text(name, arms, final, minutes)}" for name, label in RATIO_LABELS.items())
+        + ", ".join(f"{label} {ratio_text(name, arms, minutes)}" for name, label in RATIO_LABELS.items())
     )
     return "\n".join(lines)
 

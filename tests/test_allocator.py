@@ -38,7 +38,7 @@ def test_large_blocks_are_reused_not_mapped_again_each_time():
 # In the re-executed process: fill 320 MiB of heap with tensors, keep a small block above them (as a run's row or
 # log line is, so the heap's top cannot shrink), free the tensors; print the resident MiB then and after the trim.
 TRIM = """
-import resource, torch
+import torch
 from mlmlab.utils.allocator import release_freed_memory
 def resident(): return int(open("/proc/self/statm").read().split()[1]) * 4096 >> 20
 blocks = [torch.empty(2 << 20).fill_(1.0) for _ in range(40)]

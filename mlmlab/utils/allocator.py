@@ -1,7 +1,6 @@
 """glibc's allocator: tuned for training steps (the mlmlab command runs under MALLOC_TUNING), trimmed between runs."""
 
 import ctypes
-import ctypes.util
 import os
 import sys
 
@@ -31,7 +30,7 @@ def release_freed_memory() -> None:
     does not depend on the heap being kept."""
     if not sys.platform.startswith("linux"):
         return
-    libc = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+    # The process's own symbols, libc's among them: find_library("c") would run ldconfig on every call.
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if trim is not None:  # musl has none
         trim(0)
