@@ -31,6 +31,7 @@ from mlmlab.experiments.reporting.decision import INCONCLUSIVE, WIN, decide
 from mlmlab.experiments.reporting.measures import Metric, metrics_of
 from mlmlab.experiments.reporting.statistics import compare, compare_by_seed, detectable_effect, holm
 from mlmlab.experiments.running import dry_run, identity, runner
+from mlmlab.experiments.screen import screen_pick
 
 TINY_BASE = {
     "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
@@ -1391,3 +1392,78 @@ def test_an_infinite_figure_leaves_a_gate_unmeasured_not_held():
     rows = [result_row("a", eval={"mlm_accuracy": 0.3}), result_row("b", seed=1, eval={"mlm_accuracy": math.inf})]
     (result,) = gate_results({"eval.mlm_accuracy": 0.2}, rows)
     assert not result["held"] and describe([result]) == "eval.mlm_accuracy not measured"
+
+
+LINEAR = {
+    "name": "adm-linear",
+    "masking.strategy": "adaptive",
+    "masking.scorer": "entropy",
+    "masking.adapt_schedule": "linear",
+}
+SCREEN = {"seeds": [0], "candidates": ["adm-entropy", "adm-linear"], "confirm": ["dynamic"]}
+
+
+def screen_rows(losses: dict) -> list[dict]:
+    return [{"arm": arm, "seed": seed, "eval": {"mlm_loss": loss}} for (arm, seed), loss in losses.items()]
+
+
+def test_the_screens_pick_is_the_lowest_mean_over_its_seeds_and_waits_for_every_candidate():
+    screen = study_file.Screen((0, 1), ("a", "b", "c"), ("dynamic",))
+    rows = screen_rows({("a", 0): 4.0, ("a", 1): 4.2, ("b", 0): 3.9, ("b", 1): 4.1, ("c", 0): 4.5})
+    assert screen_pick(screen, rows, "eval.mlm_loss", True) is None  # c's seed 1 is not in
+    rows += screen_rows({("c", 1): math.nan, ("b", 2): 1.0})  # a diverged run; a confirmation seed counts for nothing
+    assert screen_pick(screen, rows, "eval.mlm_loss", True) == "b"
+    assert screen_pick(screen, rows, "eval.mlm_loss", False) == "a"  # higher is better; c's NaN is never picked
+    tied = screen_rows({("a", 0): 4.0, ("a", 1): 4.0, ("b", 0): 4.0, ("b", 1): 4.0, ("c", 0): 5.0, ("c", 1): 5.0})
+    assert screen_pick(screen, tied, "eval.mlm_loss", True) == "a"  # a tie goes to the candidate listed first
+
+
+@pytest.mark.parametrize(
+    "screen, words",
+    [
+        ({"seeds": [0], "candidates": ["adm-x"], "confirm": ["dynamic"]}, "screen names 'adm-x', which is not an arm"),
+        ({"seeds": [0, 1], "candidates": ["adm-entropy"], "confirm": ["dynamic"]}, "some, not all"),
+        ({"seeds": [0], "candidates": ["dynamic"], "confirm": ["dynamic"]}, "not both"),
+        ({"seeds": [0], "candidates": ["adm-entropy"]}, "must map seeds, candidates, confirm"),
+    ],
+)
+def test_a_bad_screen_block_is_refused_in_one_line(tmp_path, screen, words):
+    decision = {"metric": "eval.mlm_loss"}
+    with pytest.raises(UserError, match=re.escape(words)):
+        study_file.load_study(write_study(tmp_path, seeds=[0, 1], screen=screen, decision=decision))
+
+
+def test_a_contrast_with_the_screens_pick_needs_a_screen(tmp_path):
+    decision = {"metric": "eval.mlm_loss", "contrasts": [["screen.selected", "dynamic"]]}
+    with pytest.raises(UserError, match="no screen: block"):
+        study_file.load_study(write_study(tmp_path, decision=decision))
+
+
+def test_a_screen_runs_every_arm_on_its_seeds_then_only_the_pick_and_the_confirm_arms(tmp_path, capsys):
+    decision = {"metric": "eval.mlm_loss", "contrasts": [["screen.selected", "dynamic"]]}
+    path = write_study(tmp_path, arms=[DYNAMIC, ENTROPY, LINEAR], seeds=[0, 1], screen=SCREEN, decision=decision)
+    study = study_file.load_study(path)
+    assert [(run.arm.name, run.seed) for run in runner.plan_runs(study)] == [
+        ("dynamic", 0),
+        ("adm-entropy", 0),
+        ("adm-linear", 0),
+        ("dynamic", 1),
+        ("adm-entropy", 1),
+        ("adm-linear", 1),
+    ]
+    assert main(["study", path, "--dry-run"]) == 0
+    said = capsys.readouterr().out
+    assert "then dynamic and the pick on the rest of seeds [0, 1]: 6 runs planned" in said
+    assert "the 5 left" in said and "1 confirmation runs of candidates other than the screen's pick not counted" in said
+    log = []
+    rows = runner.run_study(study, show_progress=False, log=log.append)
+    pick = screen_pick(study.screen, rows, "eval.mlm_loss", True)
+    other = ({"adm-entropy", "adm-linear"} - {pick}).pop()
+    assert [(row["arm"], row["seed"]) for row in rows] == [
+        ("dynamic", 0),
+        ("adm-entropy", 0),
+        ("adm-linear", 0),
+        ("dynamic", 1),
+        (pick, 1),
+    ]  # seed-major, the screen's seed first
+    assert any(line.endswith(f"{other} seed 1: not run: the screen picked {pick}") for line in log)

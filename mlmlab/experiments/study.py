@@ -28,6 +28,7 @@ A study file (YAML; presets in configs/studies/) holds a base run config, named 
       min_effect: 0.01                # a win or a loss needs |mean Δ| at least this, and the interval off 0
       guard: {glue.tasks.STS-B.dev.pearson: 0.01}   # a win may not lower these by more (mean Δ, row units)
       contrasts: [[decay, constant-22.5], [constant-30, dynamic]]   # optional: the primary contrasts, Holm over them
+    screen: {seeds: [0, 1], candidates: [adm, decay], confirm: [dynamic]}   # optional: experiments/screen.py
     out_dir: studies/my-study         # default: studies/<name>; its preregistration.md is hashed into every row
 
 An arm may also set ``budget:`` (token-matched or compute-matched) for itself, e.g. to run a
@@ -54,6 +55,7 @@ from mlmlab.errors import UserError
 from mlmlab.evaluate import linear_probe, perplexity
 from mlmlab.evaluate.glue_data import TASKS
 from mlmlab.evaluate.glue_settings import GlueSettings, resolve_task_names
+from mlmlab.experiments.screen import SELECTED, Screen, read_screen
 
 STUDY_DIR = Path(__file__).resolve().parent.parent / "configs" / "studies"
 STUDY_KEYS = (
@@ -73,6 +75,7 @@ STUDY_KEYS = (
     "eval_data",
     "gates",
     "decision",
+    "screen",
     "out_dir",
 )
 GATE_KEYS = ("arm", "min")
@@ -151,6 +154,7 @@ class Study:
     gates: Gates | None
     decision: Decision | None
     out_dir: str
+    screen: Screen | None = None  # a screen and its confirmation (experiments/screen.py); None: every arm every seed
 
 
 def study_path(source: str) -> Path:
@@ -173,13 +177,14 @@ def load_study(source: str, out_dir: str | None = None) -> Study:
     name = str(tree.get("name") or path.stem)
     arms = [_named_arm(item) for item in _list(tree, "arms")]
     arms += [arm for block in _list(tree, "grid") for arm in grid_arms(block)]
+    seeds = _seeds(tree.get("seeds", [0]))
     study = Study(
         name=name,
         source=source,
         base=_base_tree(tree),
         explicit=_explicit_keys(tree),
         arms=arms,
-        seeds=_seeds(tree.get("seeds", [0])),
+        seeds=seeds,
         budget=tree.get("budget", choices.TOKEN_MATCHED),
         baseline=tree.get("baseline", choices.DYNAMIC),
         glue=_glue_settings(tree.get("glue") or {}),
@@ -189,6 +194,7 @@ def load_study(source: str, out_dir: str | None = None) -> Study:
         gates=_gates(tree.get("gates")),
         decision=_decision(tree.get("decision")),
         out_dir=out_dir or str(tree.get("out_dir") or f"studies/{name}"),
+        screen=read_screen(tree.get("screen"), [arm.name for arm in arms], seeds),
     )
     _check_study(study)
     return study
@@ -418,8 +424,12 @@ def _check_study(study: Study) -> None:
     if study.gates is not None and study.gates.arm not in names:
         raise UserError(f"gates arm {study.gates.arm!r} is not an arm; arms: {', '.join(names)}")
     for name in [name for pair in (study.decision.contrasts if study.decision else []) for name in pair]:
-        if name not in names:
+        if name == SELECTED and study.screen is None:
+            raise UserError(f"decision contrast names {SELECTED}, but the study has no screen: block to pick it")
+        if name not in names and name != SELECTED:
             raise UserError(f"decision contrast names {name!r}, which is not an arm; arms: {', '.join(names)}")
+    if study.screen is not None and study.decision is None:
+        raise UserError("a screen: picks by the decision metric; add decision: {metric: eval.mlm_loss}")
     _check_row_paths(study)
 
 

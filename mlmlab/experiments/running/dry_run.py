@@ -18,6 +18,7 @@ from mlmlab.experiments.running.runner import (
     only_runs,
     plan_runs,
     refuse_incomparable,
+    runs_to_cost,
     shard_runs,
 )
 from mlmlab.experiments.running.timing import WARMUP_STEPS, run_minutes, timed_run
@@ -42,9 +43,15 @@ def dry_run_text(
     arm_runs = runs[: len(study.arms)]  # the first seed's runs: one per arm
     work = {setting: downstream_work(study, setting) for setting in {run.config.data.tokenizer for run in arm_runs}}
     downstream = {run.arm.name: work[run.config.data.tokenizer].flops(run.config.model) for run in arm_runs}
+    planned = (
+        f"{len(study.arms)} arms x {len(study.seeds)} seeds = {len(runs)} runs"
+        if study.screen is None
+        else f"{len(study.arms)} arms on screen seeds {list(study.screen.seeds)}, then "
+        f"{', '.join(study.screen.confirm)} and the pick on the rest of seeds {study.seeds}: {len(runs)} runs planned"
+    )
     lines = [
-        f"study {study.name}: {len(study.arms)} arms x {len(study.seeds)} seeds = {len(runs)} runs "
-        f"({len(mine)} in shard {shard[0]}/{shard[1]}), budget {study.budget}, baseline {study.baseline}",
+        f"study {study.name}: {planned} ({len(mine)} in shard {shard[0]}/{shard[1]}), budget {study.budget}, "
+        f"baseline {study.baseline}",
         f"{'arm':<34} {'steps':>9} {'batch':>6} {'tokens':>10} {'FLOPs':>9} {'scorer':>7} {'GPU-h':>9} "
         f"{'CPU-h':>9} {'GLUE FLOPs':>10} {'probe FLOPs':>11}",
     ]
@@ -58,7 +65,7 @@ def dry_run_text(
     rows = finished_rows(Path(study.out_dir) / RESULTS_FILE)
     refuse_incomparable(runs, rows)  # what the study itself would refuse, said before its cost
     finished = {row["key"] for row in rows}
-    left = [run for run in mine if run.key not in finished]
+    left = runs_to_cost([run for run in mine if run.key not in finished], study, rows)
     if timed_steps:
         lines += probed_cost_lines(study, arm_runs, left, timed_steps, work, downstream, show_progress)
     trained = sum(run.cost["flops"] for run in left)
@@ -66,7 +73,8 @@ def dry_run_text(
     gpu = sum(run.cost["gpu_hours"] for run in left) + gpu_hours(evaluated)
     cpu = sum(run.cost["cpu_hours"] for run in left) + cpu_hours(evaluated)
     lines += [
-        f"this shard: {len(mine) - len(left)} of its {len(mine)} runs already in {Path(study.out_dir) / RESULTS_FILE}; "
+        f"this shard: {sum(run.key in finished for run in mine)} of its {len(mine)} runs already in "
+        f"{Path(study.out_dir) / RESULTS_FILE}{screen_note(study, mine, left, finished)}; "
         f"the {len(left)} left: {trained:.3g} training FLOPs and {evaluated:.3g} of GLUE fine-tuning and probes, "
         f"{gpu:.3g} GPU-hours or {cpu:.3g} CPU-hours",
         f"assumptions: GPU-hours at {ASSUMED_MFU:.0%} MFU of an H100 SXM's ~{H100_PEAK_FLOPS / 1e12:.0f} TFLOP/s dense "
@@ -88,6 +96,13 @@ def dry_run_text(
             if missing
         ]
     )
+
+
+def screen_note(study: Study, mine: list[Run], left: list[Run], finished: set) -> str:
+    """What the runs left leave out: a screen's confirmation seeds of every candidate but one (the pick, or the
+    dearest while none is picked)."""
+    dropped = len(mine) - len(left) - sum(run.key in finished for run in mine)
+    return f" ({dropped} confirmation runs of candidates other than the screen's pick not counted)" if dropped else ""
 
 
 def downstream_note(study: Study, work: dict[str, Downstream]) -> str:

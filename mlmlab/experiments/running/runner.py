@@ -36,6 +36,7 @@ from mlmlab.experiments.budget import apply_budget, run_cost
 from mlmlab.experiments.gates import describe, gate_results
 from mlmlab.experiments.results import PREREGISTRATION, RESULTS_FILE, read_rows
 from mlmlab.experiments.running.identity import config_changes, identity_hash, settings_of
+from mlmlab.experiments.screen import screen_pick
 from mlmlab.experiments.study import Arm, Study
 from mlmlab.model_folder import is_model_folder, load_pretrained
 from mlmlab.train.checkpoint import complete_checkpoints, step_of
@@ -81,8 +82,41 @@ def plan_runs(study: Study) -> list[Run]:
             refuse_warmup_without_decay(cfg.train)
         except UserError as err:
             raise UserError(f"arm {name!r}: {err}") from None
-    pairs = [(seed, arm) for seed in study.seeds for arm in study.arms]
+    pairs = [
+        (seed, arm) for seed in seed_order(study) for arm in study.arms if runs_seed(study, arm.name, seed) is not False
+    ]
     return [_run(study, index, arm, seed, budgeted[arm.name]) for index, (seed, arm) in enumerate(pairs)]
+
+
+def seed_order(study: Study) -> list[int]:
+    """The study's seeds, a screen's first: the pick is known once they are in."""
+    screen = study.screen.seeds if study.screen else ()
+    return [seed for seed in study.seeds if seed in screen] + [seed for seed in study.seeds if seed not in screen]
+
+
+def runs_seed(study: Study, arm: str, seed: int) -> bool | None:
+    """Whether ``arm`` runs ``seed``: every arm every seed without a screen; None where the screen's pick decides."""
+    return True if study.screen is None else study.screen.runs_seed(arm, seed)
+
+
+def waits_on_screen(run: Run, study: Study, rows: list[dict]) -> str | None:
+    """Why ``run`` does not run now (a candidate's seed past the screen's), or None when it runs."""
+    if runs_seed(study, run.arm.name, run.seed) is not None:
+        return None
+    pick = screen_pick(study.screen, rows, study.decision.metric, study.decision.lower_is_better)
+    if pick is None:
+        return "waits on the screen: the pick among its candidates is made once all their screen runs are in"
+    return None if pick == run.arm.name else f"not run: the screen picked {pick}"
+
+
+def runs_to_cost(runs: list[Run], study: Study, rows: list[dict]) -> list[Run]:
+    """The runs that will run: a candidate's seeds past the screen's only for the pick, or, before it is known,
+    for the dearest candidate (a dry run's upper bound)."""
+    waiting = [run for run in runs if waits_on_screen(run, study, rows) is not None]
+    if not waiting or screen_pick(study.screen, rows, study.decision.metric, study.decision.lower_is_better):
+        return [run for run in runs if run not in waiting]
+    dearest = max(waiting, key=lambda run: run.cost["flops"]).arm.name
+    return [run for run in runs if run not in waiting or run.arm.name == dearest]
 
 
 @lru_cache(maxsize=None)
@@ -453,6 +487,9 @@ def _run_shard(
             continue
         if gate_arm is not None and run.arm.name != gate_arm:
             check_gates(study, planned, finished, log)
+        if waiting := waits_on_screen(run, study, finished):
+            log(f"{label}: {waiting}")
+            continue
         too_long = not_in_time(run, finished, deadline)
         if too_long:
             log(f"{label}: not started, {too_long}")
