@@ -25,7 +25,7 @@ from mlmlab.data.resolve import SAMPLE_VALID
 from mlmlab.errors import UserError
 from mlmlab.experiments import study as study_file
 from mlmlab.experiments.gates import describe, gate_results
-from mlmlab.experiments.reporting import report
+from mlmlab.experiments.reporting import report, screening
 from mlmlab.experiments.reporting.curves import mean_curve, progress_of, steps_to_target
 from mlmlab.experiments.reporting.decision import INCONCLUSIVE, WIN, decide
 from mlmlab.experiments.reporting.measures import Metric, metrics_of
@@ -1467,3 +1467,20 @@ def test_a_screen_runs_every_arm_on_its_seeds_then_only_the_pick_and_the_confirm
         (pick, 1),
     ]  # seed-major, the screen's seed first
     assert any(line.endswith(f"{other} seed 1: not run: the screen picked {pick}") for line in log)
+    text = report.write_report(tmp_path / "out" / "results.jsonl", tmp_path / "report").read_text()
+    assert f"| {pick} − dynamic | 2 |" in text  # screen.selected resolved to the pick, paired over both seeds
+    assert "## Screen (descriptive): every arm on seeds [0]" in text and f"**{pick}**" in text
+    assert f"The pick on the seeds past the screen's alone (they did not choose it): {pick} − dynamic" in text
+
+
+def test_the_screens_intervals_pool_the_candidates_paired_variances():
+    """Two seeds an arm: each difference from the reference has 1 df; the pooled sd serves every arm."""
+    loss = Metric("MLM loss (nats)", ("eval", "mlm_loss"), True)
+    values = {"ref": [4.0, 4.2], "a": [4.1, 4.2], "b": [3.9, 4.3], "extra": [5.0, 5.1]}
+    groups = {arm: screen_rows({(arm, seed): v for seed, v in enumerate(vs)}) for arm, vs in values.items()}
+    result = screening.pooled(groups, "ref", ["a", "b", "extra"], (0, 1), loss, ["a", "b"])
+    # differences: a (+0.1, 0.0), b (-0.1, +0.1); variances 0.005 and 0.02 with 1 df each
+    assert result.df == 2 and result.sd == pytest.approx(math.sqrt((0.005 + 0.02) / 2))
+    mean, low, high = result.interval("extra")  # an arm outside the pool takes its sd too
+    half = stats.t.ppf(0.975, 2) * result.sd / math.sqrt(2)
+    assert (mean, low, high) == pytest.approx((0.95, 0.95 - half, 0.95 + half))  # (+1.0, +0.9)

@@ -41,6 +41,7 @@ from mlmlab.experiments.reporting.measures import (
     run_points,
 )
 from mlmlab.experiments.reporting.plots import write_plots
+from mlmlab.experiments.reporting.screening import resolve_pick, screen_section, study_of
 from mlmlab.experiments.reporting.statistics import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -52,7 +53,6 @@ from mlmlab.experiments.reporting.statistics import (
     holm,
 )
 from mlmlab.experiments.results import read_rows
-from mlmlab.experiments.study import load_study
 from mlmlab.masking.strategies import STRATEGY_ENTRIES
 from mlmlab.train.metrics import METRICS_FILE, metrics_lines
 from mlmlab.utils import markdown
@@ -279,6 +279,7 @@ def decision_section(rows: list[dict], groups, baseline: str, metrics: list[Metr
     the arms."""
     rule = decision_rule(rows)
     if rule is not None and rule.get("contrasts"):
+        rule = resolve_pick(rule, rows)
         caveat = [] if gates_held else ["A validity gate failed: these calls are not conclusions.", ""]
         return contrasts_section(
             rule, groups, planned(rows)[1] | {row["seed"] for row in rows}, caveat
@@ -424,14 +425,8 @@ def arms_against_baseline(
 def planned(rows: list[dict]) -> tuple[set[str], set[int]]:
     """The study's arms and seeds from its study file, where the rows' study_source still loads; else none (the
     rows then say as far as they show)."""
-    sources = {row.get("study_source") for row in rows} - {None}
-    if len(sources) != 1:
-        return set(), set()
-    try:
-        study = load_study(sources.pop())
-    except (UserError, OSError):
-        return set(), set()
-    return {arm.name for arm in study.arms}, set(study.seeds)
+    study = study_of(rows)
+    return (set(), set()) if study is None else ({arm.name for arm in study.arms}, set(study.seeds))
 
 
 def summary_section(groups, baseline, metrics) -> list[str]:
@@ -824,6 +819,7 @@ def write_report(results: Path, out: Path) -> Path:
     lines += gates_section(gates, outcomes, groups)
     gates_held = all(outcome["held"] for outcome in outcomes)
     lines += decision_section(rows, groups, baseline, metrics, gates_held)
+    lines += screen_section(rows, groups, baseline, decision_rule(rows))
     lines += summary_section(groups, baseline, metrics)
     lines += metric_table(
         "Held-out perplexity, overall and per frequency bucket; differences in nats of MLM loss",
