@@ -151,6 +151,24 @@ def test_profile_step_profiles_the_same_recipe_pair():
     assert [int(reads) for reads in re.findall(r"^  (\d+) host reads of a tensor's value per step$", out, re.M)][1] > 0
 
 
+def test_profile_step_profiles_fast_tiny_in_bf16_beside_fp32_against_each_ones_peak():
+    """fast-tiny's step in bf16 and the same step in fp32 (a lever arm): each one's MFU against the measured peak
+    of its own precision, and its operator time split into matmuls, attention and the rest, the rest's top listed."""
+    out = run_benchmark(
+        "profile_step.py",
+        *("--preset", "fast-tiny", "--arms", "mlmlab-as-shipped", "--set", "train.precision=bf16"),
+        *("--lever", "train.precision=fp32", "--steps", "1", "--rows", "3", *TINY_RUN),
+    )
+    assert re.search(r"^measured matmul peak: bfloat16 [\d.]+ TFLOP/s, float32 [\d.]+ TFLOP/s$", out, re.M), out
+    arms = re.findall(r"^(\S+): [\d.]+ ms of operator self time per step\n  \d+ tokens/s, (\w+): MFU", out, re.M)
+    assert arms == [("mlmlab-as-shipped", "bfloat16"), ("mlmlab+precision=fp32", "float32")], out
+    assert len(re.findall(r"MFU [\d.]+% of the measured (bfloat16|float32) matmul peak \(", out)) == 2
+    split = r"^  operator self time per step: matmuls [\d.]+ ms \(\d+%\), attention kernels [\d.]+ ms \(\d+%\), "
+    assert len(re.findall(split + r"everything else [\d.]+ ms \(\d+%\)$", out, re.M)) == 2, out
+    listed = out.split("everything else, by self time:")[1]
+    assert "aten::mm " not in listed.split("Self CPU time total")[0]  # the matmuls are not among the rest
+
+
 def test_time_to_a_loss_is_interpolated_between_the_evaluations_around_the_crossing():
     time_to_loss = load_benchmark("time_to_loss.py")
     curve = [
