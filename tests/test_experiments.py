@@ -1236,12 +1236,60 @@ def test_rows_from_before_study_identities_stand_beside_later_rows_of_the_same_s
     assert record == {"study_identity": identity.study_identity(study), "preregistration_sha256": sha}
     rows = [older[0], {**result_row("dynamic/seed1/x", seed=1), "study": study.name, **record}, older[1]]
     assert runner.study_record(study, rows) == record
+    assert report.mixed_studies(rows) == []
     assert (
         identity.study_identity(study)["parts"]["rule"]
         == identity.study_identity(
             dataclasses.replace(study, decision=dataclasses.replace(study.decision, contrasts=[]))
         )["parts"]["rule"]
     )  # a field left at its default is no part of it: one added later changes no identity
+
+
+def mixed_rows(kind: str) -> list[dict]:
+    """Two arms over four seeds under one rule, and then the rows of ``kind``: another study's (it ran the same arms),
+    or rows with another pre-registration or rule."""
+    study = {"study_identity": {"sha256": "a1", "parts": {}}, "preregistration_sha256": "a" * 64}
+    rows = [
+        {**row, **study}
+        for row in decided_rows("dynamic", [6.0, 6.1, 5.9, 6.05]) + decided_rows("adm", [5.7, 5.8, 5.6, 5.75])
+    ]
+    other = {
+        "study": {"study": "other", "study_identity": {"sha256": "b2", "parts": {}}},
+        "pre-registration": {"preregistration_sha256": "b" * 64},
+        "rule": {"decision": {**RULE, "metric": "eval.perplexity", "lower_is_better": True, "guard": {}}},
+    }[kind]
+    return rows + [{**row, **other, "key": f"{row['key']}-2", "seed": row["seed"] + 4} for row in rows[4:]]
+
+
+@pytest.mark.parametrize(
+    "kind, words",
+    [
+        ("study", "studies other, synthetic; 2 versions"),
+        ("pre-registration", "pre-registrations aaaaaaaaaaaa, bbbbbbbbbbbb"),
+        ("rule", "2 decision rules"),
+    ],
+)
+def test_the_report_refuses_rows_of_more_than_one_study_unless_asked_to_describe_them(tmp_path, kind, words):
+    """Before, it paired seeds across the two studies and applied the first row's rule to all of them."""
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in mixed_rows(kind)))
+    refused = f"holds rows of more than one study \\({re.escape(words)}.*--mixed descriptive"
+    with pytest.raises(UserError, match=refused):
+        report.write_report(results, tmp_path / "report")
+    assert not (tmp_path / "report").exists()
+    assert main(["report", str(results), "--out", str(tmp_path / "report"), "--mixed", "descriptive"]) == 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "**Descriptive only (--mixed descriptive): no decision rule was applied.**" in text and words in text
+    assert "Pre-registered decision" not in text and "**win**" not in text and "Holm" not in text
+
+
+def test_rows_from_before_study_identities_report_as_they_did_though_they_name_two_studies():
+    """A shipped study took its baseline's rows from another (dropout-wp8k): compared by name only beside rows
+    that record their study's identity."""
+    rows = decided_rows("dynamic", [6.0, 6.1]) + [{**row, "study": "other"} for row in decided_rows("adm", [5.7, 5.8])]
+    assert report.mixed_studies(rows) == []
+    rows[0]["study_identity"] = {"sha256": "a1", "parts": {}}
+    assert report.mixed_studies(rows) == ["studies other, synthetic"]
 
 
 def test_named_contrasts_are_the_rules_calls_holm_over_them_with_their_detectable_effect(tmp_path):

@@ -463,6 +463,15 @@ def rule_edited_after_the_first_row(w: World, tmp: Path) -> list[str]:
     return ["study", str(path), "--no-progress"]
 
 
+def report_of_rows(tmp: Path, *changes: dict) -> list[str]:
+    """`mlmlab report` of one dynamic row per seed, each with its ``changes``."""
+    results = tmp / "results.jsonl"
+    row = {"study": "s", "arm": "dynamic", "eval": {"mlm_loss": 5.0}}
+    rows = [{**row, "key": f"dynamic/seed{seed}/x", "seed": seed, **change} for seed, change in enumerate(changes)]
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return ["report", str(results), "--out", str(tmp / "report")]
+
+
 def resumed_run(w: World, tmp: Path, *overrides: str) -> list[str]:
     return pretrain_argv(moved_run(w, tmp), "train.max_steps=6", "--resume", "auto", *overrides)
 
@@ -978,6 +987,27 @@ CASES = [
         "a decision rule edited after the first rows",
         rule_edited_after_the_first_row,
         ("decision rule or baseline changed", "README.md", "--out"),
+    ),
+    Case(
+        "a report of two studies' rows",
+        lambda w, t: report_of_rows(
+            t,
+            {"study": "a", "study_identity": {"sha256": "1", "parts": {}}},
+            {"study": "b", "study_identity": {"sha256": "2", "parts": {}}},
+        ),
+        ("more than one study", "studies a, b", "--mixed descriptive"),
+    ),
+    Case(
+        "a report of rows under two pre-registrations",
+        lambda w, t: report_of_rows(t, {"preregistration_sha256": None}, {"preregistration_sha256": "fa39" * 16}),
+        ("pre-registrations fa39fa39fa39, none", "--mixed descriptive"),
+    ),
+    Case(
+        "a report of rows under two decision rules",
+        lambda w, t: report_of_rows(
+            t, {"decision": {"metric": "eval.mlm_loss"}}, {"decision": {"metric": "eval.mlm_accuracy"}}
+        ),
+        ("2 decision rules", "--mixed descriptive"),
     ),
 ]
 
