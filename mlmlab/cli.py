@@ -271,7 +271,8 @@ def cmd_report(args) -> None:
     from mlmlab.experiments.reporting.report import write_report
 
     results = Path(args.results)
-    print(f"report written to {write_report(results, Path(args.out) if args.out else results.parent / 'report')}")
+    out = Path(args.out) if args.out else results.parent / "report"
+    print(f"report written to {write_report(results, out, descriptive=args.mixed == 'descriptive')}")
 
 
 CORPUS_HELP = (
@@ -683,6 +684,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("results", help="a results.jsonl (shards' files may be concatenated)")
     p.add_argument(
         "--out", default=None, help="folder for report.md and plots (default: report/ next to results.jsonl)"
+    )
+    p.add_argument(
+        "--mixed",
+        choices=["descriptive"],
+        default=None,
+        help="rows of more than one study (or pre-registration, or decision rule) are refused; descriptive: compare "
+        "them anyway, applying no gate and no rule (the report says so at its top)",
     )
     p.set_defaults(func=cmd_report)
     return parser

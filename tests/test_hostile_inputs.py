@@ -27,13 +27,16 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import SAMPLE
 from safetensors.torch import load_file, save_file
 
 from mlmlab.cli import main
-from mlmlab.config import load_config
+from mlmlab.config import load_config, to_dict
 from mlmlab.data.resolve import _cached_folder
 from mlmlab.data.store import TokenStore
+from mlmlab.experiments.running import runner
+from mlmlab.experiments.study import load_study
 from mlmlab.train import checkpoint
 from mlmlab.train.loop import Trainer
 from mlmlab.utils.files import staging_folder
@@ -411,6 +414,62 @@ def vocab_of_its_own(tmp: Path) -> Path:
     path = tmp / "vocab.txt"
     path.write_text((SAMPLE / "vocab.txt").read_text() + "hostilium\n")
     return path
+
+
+# A two-seed study of a one-layer model on the bundled sample, with a decision rule.
+STUDY = {
+    "base": {
+        "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+        "data": {"loader_workers": 0},
+        "train": {"batch_size": 8, "max_steps": 4, "warmup_steps": 1, "eval_batches": 2},
+    },
+    "arms": [{"name": "dynamic", "masking.strategy": "dynamic"}],
+    "seeds": [0, 1],
+    "decision": {"metric": "eval.mlm_loss", "min_effect": 0.01},
+}
+
+
+def write_study_file(tmp: Path, **fields) -> Path:
+    path = tmp / "study.yaml"
+    path.write_text(yaml.safe_dump({**STUDY, "out_dir": str(tmp / "out"), **fields}, sort_keys=False))
+    return path
+
+
+def study_with_its_first_row(tmp: Path, identity: bool = True) -> Path:
+    """STUDY's file, its seed 0 finished (its row in results.jsonl, as the runner records it, with no
+    pre-registration beside it; without its study's identity, as an older mlmlab recorded it) and seed 1 not
+    started: what the runner finds before that run."""
+    study = load_study(str(write_study_file(tmp)))
+    run = runner.plan_runs(study)[0]
+    record = runner.study_record(study, []) if identity else {"preregistration_sha256": None}
+    made = {"config": to_dict(run.config), "datasets": run.datasets, **record}
+    (tmp / "out").mkdir()
+    runner.append_row(
+        tmp / "out" / "results.jsonl",
+        {"key": run.key, "study": study.name, "arm": run.arm.name, "seed": run.seed, "eval": {"mlm_loss": 5.0}, **made},
+    )
+    return Path(study.source)
+
+
+def preregistered_after_the_first_row(w: World, tmp: Path) -> list[str]:
+    path = study_with_its_first_row(tmp, identity=False)
+    (tmp / "out" / "preregistration.md").write_text("# Question\n\nDecision rule: ...\n")
+    return ["study", str(path), "--no-progress"]
+
+
+def rule_edited_after_the_first_row(w: World, tmp: Path) -> list[str]:
+    path = study_with_its_first_row(tmp)
+    write_study_file(tmp, decision={"metric": "eval.mlm_loss", "min_effect": 0.05})
+    return ["study", str(path), "--no-progress"]
+
+
+def report_of_rows(tmp: Path, *changes: dict) -> list[str]:
+    """`mlmlab report` of one dynamic row per seed, each with its ``changes``."""
+    results = tmp / "results.jsonl"
+    row = {"study": "s", "arm": "dynamic", "eval": {"mlm_loss": 5.0}}
+    rows = [{**row, "key": f"dynamic/seed{seed}/x", "seed": seed, **change} for seed, change in enumerate(changes)]
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return ["report", str(results), "--out", str(tmp / "report")]
 
 
 def resumed_run(w: World, tmp: Path, *overrides: str) -> list[str]:
@@ -917,6 +976,38 @@ CASES = [
             "1",
         ],
         ("config.json", "truncated or not JSON"),
+    ),
+    # A study's record: a rule written after results, or changed under them, and rows of two studies compared as one.
+    Case(
+        "a pre-registration written after the first rows",
+        preregistered_after_the_first_row,
+        ("preregistration.md appeared after the study's first rows", "README.md", "--out"),
+    ),
+    Case(
+        "a decision rule edited after the first rows",
+        rule_edited_after_the_first_row,
+        ("decision rule or baseline changed", "README.md", "--out"),
+    ),
+    Case(
+        "a report of two studies' rows",
+        lambda w, t: report_of_rows(
+            t,
+            {"study": "a", "study_identity": {"sha256": "1", "parts": {}}},
+            {"study": "b", "study_identity": {"sha256": "2", "parts": {}}},
+        ),
+        ("more than one study", "studies a, b", "--mixed descriptive"),
+    ),
+    Case(
+        "a report of rows under two pre-registrations",
+        lambda w, t: report_of_rows(t, {"preregistration_sha256": None}, {"preregistration_sha256": "fa39" * 16}),
+        ("pre-registrations fa39fa39fa39, none", "--mixed descriptive"),
+    ),
+    Case(
+        "a report of rows under two decision rules",
+        lambda w, t: report_of_rows(
+            t, {"decision": {"metric": "eval.mlm_loss"}}, {"decision": {"metric": "eval.mlm_accuracy"}}
+        ),
+        ("2 decision rules", "--mixed descriptive"),
     ),
 ]
 
