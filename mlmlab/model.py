@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import PreTrainedModel
 
-from mlmlab.architectures import architecture_named, architecture_of
+from mlmlab.architectures import ADAPTERS, AnyMaskedLM, architecture_named, architecture_of
 from mlmlab.config import ModelConfig
 from mlmlab.errors import UserError
 from mlmlab.head_loss import linear_cross_entropy
@@ -186,14 +186,20 @@ class SparsePretraining(nn.Module):
     """
 
     def __init__(
-        self, model: PreTrainedModel, use_nsp: bool = True, length_multiple: int = 1, fused_head: bool = False
+        self,
+        model: PreTrainedModel,
+        use_nsp: bool = True,
+        length_multiple: int = 1,
+        fused_head: bool = False,
+        architecture=None,
     ):
         """``length_multiple``: pad the encoder's input length up to a multiple of it (COMPILED_LENGTH_MULTIPLE
         for a compiled encoder); the padding is masked out of attention and cut from its output.
-        ``fused_head``: in training, the decoder and its cross-entropy chunk by chunk (head_loss.py)."""
+        ``fused_head``: in training, the decoder and its cross-entropy chunk by chunk (head_loss.py).
+        ``architecture``: the adapter to reach the model through; None: its own (architecture_of)."""
         super().__init__()
         self.model, self.length_multiple, self.fused_head = model, length_multiple, fused_head
-        self.architecture = architecture_of(model)
+        self.architecture = architecture or architecture_of(model)
         self.use_nsp = use_nsp and self.architecture.has_nsp
         # accelerate's default FSDP wrapping (TRANSFORMER_BASED_WRAP) shards per module of these classes.
         self._no_split_modules = [self.architecture.layer_class]
@@ -234,7 +240,7 @@ class SparsePretraining(nn.Module):
             # (M, V) logits cost 1.3% of a mini step (torch.profiler, batch 32 x 128).
             result["mlm_correct"] = (logits.argmax(-1) == targets).sum()
         loss = result["mlm_loss"]
-        if self.use_nsp and next_sentence_label is not None:
+        if self.use_nsp and next_sentence_label is not None and pooled is not None:  # a BertForMaskedLM: no pooler
             nsp_logits = self.architecture.nsp_logits(self.model, pooled)  # (B, 2)
             nsp_sum = F.cross_entropy(nsp_logits.float(), next_sentence_label, reduction="sum")
             result["nsp_loss"] = nsp_sum / (nsp_denominator or len(next_sentence_label))
@@ -253,6 +259,14 @@ class SparsePretraining(nn.Module):
             token_type_ids = None if token_type_ids is None else F.pad(token_type_ids, (0, extra), value=0)
         hidden, pooled = self.architecture.encode(self.model, input_ids, attention_mask, token_type_ids)
         return hidden[:, :length], pooled  # (B, T, H) of (B, T', H)
+
+
+def scoring_module(model: PreTrainedModel, use_nsp: bool = True) -> SparsePretraining:
+    """What held-out evaluation scores a model through: the sparse loss of an architecture mlmlab builds; any other
+    masked LM (DistilBERT, ELECTRA's generator) through its own forward, whose logits of every position the same
+    loss picks the selected ones from."""
+    known = model.config.model_type in ADAPTERS
+    return SparsePretraining(model, use_nsp, architecture=None if known else AnyMaskedLM)
 
 
 def pretraining_loss(model: PreTrainedModel, batch: dict, use_nsp: bool = True) -> dict:
