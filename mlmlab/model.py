@@ -56,17 +56,18 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> PreTrai
         ) from None
 
 
-def load_weights(model: nn.Module, path: Path, allowed_missing: tuple[str, ...] = ()) -> None:
+def load_weights(model: nn.Module, path: Path, allowed_missing: tuple[str, ...] = (), prefix: str = "") -> None:
     """``path``'s safetensors weights into ``model``; any key or shape difference is a UserError naming the key.
 
     The one weight loader: ``allowed_missing`` lists the key prefixes the file may lack
     (an architecture's ``optional_parts`` when a run starts from it; none for a resume); the file's weights of
     the architecture's ``unused_parts`` are skipped. Names of older checkpoints are read as today's (``current_name``).
+    ``prefix``: put before every saved name (a base-model folder's encoder, ``bert.`` in the model's names).
     """
     expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
     shapes = weight_shapes(path)
     unused = architecture_of(model).unused_parts  # saved parts this architecture's class does not read
-    names = {name: None if name.startswith(unused) and name not in expected else current_name(name) for name in shapes}
+    names = {name: loaded_name(prefix + name, expected, unused) for name in shapes}
     for name, shape in shapes.items():
         current = names[name]
         if current is None:  # a saved buffer, not a weight
@@ -88,6 +89,11 @@ def load_weights(model: nn.Module, path: Path, allowed_missing: tuple[str, ...] 
             f"{path} lacks {absent[0]} ({len(absent)} weights missing); it was saved from another "
             "architecture: load it into that one (its config.json)"
         )
+
+
+def loaded_name(name: str, expected: dict, unused: tuple[str, ...]) -> str | None:
+    """The model's name of a saved weight; None for one the model does not read (an unused part, a saved buffer)."""
+    return None if name.startswith(unused) and name not in expected else current_name(name)
 
 
 # Checkpoints converted from google-research/bert's TensorFlow release name LayerNorm parameters gamma and
