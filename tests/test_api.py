@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, SAMPLE
+from conftest import ROOT, SAMPLE, tiny_encoder
 
 import mlmlab
 from mlmlab.architectures import AnyMaskedLM
@@ -82,16 +82,7 @@ def tiny_distilbert(tokenizer):
 def tiny_electra_generator(tokenizer):
     from transformers import ElectraConfig, ElectraForMaskedLM
 
-    config = ElectraConfig(
-        vocab_size=len(tokenizer),
-        embedding_size=16,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return ElectraForMaskedLM(config)
+    return ElectraForMaskedLM(ElectraConfig(**tiny_encoder(tokenizer, embedding_size=16)))
 
 
 def test_other_toolkits_masked_lms_are_scored_on_the_same_masks(bert_tokenizer, sample_paragraphs, tmp_path):
@@ -139,15 +130,7 @@ def test_a_masked_lm_through_its_own_forward_scores_as_through_its_sparse_head(b
     from mlmlab.masking.select import token_info_for
 
     torch.manual_seed(0)
-    model = BertForMaskedLM(
-        BertConfig(
-            vocab_size=len(bert_tokenizer),
-            hidden_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=64,
-        )
-    ).eval()
+    model = BertForMaskedLM(BertConfig(**tiny_encoder(bert_tokenizer))).eval()
     examples = [
         {"input_ids": bert_tokenizer(text, truncation=True, max_length=40)["input_ids"]}
         for text in sample_paragraphs[:4]

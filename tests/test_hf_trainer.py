@@ -10,7 +10,7 @@ checkpoint is given the same batches, masks included, as the run that went on.
 import numpy as np
 import pytest
 import torch
-from conftest import SAMPLE
+from conftest import SAMPLE, tiny_encoder
 from transformers import (
     BertConfig,
     BertForMaskedLM,
@@ -33,31 +33,12 @@ EXAMPLES, BATCH, STEPS, SAVED_AT = 24, 8, 6, 4  # 3 steps an epoch: the resumed 
 
 
 def tiny_bert(tokenizer):
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return BertForMaskedLM(config)
+    return BertForMaskedLM(BertConfig(**tiny_encoder(tokenizer)))
 
 
 def tiny_modernbert(tokenizer):
-    config = ModernBertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-        eos_token_id=None,
-        cls_token_id=None,
-        sep_token_id=None,
-    )
-    return ModernBertForMaskedLM(config)
+    ids = dict(bos_token_id=None, eos_token_id=None, cls_token_id=None, sep_token_id=None)  # its 50k vocabulary's
+    return ModernBertForMaskedLM(ModernBertConfig(**tiny_encoder(tokenizer, num_hidden_layers=2), **ids))
 
 
 CASES = {  # each setting once, as the suite's time allows: WordPiece and BPE, whole words and spans, both encoders

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SAMPLE
+from conftest import SAMPLE, tiny_encoder
 from safetensors.torch import load_file, save_file
 
 from mlmlab import choices
@@ -230,14 +230,7 @@ def base_model_folder(folder: Path, kind: str, tokenizer) -> tuple[Path, torch.n
     )
 
     torch.manual_seed(0)
-    shape = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    shape = tiny_encoder(tokenizer)
     roberta = dict(max_position_embeddings=130, type_vocab_size=1, layer_norm_eps=1e-5)  # as roberta-base's
     model = {
         choices.BERT: lambda: BertModel(BertConfig(**shape)),
