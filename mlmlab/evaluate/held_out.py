@@ -107,7 +107,8 @@ def evaluate_masked_lm(
     config.json records), else packed blocks of ``max_seq_length`` tokens (128), with the tokenizer's own special
     tokens. ``token_counts``: (V,) the pretraining corpus's token counts, which set the frequency buckets; None: those
     saved in the folder the model was loaded from (an mlmlab model's), else the evaluated text's.
-    ``recalibrate``: also the prior-free loss (report["recalibrated"]).
+    ``recalibrate``: also the prior-free loss (report["recalibrated"]). The model is moved to the device mlmlab
+    computes on (a GPU where there is one) and scored there, in eval mode.
 
     Returns mlm_loss (nats), perplexity, mlm_accuracy, masked_tokens, perplexity_freq_<bucket> and
     masked_tokens_freq_<bucket>, nsp_accuracy for a model with an NSP head on NSP pairs, and "recalibrated":
