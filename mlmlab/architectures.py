@@ -24,6 +24,7 @@ An architecture's name is transformers' model_type, so a saved config.json says 
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import TYPE_CHECKING
 
@@ -403,6 +404,27 @@ ADAPTERS = {
 }  # by model.architecture (model_type)
 
 
+class AnyMaskedLM:
+    """Any other transformers masked LM (DistilBERT, ELECTRA's generator, ...), for held-out scoring only: mlmlab
+    does not know where its encoder ends and its head begins, so its own forward projects every position and the
+    sparse loss picks the selected ones from those logits. Never trained, never an ADAPTERS entry."""
+
+    label = "masked LM"
+    layer_class = None
+    has_nsp = False
+
+    @staticmethod
+    def encode(model, input_ids, attention_mask, token_type_ids=None, inputs_embeds=None) -> tuple:
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None and "token_type_ids" in inspect.signature(model.forward).parameters:
+            inputs["token_type_ids"] = token_type_ids  # DistilBERT's and ModernBERT's forwards take none
+        return model(**inputs).logits, None  # (B, T, V) in the place of hidden states; no pooler
+
+    @staticmethod
+    def predict(model, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden  # encode's output is the logits already: (..., V)
+
+
 def architecture_named(name: str):
     if name not in ADAPTERS:
         raise UserError(
@@ -464,6 +486,13 @@ def saved_settings(saved: dict) -> dict:
 def token_positions(saved: dict) -> int:
     """The tokens a config.json's model takes at most: its position rows less the architecture's offset."""
     return (saved.get("max_position_embeddings") or 0) - saved_architecture(saved).position_offset(saved)
+
+
+def model_positions(saved: dict) -> int:
+    """The tokens a config.json's model takes at most, of any model type (another's: its position rows)."""
+    if saved.get("model_type", choices.BERT) in ADAPTERS:
+        return token_positions(saved)
+    return saved.get("max_position_embeddings") or 0
 
 
 def config_entry(saved: dict, key):

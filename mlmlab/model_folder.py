@@ -113,9 +113,10 @@ def saved_weight_shapes(folder: Path, named: str = "") -> dict[str, tuple[int, .
     return weight_shapes(folder / WEIGHTS_FILE)
 
 
-def load_saved_weights(model: nn.Module, folder: Path, allowed_missing: tuple[str, ...] = ()) -> None:
-    """The folder's weights into ``model`` (model.load_weights: any difference is refused but ``allowed_missing``)."""
-    load_weights(model, folder / WEIGHTS_FILE, allowed_missing)
+def load_saved_weights(model: nn.Module, folder: Path, allowed_missing: tuple[str, ...] = (), prefix: str = "") -> None:
+    """The folder's weights into ``model`` (model.load_weights: any difference is refused but ``allowed_missing``;
+    ``prefix`` before every saved name)."""
+    load_weights(model, folder / WEIGHTS_FILE, allowed_missing, prefix)
 
 
 def load_pretrained(folder: Path) -> tuple[PreTrainedModel, object]:

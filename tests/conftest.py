@@ -106,6 +106,13 @@ def sample_paragraphs():
         return [line.strip() for line in handle if len(line) > 200 and not line.startswith("<")]
 
 
+def tiny_encoder(tokenizer, **entries) -> dict:
+    """The config entries (transformers' names) of the suite's tiny encoders: one layer of 32 wide, two heads, the
+    tokenizer's vocabulary and padding id; ``entries`` add to them or replace them."""
+    shape = dict(num_hidden_layers=1, num_attention_heads=2, hidden_size=32, intermediate_size=64)
+    return {"vocab_size": len(tokenizer), **shape, "pad_token_id": tokenizer.pad_token_id, **entries}
+
+
 PMI_TEST_VOCAB = 2000  # masking.pmi_vocab_size of every test that masks n-grams: one vocabulary, built once
 
 

@@ -121,3 +121,33 @@ def test_the_tracker_names_are_accelerates():
     from accelerate.utils import LoggerType
 
     assert set(choices.ACCELERATE_TRACKERS) == {t.value for t in LoggerType} - {"all", choices.TENSORBOARD}
+
+
+@pytest.mark.parametrize("wandb_dir", ["", "elsewhere"], ids=["WANDB_DIR unset", "WANDB_DIR set"])
+def test_wandb_writes_where_wandb_dir_says_else_in_the_run_folder(tmp_path, monkeypatch, wandb_dir):
+    """wandb.init gets dir=<run folder> only where the user's WANDB_DIR is unset (no network: wandb.init is a
+    stand-in that records what it is given)."""
+    from unittest import mock
+
+    import wandb
+    from accelerate import Accelerator
+
+    from mlmlab.config import Config
+    from mlmlab.train.trackers import finish_trackers, start_trackers
+
+    if wandb_dir:
+        monkeypatch.setenv("WANDB_DIR", str(tmp_path / wandb_dir))
+    else:
+        monkeypatch.delenv("WANDB_DIR", raising=False)
+    init = mock.MagicMock()
+    monkeypatch.setattr(wandb, "init", init)
+    monkeypatch.setattr(wandb, "config", mock.MagicMock())
+    accelerator = Accelerator(log_with="wandb", cpu=True)
+    start_trackers(accelerator, tmp_path / "project" / "run", Config())
+    finish_trackers(accelerator)
+    (call,) = init.call_args_list
+    assert call.kwargs["project"] == "project" and call.kwargs["name"] == "run"
+    if wandb_dir:
+        assert "dir" not in call.kwargs  # W&B reads WANDB_DIR itself
+    else:
+        assert call.kwargs["dir"] == str((tmp_path / "project" / "run").resolve())

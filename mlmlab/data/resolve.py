@@ -8,6 +8,7 @@ tokenizers live in the cache, in folders named by a hash of what made them.
 import hashlib
 import logging
 import shutil
+import tempfile
 from pathlib import Path
 
 from accelerate import PartialState
@@ -86,10 +87,18 @@ def _copy_files(files: list[Path], folder: Path) -> None:
         shutil.copy2(path, folder / path.name)
 
 
+def saved_tokenizer(tokenizer) -> Path:
+    """A tokenizer object's files as data preparation reads them: saved, then kept in the cache by their contents."""
+    with tempfile.TemporaryDirectory() as staging:
+        tokenizer.save_pretrained(staging)
+        return standalone_tokenizer(Path(staging))
+
+
 def held_out_store(
-    data: list[str], model_dir: Path, form: dict, columns: Columns = Columns(), show_progress: bool = False
+    data: list[str], tokenizer_dir: Path, form: dict, columns: Columns = Columns(), show_progress: bool = False
 ) -> TokenStore:
-    """A prepared dataset folder as is; a corpus (WikiText detokenised first) prepared with the model's tokenizer.
+    """A prepared dataset folder as is; a corpus (WikiText detokenised first) prepared with the model's tokenizer
+    (``tokenizer_dir``: standalone_tokenizer's folder of a model, or saved_tokenizer's).
 
     ``form``: the data.* settings (keys as model_folder.held_out_form_of has them) the text becomes sequences by: the
     model's own objective (NSP pairs or packed blocks), length and pair sampling."""
@@ -108,7 +117,7 @@ def held_out_store(
     return TokenStore(
         prepare(
             corpus,
-            tokenizer_dir=standalone_tokenizer(model_dir),
+            tokenizer_dir=tokenizer_dir,
             max_seq_length=form["data.max_seq_length"],
             objective=form["data.objective"],
             short_seq_prob=form["data.short_seq_prob"],

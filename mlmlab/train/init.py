@@ -14,7 +14,9 @@ line naming the key:
   empty, the checkpoint's own tokenizer is the run's (data/resolve.py), and must be the one
   its config.json records.
 
-A BertForMaskedLM folder has no pooler and no NSP head: they start fresh, and the log says so.
+A BertForMaskedLM folder has no pooler and no NSP head: they start fresh, and the log says so. A base-model folder
+(BertModel, RobertaModel, XLMRobertaModel, ModernBertModel: the encoder alone, its weight names without the
+``bert.``-style prefix) starts its MLM head fresh too, tied to the input embeddings as the architecture ties it.
 """
 
 import dataclasses
@@ -176,7 +178,9 @@ def initial_model(cfg: Config, tokenizer, resuming: bool, log: Callable[[str], N
 
 
 def load_init_weights(model: PreTrainedModel, folder: Path, log: Callable[[str], None]) -> None:
-    """train.init's weights into a freshly built model; a part it may lack (a BERT's pooler, NSP head) stays fresh."""
+    """train.init's weights into a freshly built model; a part it may lack (a BERT's pooler, NSP head) stays fresh,
+    and so does the MLM head of a base-model folder (the encoder alone: a BertModel's, as sentence-transformers saves
+    one), its decoder tied to the input embeddings where the architecture ties them."""
     rows = read_config(folder).get("vocab_size")
     if rows != model.config.vocab_size:
         raise UserError(
@@ -185,12 +189,40 @@ def load_init_weights(model: PreTrainedModel, folder: Path, log: Callable[[str],
             "model.pad_vocab_multiple); set model.pad_vocab_multiple so that they match (1: no padding)"
         )
     names = [current_name(name) or "" for name in saved_weight_shapes(folder)]
+    prefix = base_model_prefix(model, names)
     optional = architecture_of(model).optional_parts
-    fresh = [part for prefix, part in optional.items() if not any(name.startswith(prefix) for name in names)]
-    load_saved_weights(model, folder, allowed_missing=tuple(optional))
-    note = (
-        f"; it has no {' and no '.join(fresh)}: {'they start' if len(fresh) > 1 else 'it starts'} fresh"
-        if fresh
-        else ""
+    heads = head_prefixes(model, prefix) if prefix else ()
+    fresh = [part for start, part in optional.items() if not any((prefix + name).startswith(start) for name in names)]
+    load_saved_weights(model, folder, allowed_missing=(*optional, *heads), prefix=prefix)
+    log(
+        f"starting from the weights of {folder} (weights only: optimizer, step and schedules start fresh)"
+        + (base_model_note(model, folder, fresh) if prefix else fresh_note(fresh))
     )
-    log(f"starting from the weights of {folder} (weights only: optimizer, step and schedules start fresh){note}")
+
+
+def fresh_note(fresh: list[str]) -> str:
+    if not fresh:
+        return ""
+    return f"; it has no {' and no '.join(fresh)}: {'they start' if len(fresh) > 1 else 'it starts'} fresh"
+
+
+def base_model_note(model: PreTrainedModel, folder: Path, fresh: list[str]) -> str:
+    """What a base-model folder leaves fresh, in the words of the log line."""
+    saved_class = (read_config(folder).get("architectures") or ["a base model"])[0]
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    parts = " and ".join(["the MLM head", *(f"the {part}" for part in fresh)])
+    return f"; it holds the encoder alone ({saved_class}): {parts} start fresh" + (
+        ", the decoder tied to the input embeddings" if tied else ""
+    )
+
+
+def base_model_prefix(model: PreTrainedModel, saved_names: list[str]) -> str:
+    """What a base-model folder's weight names lack (``bert.`` for a BertModel's ``embeddings...`` in a
+    BertForPreTraining), when no saved name carries it; "" for a folder of the whole model."""
+    prefix = f"{model.base_model_prefix}."
+    return "" if any(name.startswith(prefix) for name in saved_names) else prefix
+
+
+def head_prefixes(model: PreTrainedModel, prefix: str) -> tuple[str, ...]:
+    """The parts of ``model`` outside its encoder (``prefix``): the heads a base-model folder does not hold."""
+    return tuple(sorted({name.split(".")[0] + "." for name in model.state_dict() if not name.startswith(prefix)}))

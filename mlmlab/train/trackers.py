@@ -3,10 +3,11 @@
 "tensorboard" is mlmlab's own writer (metrics.py: one folder per run, flushed at every record). Every other name is
 one of accelerate's trackers (W&B, MLflow, trackio, Aim, Comet, DVCLive, SwanLab, ClearML): accelerate starts it and
 is fed the same scalars as metrics.jsonl, under the same names, plus the resolved config. The tracker libraries are
-extras, imported only when named; where each writes is the library's own setting (WANDB_MODE=offline,
-MLFLOW_TRACKING_URI, ...), documented in docs/running.md.
+extras, imported only when named; where each writes is the library's own setting (WANDB_MODE=offline, WANDB_DIR,
+MLFLOW_TRACKING_URI, ...), documented in docs/running.md; W&B's folder is the run folder only where WANDB_DIR is unset.
 """
 
+import os
 from pathlib import Path
 
 from accelerate.tracking import get_available_trackers
@@ -48,7 +49,7 @@ def start_trackers(accelerator, run_dir: Path, cfg: Config) -> None:
         return
     run_dir = Path(run_dir).resolve()
     init_kwargs = {
-        "wandb": {"name": run_dir.name, "dir": str(run_dir)},
+        "wandb": {"name": run_dir.name, **wandb_folder(run_dir)},
         "mlflow": {"run_name": run_dir.name},
         "trackio": {"name": run_dir.name},
     }
@@ -62,6 +63,11 @@ def start_trackers(accelerator, run_dir: Path, cfg: Config) -> None:
         raise UserError(
             f"train.report_to: {names} did not start ({reason}); fix its settings or leave it out of train.report_to"
         ) from err
+
+
+def wandb_folder(run_dir: Path) -> dict:
+    """W&B's ``dir``: the run folder, unless the user's WANDB_DIR says where W&B writes (its own setting wins)."""
+    return {} if os.environ.get("WANDB_DIR") else {"dir": str(run_dir)}
 
 
 def _scalar(value) -> bool:
