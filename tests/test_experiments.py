@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, STUDY_PRESETS, corpus_folders, shipped_study
 from scipy import stats
 from test_hostile_inputs import study_with_its_first_row, write_glue_task, write_study_file
 
@@ -100,6 +100,7 @@ def test_shards_partition_runs_disjointly_and_completely(tmp_path):
             runner.parse_shard(bad)
 
 
+@pytest.mark.shared_data(*corpus_folders("adm-study-v3"))
 def test_every_shard_holds_a_share_of_the_gate_arm_and_runs_it_first(monkeypatch):
     """adm-study-v3: 6 arms x 4 seeds in 2 shards. By index alone all 4 dynamic runs fell in shard 0."""
     monkeypatch.chdir(ROOT)  # the study's data paths are relative to the repository root
@@ -289,16 +290,15 @@ def test_a_time_limit_is_minutes_from_the_command(tmp_path, capsys):
     assert "--time-limit" in capsys.readouterr().err
 
 
-def test_presets_load_and_validate_every_arm():
-    for name in sorted(path.stem for path in study_file.STUDY_DIR.glob("*.yaml")):
-        if name == "roberta-base-adm":  # its own test above
-            continue
-        study = study_file.load_study(name)
-        least_seeds = (
-            2 if name == "quick-compare" else 3
-        )  # a study to copy, in minutes: its file says a real one needs more
-        assert len(study.seeds) >= least_seeds and study.baseline in [arm.name for arm in study.arms]
-        runner.plan_runs(study)
+@pytest.mark.parametrize(
+    "name",
+    [shipped_study(path.stem) for path in sorted(STUDY_PRESETS.glob("*.yaml")) if path.stem != "roberta-base-adm"],
+)  # roberta-base-adm: its own test above
+def test_presets_load_and_validate_every_arm(name):
+    study = study_file.load_study(name)
+    least_seeds = 2 if name == "quick-compare" else 3  # a study to copy in minutes; its file says a real one needs more
+    assert len(study.seeds) >= least_seeds and study.baseline in [arm.name for arm in study.arms]
+    runner.plan_runs(study)
 
 
 def test_run_keys_follow_what_the_study_sets_not_mlmlab_defaults(tmp_path):
@@ -357,7 +357,9 @@ def test_a_row_from_before_data_hashed_keys_is_refused_naming_the_rerun_command(
         runner.refuse_incomparable(runs, [legacy])
 
 
-@pytest.mark.parametrize("name", sorted(path.parent.name for path in (ROOT / "studies").glob("*/results.jsonl")))
+@pytest.mark.parametrize(
+    "name", [shipped_study(path.parent.name) for path in sorted((ROOT / "studies").glob("*/results.jsonl"))]
+)
 def test_every_shipped_study_finds_its_rows_as_finished_runs(name, monkeypatch):
     """A change to a default, a key or data preparation that a shipped study did not pin would retrain its finished
     runs or refuse them; the one study from before data-hashed keys names its rerun command instead."""
