@@ -483,16 +483,24 @@ def saved_settings(saved: dict) -> dict:
     return {"architecture": architecture.name, **settings}
 
 
-def token_positions(saved: dict) -> int:
-    """The tokens a config.json's model takes at most: its position rows less the architecture's offset."""
-    return (saved.get("max_position_embeddings") or 0) - saved_architecture(saved).position_offset(saved)
+def token_positions(saved: dict) -> int | None:
+    """The tokens a config.json's model takes at most: its position rows less the architecture's offset (RoBERTa's
+    ids start past the padding id: 66 rows take 64 tokens). A model type mlmlab does not train (GLUE and
+    evaluate_masked_lm take any) is counted without an offset, an upper bound; None where it names no position rows."""
+    rows = saved.get("max_position_embeddings")
+    if not isinstance(rows, int) or isinstance(rows, bool):
+        return None
+    return rows - ADAPTERS.get(saved.get("model_type", choices.BERT), Bert).position_offset(saved)
 
 
-def model_positions(saved: dict) -> int:
-    """The tokens a config.json's model takes at most, of any model type (another's: its position rows)."""
-    if saved.get("model_type", choices.BERT) in ADAPTERS:
-        return token_positions(saved)
-    return saved.get("max_position_embeddings") or 0
+def refuse_past_positions(what: str, length: int, model: str, positions: int | None, remedy: str) -> None:
+    """The one check of an input length against a model's positions, whichever command would feed the model
+    (evaluate, glue, probe, train.init, a study before its first run): ``what`` (e.g. "GLUE RTE reads inputs of up
+    to") ``length`` tokens, where ``model`` takes ``positions`` (token_positions, or a config's
+    model.max_position_embeddings: mlmlab's setting counts tokens; None: not known), refused in one line with
+    ``remedy``, before any work, not as an embedding's "index out of bounds" minutes in."""
+    if positions is not None and length > positions:
+        raise UserError(f"{what} {length} tokens, but {model} takes at most {positions}; {remedy}")
 
 
 def config_entry(saved: dict, key):

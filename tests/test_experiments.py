@@ -1,5 +1,6 @@
 """Studies: grid expansion, shards, budgets, resume without retraining, reports from results alone."""
 
+import copy
 import dataclasses
 import gzip
 import hashlib
@@ -30,7 +31,7 @@ from mlmlab.experiments.reporting.curves import mean_curve, progress_of, steps_t
 from mlmlab.experiments.reporting.decision import INCONCLUSIVE, WIN, decide
 from mlmlab.experiments.reporting.measures import Metric, metrics_of
 from mlmlab.experiments.reporting.statistics import compare, compare_by_seed, detectable_effect, holm
-from mlmlab.experiments.running import dry_run, identity, runner
+from mlmlab.experiments.running import downstream, dry_run, identity, runner
 from mlmlab.experiments.screen import screen_pick
 
 TINY_BASE = {
@@ -406,6 +407,28 @@ def test_a_study_with_glue_tasks_and_no_glue_dir_stops_before_training(tmp_path)
         with pytest.raises(UserError, match="fine-tunes on STS-B but glue_dir .* is not a folder"):
             runner.run_study(study_file.load_study(write_study(tmp_path, **fields)), log=lambda line: None)
     assert not (tmp_path / "out" / "runs").exists()
+
+
+def test_a_study_whose_glue_or_probes_read_past_its_models_positions_stops_before_training(tmp_path, capsys):
+    """Before, each run trained, then failed at GLUE ("index out of range" in the position embedding), and every rerun
+    trained it again: the study could never finish."""
+    write_glue_task(tmp_path / "glue" / "SST-2")
+    short = copy.deepcopy(TINY_BASE)
+    short["model"]["max_position_embeddings"], short["data"]["max_seq_length"] = 64, 64
+    fields = {"base": short, "glue_dir": str(tmp_path / "glue")}
+    for more, words in [
+        ({"glue": {"tasks": ["SST-2", "RTE"]}}, "GLUE RTE reads inputs of up to 128 tokens"),  # RTE's default length
+        ({"glue": {"tasks": ["SST-2"], "max_length": 65}}, "GLUE SST-2 reads inputs of up to 65 tokens"),
+        ({"probe": {"tasks": ["SST-2", "MRPC"]}}, "the MRPC probe reads inputs of up to 128 tokens"),
+    ]:
+        study = study_file.load_study(write_study(tmp_path, **fields, **more))
+        with pytest.raises(UserError, match=f"{words}, but arm dynamic's model takes at most 64; "):
+            runner.run_study(study, log=lambda line: None)
+        assert main(["study", write_study(tmp_path, **fields, **more), "--dry-run"]) == 2
+        assert words in capsys.readouterr().err
+    assert not (tmp_path / "out" / "runs").exists()
+    fits = study_file.load_study(write_study(tmp_path, **fields, glue={"tasks": ["SST-2"]}, probe={"tasks": ["SST-2"]}))
+    downstream.check_positions(fits, {run.arm.name: run.config for run in runner.plan_runs(fits)})  # SST-2 reads 64
 
 
 def result_row(key: str, **fields) -> dict:

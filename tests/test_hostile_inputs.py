@@ -58,6 +58,17 @@ TINY = [
 ]
 
 
+SHORT_ROBERTA = (
+    "model.architecture=roberta",
+    "data.tokenizer=sample-bpe-8k",
+    "data.objective=mlm",
+    "model.max_position_embeddings=64",
+    "data.max_seq_length=64",
+    "train.max_steps=2",
+    "train.save_every=0",
+)
+
+
 def pretrain_argv(out_dir: Path, *overrides: str) -> list[str]:
     return [
         "pretrain",
@@ -81,6 +92,7 @@ class World:
     renumbered_vocab: Path  # the bundled vocabulary with two tokens swapped: same size, another vocabulary
     renumbered_data: Path  # the same text prepared with it
     glue: Path  # a GLUE folder with a small SST-2
+    short_roberta: Path  # a RoBERTa run of 64 positions (config.json: 66 rows, its ids start past the padding id 1)
 
     @property
     def model(self) -> Path:
@@ -127,6 +139,7 @@ def world(tmp_path_factory) -> World:
             "--workers",
             "1",
         ],
+        pretrain_argv(root / "short-roberta", *SHORT_ROBERTA),
         [
             "prepare",
             "--corpus",
@@ -149,6 +162,7 @@ def world(tmp_path_factory) -> World:
         root / "renumbered.txt",
         root / "data-renumbered",
         root / "glue",
+        root / "short-roberta",
     )
 
 
@@ -228,6 +242,19 @@ def glue_argv(model: Path, data_dir: Path, *tasks: str) -> list[str]:
         "--out",
         str(data_dir.parent / "glue-out"),
     ]
+
+
+def glue_with_long_rte(tmp: Path) -> Path:
+    """A GLUE folder whose RTE pairs run past 64 tokens: fine-tuning or probing a model of 64 positions on it ended in
+    "index out of range" in the position embedding."""
+    folder = tmp / "glue-long" / "RTE"
+    folder.mkdir(parents=True)
+    premise = " ".join(["the committee met again on tuesday to discuss the budget"] * 8)
+    labels = ("not_entailment", "entailment")
+    rows = "".join(f"{i}\t{premise}\tthe committee met {i} times\t{labels[i % 2]}\n" for i in range(16))
+    for name in ("train.tsv", "dev.tsv"):
+        (folder / name).write_text("index\tsentence1\tsentence2\tlabel\n" + rows)
+    return folder.parent
 
 
 def glue_with_bad_file(w: World, tmp: Path, content: bytes) -> list[str]:
@@ -707,6 +734,37 @@ CASES = [
         "a learning rate that diverges after a checkpoint",
         lambda w, t: pretrain_argv(t / "r", "train.lr=1e30", "train.warmup_steps=0", "train.max_bad_steps=2"),
         ("lower train.lr", "its checkpoints are kept, the newest", "ckpt-00000002"),
+    ),
+    # Inputs longer than the model's positions: one check (evaluate's) for every command that feeds a model.
+    Case(
+        "GLUE: a task's default length past a RoBERTa's 64 positions",
+        lambda w, t: glue_argv(w.short_roberta / "model", glue_with_long_rte(t), "RTE"),
+        ("GLUE RTE reads inputs of up to 128 tokens", "takes at most 64", "--max-length", "max_length: 64"),
+    ),
+    Case(
+        "GLUE: --max-length within RoBERTa's position rows but past its positions",
+        lambda w, t: [*glue_argv(w.short_roberta / "model", glue_with_long_rte(t), "RTE"), "--max-length", "65"],
+        ("GLUE RTE reads inputs of up to 65 tokens", "takes at most 64"),
+    ),
+    Case(
+        "probe: a task's length past a RoBERTa's 64 positions",
+        lambda w, t: probe_argv(w.short_roberta / "model", glue_with_long_rte(t), t / "probe", "--task", "RTE"),
+        ("the RTE probe reads inputs of up to 128 tokens", "takes at most 64", "leave the task out"),
+    ),
+    Case(
+        "evaluate: text prepared longer than a RoBERTa's 64 positions",
+        lambda w, t: [
+            "evaluate",
+            "--model",
+            str(w.short_roberta / "model"),
+            "--data",
+            str(CORPUS),
+            "--max-seq-length",
+            "65",
+            "--max-batches",
+            "1",
+        ],
+        ("holds sequences of up to 65 tokens", "takes at most 64", "--max-seq-length"),
     ),
     Case(
         "GLUE: infinite learning rate",
@@ -1190,6 +1248,20 @@ def test_staging_folders_of_dead_writers_are_removed_and_live_ones_kept(tmp_path
         folder.mkdir()
     staging_folder(target)
     assert not stale.exists() and live.exists()
+
+
+def test_fill_mask_cuts_a_long_text_where_the_models_positions_end(world):
+    """A model folder's tokenizer knows its model's positions (the RoBERTa's 66 rows take 64 tokens), so transformers'
+    fill-mask pipeline, asked to truncate, cuts there; before, the tokenizer knew no limit and the pipeline indexed
+    past the position rows."""
+    from transformers import AutoTokenizer, pipeline
+
+    folder = world.short_roberta / "model"
+    assert AutoTokenizer.from_pretrained(folder).model_max_length == 64
+    assert AutoTokenizer.from_pretrained(world.model).model_max_length == 512  # BERT: no offset
+    text = "The capital of France is <mask>." + " It has many museums and old streets." * 40  # about 320 tokens
+    guesses = pipeline("fill-mask", model=str(folder))(text, tokenizer_kwargs={"truncation": True})
+    assert len(guesses) == 5
 
 
 def test_one_weight_loader_allows_only_the_listed_missing_keys(tmp_path):

@@ -158,7 +158,7 @@ REFUSALS = [
     (
         "positions beyond the checkpoint's",
         lambda run, t: ["--init", str(run / "model"), "data.max_seq_length=256"],
-        ("data.max_seq_length=256 needs 256 positions", "max_position_embeddings=128"),
+        ("data.max_seq_length=256 packs sequences of 256 tokens", "takes at most 128", "data.max_seq_length to 128"),
     ),
     (
         "another architecture set explicitly",

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from mlmlab import choices
-from mlmlab.architectures import model_positions, saved_architecture
+from mlmlab.architectures import refuse_past_positions, saved_architecture, token_positions
 from mlmlab.config import Config, from_dict, read_yaml
 from mlmlab.data.records import Columns
 from mlmlab.data.resolve import held_out_store, require_vocab, saved_tokenizer, standalone_tokenizer
@@ -150,12 +150,13 @@ def held_out_figures(
     """The held-out figures of ``model`` on a prepared ``store`` of text in the held-out ``form``: perplexity.py's,
     with recalibrate.py's prior-free loss beside them when ``recalibrate``; frequency buckets by
     ``pretraining_counts``, else the store's."""
-    positions = model_positions(model.config.to_dict())
-    if store.max_seq_length > positions:
-        raise UserError(
-            f"the held-out data ({store.path}) holds sequences of up to {store.max_seq_length} tokens, more than the "
-            f"model's {positions} positions; give a smaller max_seq_length (--max-seq-length)"
-        )
+    refuse_past_positions(
+        f"the held-out data ({store.path}) holds sequences of up to",
+        store.max_seq_length,
+        f"the model {model.name_or_path}".rstrip(),
+        token_positions(model.config.to_dict()),
+        "give a smaller max_seq_length (--max-seq-length)",
+    )
     counts = store.token_counts if pretraining_counts is None else pretraining_counts
     info = token_info_for(tokenizer, form["masking.mask_unk"])
     batch_size = batch_size or form["train.eval_batch_size"]

@@ -31,6 +31,7 @@ from mlmlab.architectures import (
     ADAPTERS,
     architecture_of,
     entry_name,
+    refuse_past_positions,
     saved_architecture,
     saved_settings,
     token_positions,
@@ -97,13 +98,14 @@ def _check_objective(folder: Path, saved: dict, objective: str) -> None:
 
 def _check_positions(folder: Path, saved: dict, max_seq_length: int) -> None:
     positions = token_positions(saved)
-    if max_seq_length > positions:
-        raise UserError(
-            f"data.max_seq_length={max_seq_length} needs {max_seq_length} positions, but train.init={folder} "
-            f"has max_position_embeddings={positions}; lower data.max_seq_length to {positions}, or train "
-            f"the first phase with model.max_position_embeddings={max_seq_length} (BERT keeps 512 positions "
-            "while it trains at 128)"
-        )
+    refuse_past_positions(
+        f"data.max_seq_length={max_seq_length} packs sequences of",
+        max_seq_length,
+        f"train.init={folder}",
+        positions,
+        f"lower data.max_seq_length to {positions}, or train the first phase with "
+        f"model.max_position_embeddings={max_seq_length} (BERT keeps 512 positions while it trains at 128)",
+    )
 
 
 def _check_vocabulary(folder: Path, tokenizer_setting: str) -> None:

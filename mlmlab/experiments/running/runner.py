@@ -35,6 +35,7 @@ from mlmlab.evaluate.recalibrate import recalibrated_loss
 from mlmlab.experiments.budget import apply_budget, run_cost
 from mlmlab.experiments.gates import describe, gate_results
 from mlmlab.experiments.results import PREREGISTRATION, PREREGISTRATION_SHA256, RESULTS_FILE, STUDY_IDENTITY, read_rows
+from mlmlab.experiments.running.downstream import check_positions
 from mlmlab.experiments.running.identity import (
     config_changes,
     identity_changes,
@@ -606,6 +607,7 @@ def expected_seconds(run: Run, rows: list[dict]) -> tuple[float, str] | None:
 def check_study_inputs(study: Study, planned: list[Run]) -> None:
     """Every file the study names (GLUE and probe tasks' train and dev files, further held-out sets), before any
     training: a row lacking one of its measurements would count as finished, and a rerun would never add it."""
+    check_positions(study, {run.arm.name: run.config for run in planned})
     for what, tasks, drop in (
         ("fine-tunes on", resolve_task_names(study.glue.tasks) if study.glue.tasks else [], "glue: {tasks: []}"),
         ("probes", study.probe.tasks if study.probe else [], "drop probe:"),
