@@ -8,7 +8,9 @@ line naming the key:
 - the model: a BERT, RoBERTa, XLM-R or ModernBERT as mlmlab builds it (model type, activation, tied embeddings, ...);
 - the architecture: the model section (model.architecture included) is taken from the checkpoint's
   config.json, so ``--init DIR`` needs no model.* keys; a value the config sets to something other
-  than its default and the checkpoint's is refused (the run's config.yaml records what was taken);
+  than its default and the checkpoint's is refused, and so is one the user named (an override, their
+  config file) even at its default: ``model.architecture=bert`` beside a RoBERTa folder would otherwise
+  train a RoBERTa without a word (the run's config.yaml records what was taken);
 - the positions: data.max_seq_length beyond the checkpoint's max_position_embeddings;
 - the vocabulary: data.tokenizer, when given, must be the checkpoint's (vocab_hash); when
   empty, the checkpoint's own tokenizer is the run's (data/resolve.py), and must be the one
@@ -48,19 +50,20 @@ from mlmlab.model_folder import (
 )
 
 
-def resolve_init(cfg: Config) -> Config:
-    """``cfg`` with its model section taken from train.init's config.json; every check above, before any set-up."""
+def resolve_init(cfg: Config, named: frozenset[str] = frozenset()) -> Config:
+    """``cfg`` with its model section taken from train.init's config.json; every check above, before any set-up.
+    ``named``: the dotted keys the user chose (config.named_keys)."""
     if not cfg.train.init:
         return cfg
     folder = Path(cfg.train.init)
-    named = f"train.init={folder}"
-    saved = read_config(folder, named)
-    saved_weight_shapes(folder, named)  # a missing or damaged weights file, before any slow set-up
+    setting = f"train.init={folder}"
+    saved = read_config(folder, setting)
+    saved_weight_shapes(folder, setting)  # a missing or damaged weights file, before any slow set-up
     _refuse_other_models(folder, saved)
     _check_objective(folder, saved, cfg.data.objective)
     _check_positions(folder, saved, cfg.data.max_seq_length)
     _check_vocabulary(folder, cfg.data.tokenizer)
-    return _with_architecture(cfg, folder, saved)
+    return _with_architecture(cfg, folder, saved, named)
 
 
 def _refuse_other_models(folder: Path, saved: dict) -> None:
@@ -133,18 +136,19 @@ def _check_padding(folder: Path, tokenizer) -> None:
         )
 
 
-def _with_architecture(cfg: Config, folder: Path, saved: dict) -> Config:
-    """The model section from the checkpoint; a non-default config value that differs is refused, naming the key."""
+def _with_architecture(cfg: Config, folder: Path, saved: dict, named: frozenset[str]) -> Config:
+    """The model section from the checkpoint; a value that differs is refused, naming the key, when the config sets
+    it to other than its default or the user named it."""
     defaults, changes = ModelConfig(), {}
     for name, theirs in saved_settings(saved).items():  # the vocabulary size follows the tokenizer (checked at load)
         ours = getattr(cfg.model, name)
         if theirs is None or ours == theirs:  # None: an entry the folder lacks; the library's default applies
             continue
-        if ours != getattr(defaults, name):
+        if ours != getattr(defaults, name) or f"model.{name}" in named:
+            instead = f"start from a {ours} folder" if name == "architecture" else f"set it to {theirs}"
             raise UserError(
                 f"train.init={folder} has {entry_name(name, saved_architecture(saved))}={theirs}, the "
-                f"config sets model.{name}={ours}; drop model.{name} (the model's own is taken) or set it "
-                f"to {theirs}"
+                f"config sets model.{name}={ours}; drop model.{name} (the model's own is taken) or {instead}"
             )
         changes[name] = theirs
     multiple = cfg.model.pad_vocab_multiple
