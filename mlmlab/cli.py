@@ -303,9 +303,12 @@ def cmd_config(args) -> None:
 
 def cmd_report(args) -> None:
     from mlmlab.experiments.reporting.report import write_report
+    from mlmlab.utils.files import require_output
 
     results = Path(args.results)
-    print(f"report written to {write_report(results, Path(args.out) if args.out else results.parent / 'report')}")
+    out = Path(args.out) if args.out else results.parent / "report"
+    require_output(out, "--out", folder=True)  # a file there: refused before the report is computed
+    print(f"report written to {write_report(results, out)}")
 
 
 CORPUS_HELP = (

@@ -422,6 +422,12 @@ def _check_mixture(corpus) -> None:
                 f"data.corpus gives {source} the weight {weight!r}; a weight is a share of the draws, "
                 "positive and finite, e.g. data.corpus='{domain/: 0.8, wiki/: 0.2}'"
             )
+    if not math.isfinite(sum(corpus.values())):  # each share is its weight over the sum: every one would be 0
+        raise UserError(
+            f"data.corpus's weights are each finite but sum past the largest float ({sum(corpus.values())}), so "
+            "no share can be taken of them; scale them down, e.g. to shares that sum to 1: "
+            "data.corpus='{domain/: 0.8, wiki/: 0.2}'"
+        )
 
 
 def _check_frequency_neutral(m: MaskingConfig) -> None:

@@ -20,6 +20,7 @@ A BertForMaskedLM folder has no pooler and no NSP head: they start fresh, and th
 """
 
 import dataclasses
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,7 +41,7 @@ from mlmlab.data.resolve import standalone_tokenizer, tokenizer_dir_for
 from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.errors import UserError
 from mlmlab.fused_qkv import fuse_qkv
-from mlmlab.model import COMPILED_LENGTH_MULTIPLE, build_model, compile_model, current_name
+from mlmlab.model import COMPILED_LENGTH_MULTIPLE, build_model, compile_model, current_name, padded_vocab_size
 from mlmlab.model_folder import (
     check_own_tokenizer,
     load_saved_weights,
@@ -162,7 +163,7 @@ def initial_model(cfg: Config, tokenizer, resuming: bool, log: Callable[[str], N
     set_seed(cfg.train.seed)  # weight init and dropout draw from torch's default generator (checkpointer.rng_states)
     model = build_model(cfg.model, len(tokenizer), tokenizer.pad_token_id)
     if cfg.train.init and not resuming:  # a resume loads its checkpoint's weights instead
-        load_init_weights(model, Path(cfg.train.init), log)
+        load_init_weights(model, Path(cfg.train.init), log, len(tokenizer))
     if cfg.train.fused_qkv:
         fused = fuse_qkv(model)
         log(
@@ -179,14 +180,15 @@ def initial_model(cfg: Config, tokenizer, resuming: bool, log: Callable[[str], N
     return model
 
 
-def load_init_weights(model: PreTrainedModel, folder: Path, log: Callable[[str], None]) -> None:
-    """train.init's weights into a freshly built model; a part it may lack (a BERT's pooler, NSP head) stays fresh."""
+def load_init_weights(model: PreTrainedModel, folder: Path, log: Callable[[str], None], tokens: int) -> None:
+    """train.init's weights into a freshly built model of ``tokens`` tokens (padded); a part it may lack (a BERT's
+    pooler, NSP head) stays fresh."""
     rows = read_config(folder).get("vocab_size")
     if rows != model.config.vocab_size:
         raise UserError(
             f"train.init={folder} has vocab_size={rows} embedding rows, this config builds "
-            f"{model.config.vocab_size} (the tokenizer's tokens padded to a multiple of "
-            "model.pad_vocab_multiple); set model.pad_vocab_multiple so that they match (1: no padding)"
+            f"{model.config.vocab_size} (the tokenizer's {tokens} tokens padded to a multiple of "
+            f"model.pad_vocab_multiple); {_padding_giving(rows, tokens)}"
         )
     names = [current_name(name) or "" for name in saved_weight_shapes(folder)]
     optional = architecture_of(model).optional_parts
@@ -198,3 +200,15 @@ def load_init_weights(model: PreTrainedModel, folder: Path, log: Callable[[str],
         else ""
     )
     log(f"starting from the weights of {folder} (weights only: optimizer, step and schedules start fresh){note}")
+
+
+def _padding_giving(rows, tokens: int) -> str:
+    """What to set so that ``tokens`` padded make ``rows`` embedding rows: the multiples that do, or why none can."""
+    if not isinstance(rows, int) or rows < tokens:
+        return (
+            f"no model.pad_vocab_multiple pads {tokens} tokens to {rows} rows: the weights were trained with another "
+            "tokenizer than the folder's; start from a folder whose tokenizer is its model's"
+        )
+    divisors = {d for i in range(1, math.isqrt(rows) + 1) if rows % i == 0 for d in (i, rows // i)}
+    least = min(m for m in divisors if padded_vocab_size(tokens, m) == rows)  # rows itself always pads to rows
+    return f"set model.pad_vocab_multiple={least} (the least that pads {tokens} tokens to {rows} rows)"
