@@ -233,7 +233,22 @@ def prepare_datasets(data: DataConfig, model_dir: str = "", show_progress: bool 
         require_vocab(store, expected, f"data.tokenizer ({tokenizer_dir})")
     *sources, valid = stores
     train = MixedStore(sources, list(data.corpus.values())) if isinstance(data.corpus, dict) else sources[0]
+    if isinstance(train, MixedStore) and PartialState().is_main_process:
+        for note in never_drawn_notes(data.corpus, train):
+            log.warning(note)
     return train, valid, tokenizer
+
+
+def never_drawn_notes(corpus: dict, mixture: MixedStore) -> list[str]:
+    """A warning line for each source of ``mixture`` whose weight's share of an epoch rounds to no draw."""
+    epoch, total = len(mixture), sum(corpus.values())
+    return [
+        f"mlmlab: warning: data.corpus source {source} weighs {weight:g} of {total:g}, less than one of an epoch's "
+        f"{epoch:,} draws, so it is never drawn (the model card leaves it out of the training data); give it a "
+        f"weight above {total / epoch:.3g}, or leave it out"
+        for (source, weight), draws in zip(corpus.items(), mixture.quotas)
+        if not draws
+    ]
 
 
 # The config keys that name each split's text field, for the refusal to name the one to change.

@@ -239,6 +239,10 @@ def refuse_incomparable(runs: list[Run], rows: list[dict]) -> None:
 def preregistration_sha256(study: Study) -> str | None:
     """The sha256 of the study folder's preregistration.md, or None where it has none."""
     path = Path(study.out_dir) / PREREGISTRATION
+    if path.is_dir():  # not "gone", nor absent: a folder stands where the file was
+        raise UserError(
+            f"{path} is a folder, not the pre-registration file; put the file back (git checkout -- {path})"
+        )
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
