@@ -48,6 +48,16 @@ def without_wandb_login(monkeypatch) -> None:
     wandb.teardown()
 
 
+def offline_wandb(monkeypatch) -> None:
+    """W&B offline and quiet, its in-process settings from an earlier test (a refused login's) forgotten: wandb reads
+    WANDB_MODE once per process, at its first setup."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb.teardown()
+
+
 def _logged_losses(records: list[dict]) -> dict[int, float]:
     return {record["step"]: record["loss"] for record in records if "loss" in record}
 
@@ -58,8 +68,7 @@ def test_wandb_offline_and_mlflow_receive_every_scalar_of_metrics_jsonl_and_the_
     store = (tmp_path / "mlruns").as_uri()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # a file store: mlflow-skinny has no SQL backend
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
+    offline_wandb(monkeypatch)
     run_dir, records = _train(tmp_path, "wandb,mlflow")
     losses = _logged_losses(records)
     evaluated = [record["eval"]["mlm_loss"] for record in records if "eval" in record]
@@ -84,8 +93,7 @@ def test_wandb_offline_and_mlflow_receive_every_scalar_of_metrics_jsonl_and_the_
 
 
 def test_tensorboard_named_beside_another_tracker_is_written_too(tmp_path, monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
+    offline_wandb(monkeypatch)
     run_dir, _ = _train(tmp_path, "tensorboard,wandb", steps=2)
     assert any((run_dir / "tensorboard").iterdir()) and any((run_dir / "wandb").glob("offline-run-*"))
 
