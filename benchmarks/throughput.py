@@ -60,10 +60,10 @@ from torch._dynamo.utils import counters
 from transformers import BertForMaskedLM, DataCollatorForLanguageModeling, ModernBertForMaskedLM
 
 from mlmlab import choices
-from mlmlab.architectures import architecture_of
 from mlmlab.config import load_config
 from mlmlab.data.loader import epoch_plans
-from mlmlab.model import IGNORE_INDEX, encode, predict
+from mlmlab.model.architectures import architecture_of
+from mlmlab.model.pretraining import IGNORE_INDEX, encode, predict
 from mlmlab.train.launch import matmul_dtype
 from mlmlab.train.loop import Trainer
 from mlmlab.train.mfu import peak_matmul_flops, peak_matmul_size, training_flops

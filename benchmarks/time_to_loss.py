@@ -69,7 +69,7 @@ from mlmlab.errors import UserError
 from mlmlab.evaluate.perplexity import evaluate_mlm, evaluated_batches, fixed_mask_batches
 from mlmlab.masking.evaluation import EVAL_RATE, EVAL_SEED
 from mlmlab.masking.select import token_info_for
-from mlmlab.model import padded_vocab_size
+from mlmlab.model.pretraining import padded_vocab_size
 from mlmlab.train.launch import matmul_dtype
 from mlmlab.train.loop import Trainer
 from mlmlab.train.optim import lr_factor

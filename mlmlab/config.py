@@ -291,13 +291,13 @@ class TrainConfig:
     # "auto": bf16 autocast on CUDA and on CPUs whose bf16 matmuls time clearly faster, else fp32 (train/launch.py)
     precision: str = choices.AUTO
     compile: bool = False  # torch.compile the encoder (static shapes) and MLM head; 0.97-1.05x on a 2-core CPU
-    # The MLM decoder and its cross-entropy chunk by chunk, gradients in the forward (mlmlab/head_loss.py): the
+    # The MLM decoder and its cross-entropy chunk by chunk, gradients in the forward (mlmlab/model/head_loss.py): the
     # same loss to float tolerance without the (M, V) logits in memory three times. null (auto): off. Its CPU wins
     # were glibc's page faults on the eager head's (M, V) blocks; with those gone the eager head is 1.03-1.11x faster
     # there (docs/benchmarks.md). On an H200: 0.94x the eager head (one run)
     fused_head: bool | None = None
-    # BERT's attention projects Q, K and V with one matmul over its three weights, concatenated (mlmlab/fused_qkv.py):
-    # the same weights and checkpoints; ModernBERT's is fused already
+    # BERT's attention projects Q, K and V with one matmul over its three weights, concatenated
+    # (mlmlab/model/fused_qkv.py): the same weights and checkpoints; ModernBERT's is fused already
     fused_qkv: bool = False
     # torch's deterministic kernels (torch.use_deterministic_algorithms): on a GPU float atomics otherwise vary the last
     # bits from run to run, so a resume ends close to, not equal to, the uninterrupted run. CPU kernels are already
@@ -391,7 +391,7 @@ def _check_architecture(cfg: Config) -> None:
     _check_choice("model.architecture", cfg.model.architecture, choices.ARCHITECTURES)
     # What each architecture asks of a config is on its adapter. Imported here, not at the top, so that reading a
     # config does not load transformers' model classes until one is checked.
-    from mlmlab.architectures import check_config
+    from mlmlab.model.architectures import check_config
 
     check_config(cfg)
 

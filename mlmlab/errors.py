@@ -27,7 +27,7 @@ def write_error_of(err: BaseException) -> OSError | None:
 
     shutil.copytree gathers its failures in one ``shutil.Error`` (an OSError without an errno) whose
     entries are (source, destination, message); safetensors' Rust writer raises ``SafetensorError``
-    ending in "(os error 28)". torch's writer loses the errno altogether: ``checkpoint.save_torch``
+    ending in "(os error 28)". torch's writer loses the errno altogether: ``run_folder.save_torch``
     keeps it.
     """
     if isinstance(err, shutil.Error):

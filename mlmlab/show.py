@@ -18,8 +18,8 @@ from mlmlab.masking.scorers import scorer_entry, scorer_names
 from mlmlab.masking.select import continuation_table, token_info_for
 from mlmlab.masking.strategies import strategy_entry
 from mlmlab.masking.variants import READS_COUNTS, READS_LOSSES, READS_MODEL
-from mlmlab.model import IGNORE_INDEX
-from mlmlab.model_folder import load_pretrained
+from mlmlab.model.folder import load_pretrained
+from mlmlab.model.pretraining import IGNORE_INDEX
 
 INSTANCE_KEYS = ("next_sentence_label", "doc_a", "doc_b")
 

@@ -17,8 +17,8 @@ from conftest import ROOT, SAMPLE
 from test_experiments import first_documents
 from transformers import BertForMaskedLM, BertForPreTraining, ModernBertForMaskedLM, RobertaForMaskedLM
 
-from mlmlab.architectures import architecture_of
-from mlmlab.model import IGNORE_INDEX, pretraining_loss
+from mlmlab.model.architectures import architecture_of
+from mlmlab.model.pretraining import IGNORE_INDEX, pretraining_loss
 
 TINY_RUN = ["--batch-size", "2", "--seq", "32", "--warmup", "1"]
 

@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 
 from mlmlab.config import load_config
 from mlmlab.errors import UserError
-from mlmlab.train import checkpoint
-from mlmlab.train.checkpoint import load_torch
+from mlmlab.train import run_folder
 from mlmlab.train.launch import over_processes
+from mlmlab.train.run_folder import load_torch
 
 COMMON = [
     "--no-progress",
@@ -364,7 +364,7 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(tmp
         os.killpg(launcher.pid, signal.SIGKILL)
         raise AssertionError("the processes did not stop together: the launch hung") from None
     assert launcher.returncode != 0 and "SIGTERM: saving a checkpoint" in output, output[-3000:]
-    saved = checkpoint.latest(tmp_path)
+    saved = run_folder.latest(tmp_path)
     step = json.loads((saved / "trainer_state.json").read_text())["step"]
     assert step == max(record[0] for record in losses(tmp_path)) >= 1
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mlmlab.head_loss import linear_cross_entropy
+from mlmlab.model.head_loss import linear_cross_entropy
 
 
 def eager_and_fused(rows: int, autocast: bool = False) -> tuple[list, list]:

@@ -14,9 +14,9 @@ PACKAGE = ROOT / "mlmlab"
 # function-local imports included.
 LAYERS = [
     ("mlmlab.errors", "mlmlab.choices", "mlmlab.utils", "mlmlab"),
-    ("mlmlab.config", "mlmlab.architectures"),  # config validation asks the architecture's adapter
+    ("mlmlab.config", "mlmlab.model.architectures"),  # config validation asks the architecture's adapter
     ("mlmlab.data",),
-    ("mlmlab.model", "mlmlab.model_folder", "mlmlab.flops", "mlmlab.head_loss", "mlmlab.fused_qkv"),
+    ("mlmlab.model",),
     ("mlmlab.masking",),
     ("mlmlab.train",),
     ("mlmlab.evaluate",),

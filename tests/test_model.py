@@ -5,7 +5,7 @@ import torch
 
 from mlmlab.config import load_config
 from mlmlab.errors import UserError
-from mlmlab.model import build_model, encode
+from mlmlab.model.pretraining import build_model, encode
 
 
 def train_mode_outputs_differ(*overrides) -> bool:

@@ -19,8 +19,8 @@ from mlmlab import choices
 from mlmlab.cli import main
 from mlmlab.config import ModelConfig, load_config
 from mlmlab.evaluate.perplexity import evaluate_mlm
-from mlmlab.fused_qkv import fuse_qkv
-from mlmlab.model import IGNORE_INDEX, SparsePretraining, build_model, pretraining_loss
+from mlmlab.model.fused_qkv import fuse_qkv
+from mlmlab.model.pretraining import IGNORE_INDEX, SparsePretraining, build_model, pretraining_loss
 from mlmlab.train.loop import Trainer
 
 CORPUS = SAMPLE / "valid.txt.gz"

@@ -42,7 +42,7 @@ def test_decay_never_starts_before_warmup_ends():
 
 def test_no_weight_decay_on_bias_and_layernorm():
     from mlmlab.config import ModelConfig
-    from mlmlab.model import build_model
+    from mlmlab.model.pretraining import build_model
 
     model = build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), 100, 0)
     decay, no_decay = parameter_groups(model, 0.01)
@@ -74,7 +74,7 @@ def test_compiled_training_follows_the_eager_one_in_a_few_graphs(tmp_path):
     import torch
     from torch._dynamo.utils import counters
 
-    from mlmlab.model import eval_mode
+    from mlmlab.model.pretraining import eval_mode
 
     def run(compile_flag: bool) -> list[dict]:
         trainer = small_trainer(
@@ -161,7 +161,7 @@ def small_trainer(tmp_path, name: str, *overrides: str, on_step_end=None):
 def test_on_step_end_sees_every_step_and_a_true_return_ends_the_run_there(tmp_path):
     """A caller's on_step_end (a benchmark evaluating at wall-clock intervals) is called with the trainer after each
     step; a true return ends the run after that step, finished as a spent budget is (final checkpoint and model)."""
-    from mlmlab.train.checkpoint import MODEL_DIR, PREFIX, complete_checkpoints
+    from mlmlab.train.run_folder import MODEL_DIR, PREFIX, complete_checkpoints
 
     seen = []
 

@@ -20,7 +20,7 @@ from mlmlab.errors import UserError
 from mlmlab.masking.masker import Masker, corpus_ngrams
 from mlmlab.masking.select import continuation_table, eligible_positions, token_info_for, word_starts
 from mlmlab.masking.units import span_length_cdf
-from mlmlab.model import IGNORE_INDEX
+from mlmlab.model.pretraining import IGNORE_INDEX
 from mlmlab.train.loop import Trainer
 
 pytestmark = pytest.mark.usefixtures("no_progress_bars")

@@ -20,8 +20,8 @@ from mlmlab import choices
 from mlmlab.config import Config
 from mlmlab.errors import UserError
 from mlmlab.masking.strategies import strategy_entry
-from mlmlab.train.checkpoint import run_dir_for
 from mlmlab.train.mfu import peak_matmul_flops
+from mlmlab.train.run_folder import run_dir_for
 from mlmlab.train.trackers import accelerate_trackers
 from mlmlab.utils.devices import available_cores, describe_cpu
 from mlmlab.utils.progress import say_once

@@ -8,7 +8,7 @@ one big batch, whatever the split.
 The Trainer only trains. What it calls owns its own part, torchtitan-style: the masking
 (``masking/masker.py``: one call masks a step's micro-batches, one learns from their results), the launch
 (``launch.py``), what a checkpoint holds and how a resume restores it (``checkpointer.py``), the run
-folder and the checkpoint files (``checkpoint.py``), the start from another model's weights (``init.py``),
+folder and the checkpoint files (``run_folder.py``), the start from another model's weights (``init.py``),
 the final model folder and its card (``model_card.py``), the metrics files (``metrics.py``), the LR
 schedule (``optim.py``), stop signals (``utils/signals.py``), and held-out evaluation,
 which the caller hands over as ``evaluator`` (a function with the signature of
@@ -34,9 +34,9 @@ from mlmlab.data.loader import iterate_batches
 from mlmlab.data.resolve import prepare_datasets
 from mlmlab.errors import UserError
 from mlmlab.masking.masker import Masker
-from mlmlab.model import COMPILED_LENGTH_MULTIPLE, IGNORE_INDEX, SparsePretraining
-from mlmlab.model_folder import record_held_out_form
-from mlmlab.train import checkpoint
+from mlmlab.model.folder import record_held_out_form
+from mlmlab.model.pretraining import COMPILED_LENGTH_MULTIPLE, IGNORE_INDEX, SparsePretraining
+from mlmlab.train import run_folder
 from mlmlab.train.checkpointer import Checkpointer, resume_notes
 from mlmlab.train.init import initial_model, resolve_init
 from mlmlab.train.launch import (
@@ -158,7 +158,7 @@ def full_norm(grad_norm) -> float:
 
 def non_finite_stop(state: TrainerState, run_dir: Path) -> str:
     """Why training stopped on non-finite losses, what it can be and what is kept: only what is true of this run."""
-    saved = checkpoint.complete_checkpoints(run_dir, check=False)
+    saved = run_folder.complete_checkpoints(run_dir, check=False)
     kept = f"its checkpoints are kept, the newest {saved[-1]}" if saved else f"{run_dir} holds no checkpoint of it"
     cause = (
         "lower train.lr (or set train.max_grad_norm), or look for a damaged batch in the data"
@@ -190,7 +190,7 @@ def prepared_model(cfg: Config, tokenizer, accelerator, folder: Path | None) -> 
     if folder is not None:
         say_once(accelerator, f"resuming from {folder}")
         # Every process, before FSDP (if any) shards the model; another architecture or vocabulary is refused.
-        checkpoint.load_resumed_weights(model, folder, tokenizer)
+        run_folder.load_resumed_weights(model, folder, tokenizer)
     module, optimizer = accelerator.prepare(module, optimizer)
     return model, module, optimizer
 
@@ -236,10 +236,10 @@ class Trainer:
         self.precision = (
             self.accelerator.mixed_precision
         )  # this run's; accelerate's property is per process (launch.py)
-        self.run_dir = checkpoint.run_dir_for(cfg)
+        self.run_dir = run_folder.run_dir_for(cfg)
         # Before the slow set-up: an unwritable or busy run folder, or a refused resume, stops here.
-        self._lock = checkpoint.lock_run(self.run_dir) if self.accelerator.is_main_process else None
-        folder = checkpoint.open_run(self.run_dir, cfg, resume, self.accelerator.is_main_process)
+        self._lock = run_folder.lock_run(self.run_dir) if self.accelerator.is_main_process else None
+        folder = run_folder.open_run(self.run_dir, cfg, resume, self.accelerator.is_main_process)
         self.metrics = MetricsWriter(
             self.run_dir,
             enabled=self.accelerator.is_main_process,
@@ -279,7 +279,7 @@ class Trainer:
         self._clock_base = self.state.seconds  # the training seconds before the step that runs next (main process)
         with self._stop:  # from the first rewrite on, a stop signal waits for the step boundary
             if self.accelerator.is_main_process:  # only now: a refused resume leaves the run folder as it was
-                checkpoint.record_config(self.run_dir, cfg, folder, self.state.step)
+                run_folder.record_config(self.run_dir, cfg, folder, self.state.step)
             start_trackers(self.accelerator, self.run_dir, cfg)
             # Steps after the checkpoint are redone, and so is the final evaluation of a finished run rerun.
             self.metrics.drop_after(self.state.step, evaluation_too=self.progress() >= 1.0)

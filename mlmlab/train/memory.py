@@ -30,7 +30,7 @@ from mlmlab.config import Config, ModelConfig
 from mlmlab.errors import UserError
 from mlmlab.masking.schedules import rate_at
 from mlmlab.masking.strategies import strategy_entry
-from mlmlab.model import build_model, padded_vocab_size
+from mlmlab.model.pretraining import build_model, padded_vocab_size
 from mlmlab.train.launch import accelerated
 from mlmlab.utils.devices import memory_capacity
 

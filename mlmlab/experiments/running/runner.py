@@ -38,10 +38,10 @@ from mlmlab.experiments.results import PREREGISTRATION, RESULTS_FILE, read_rows
 from mlmlab.experiments.running.identity import config_changes, identity_hash, settings_of
 from mlmlab.experiments.screen import screen_pick
 from mlmlab.experiments.study import Arm, Study
-from mlmlab.model_folder import is_model_folder, load_pretrained
-from mlmlab.train.checkpoint import complete_checkpoints, step_of
+from mlmlab.model.folder import is_model_folder, load_pretrained
 from mlmlab.train.loop import Trainer
 from mlmlab.train.optim import refuse_warmup_without_decay
+from mlmlab.train.run_folder import complete_checkpoints, step_of
 from mlmlab.utils import jsonio
 from mlmlab.utils.allocator import release_freed_memory
 from mlmlab.utils.files import WriterLock

@@ -8,8 +8,8 @@ are negligible and left out. Per sequence of T tokens, H hidden, V (padded) voca
 - training = 3x the forward (backward = 2x forward)
 """
 
-from mlmlab.architectures import architecture_named
 from mlmlab.config import ModelConfig
+from mlmlab.model.architectures import architecture_named
 
 TRAINING_PASSES = 3  # forward + backward, the backward costing two forwards
 

@@ -22,10 +22,10 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import PreTrainedModel
 
-from mlmlab.architectures import architecture_named, architecture_of
 from mlmlab.config import ModelConfig
 from mlmlab.errors import UserError
-from mlmlab.head_loss import linear_cross_entropy
+from mlmlab.model.architectures import architecture_named, architecture_of
+from mlmlab.model.head_loss import linear_cross_entropy
 from mlmlab.utils.restoring import restoring
 
 IGNORE_INDEX = -100  # the label of every position that is not predicted (HF convention)

@@ -1,0 +1,1 @@
+"""The model: transformers' encoders behind one adapter each, sparse-prediction pretraining, model folders."""
