@@ -136,6 +136,7 @@ def cmd_pretrain(args) -> None:
     from accelerate import PartialState
 
     from mlmlab.evaluate.perplexity import evaluate_mlm
+    from mlmlab.model.architectures import check_config
     from mlmlab.show import pretrain_summary
     from mlmlab.train.loop import Trainer
     from mlmlab.utils.files import require_output, write_text_atomically
@@ -144,6 +145,7 @@ def cmd_pretrain(args) -> None:
         require_output(Path(args.json), "--json", folder=False)
     init = [f"train.init={json.dumps(args.init)}"] if args.init else []  # quoted: a folder named 007 stays text
     cfg = load_config(args.config, [*args.overrides, *init])
+    check_config(cfg)  # before --processes starts any
     if args.processes > 1:
         from mlmlab.train.launch import over_processes
         from mlmlab.utils.progress import say
@@ -264,7 +266,11 @@ def cmd_config(args) -> None:
     preset, overrides = (
         (None, [args.preset, *args.overrides]) if args.preset and "=" in args.preset else (args.preset, args.overrides)
     )
-    print(config_listing(load_config(preset, overrides)))
+    from mlmlab.model.architectures import check_config
+
+    cfg = load_config(preset, overrides)
+    check_config(cfg)
+    print(config_listing(cfg))
 
 
 def cmd_report(args) -> None:

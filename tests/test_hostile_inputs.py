@@ -1106,7 +1106,7 @@ def test_one_weight_loader_allows_only_the_listed_missing_keys(tmp_path):
     from transformers import BertConfig, BertForMaskedLM, BertForPreTraining
 
     from mlmlab.errors import UserError
-    from mlmlab.model.architectures import Bert
+    from mlmlab.model.architectures.bert import Bert
     from mlmlab.model.pretraining import load_weights
 
     config = BertConfig(vocab_size=64, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16)

@@ -5,6 +5,9 @@ import torch
 
 from mlmlab.config import load_config
 from mlmlab.errors import UserError
+from mlmlab.model.architecture import Architecture
+from mlmlab.model.architectures import ADAPTERS
+from mlmlab.model.architectures.bert import Bert
 from mlmlab.model.pretraining import build_model, encode
 
 
@@ -34,3 +37,10 @@ def test_an_attention_transformers_cannot_make_is_one_line_naming_the_key(preset
     cfg = load_config(preset, ["model.attention=bogus"]).model
     with pytest.raises(UserError, match=r"^model.attention='bogus' cannot be used here: .*Use model.attention=sdpa"):
         build_model(cfg, vocab_size=100, pad_token_id=0)
+
+
+def test_every_architecture_declares_the_interface():
+    """Each registered adapter has every member the Architecture interface declares; one that lacks any is not one."""
+    assert ADAPTERS and all(isinstance(adapter, Architecture) for adapter in ADAPTERS.values())
+    lacking = type("Lacking", (), {name: getattr(Bert, name) for name in dir(Bert) if name != "separate_qkv"})
+    assert not isinstance(lacking, Architecture)

@@ -28,7 +28,7 @@ from mlmlab import choices
 from mlmlab.cli import main
 from mlmlab.config import ModelConfig, load_config
 from mlmlab.evaluate.perplexity import evaluate_mlm
-from mlmlab.model.architectures import local_attention_pairs
+from mlmlab.model.architectures.modernbert import local_attention_pairs
 from mlmlab.model.flops import encoder_forward_flops
 from mlmlab.model.pretraining import IGNORE_INDEX, SparsePretraining, build_model
 from mlmlab.train.loop import Trainer

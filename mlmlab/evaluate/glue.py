@@ -33,7 +33,8 @@ from mlmlab.evaluate.glue_data import (
     read_unlabeled,
 )
 from mlmlab.evaluate.glue_settings import FineTuneSettings, GlueSettings
-from mlmlab.model.architectures import ADAPTERS, Bert
+from mlmlab.model.architectures import ADAPTERS
+from mlmlab.model.architectures.bert import Bert
 from mlmlab.model.folder import load_any_tokenizer, read_config, saved_weight_shapes
 from mlmlab.train.optim import parameter_groups
 from mlmlab.utils import jsonio, markdown

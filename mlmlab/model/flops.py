@@ -3,7 +3,7 @@
 2 FLOPs per multiply-add of every matmul; embeddings, LayerNorm, softmax and the NSP head
 are negligible and left out. Per sequence of T tokens, H hidden, V (padded) vocabulary:
 
-- encoder forward: its architecture's (``forward_flops`` on each adapter in architectures.py)
+- encoder forward: its architecture's (``forward_flops`` on each adapter in architectures/)
 - MLM head on one position: 2 H^2 + 2 H V  (the transform dense, then the vocabulary projection)
 - training = 3x the forward (backward = 2x forward)
 """

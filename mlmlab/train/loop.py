@@ -34,6 +34,7 @@ from mlmlab.data.loader import iterate_batches
 from mlmlab.data.resolve import prepare_datasets
 from mlmlab.errors import UserError
 from mlmlab.masking.masker import Masker
+from mlmlab.model.architectures import check_config
 from mlmlab.model.folder import record_held_out_form
 from mlmlab.model.pretraining import COMPILED_LENGTH_MULTIPLE, IGNORE_INDEX, SparsePretraining
 from mlmlab.train import run_folder
@@ -229,6 +230,7 @@ class Trainer:
 
     def _set_up(self, cfg: Config, evaluator: Callable[..., dict] | None, resume: str | None, show_progress: bool):
         self._started = time.perf_counter()
+        check_config(cfg)  # what its architecture asks of the config, before train.init replaces the model section
         refuse_warmup_without_decay(cfg.train)
         cfg = resolve_init(cfg)  # train.init: checked, and the model section taken from it, before anything else
         self.cfg, self.evaluator, self.show_progress = cfg, evaluator, show_progress

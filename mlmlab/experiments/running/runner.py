@@ -38,6 +38,7 @@ from mlmlab.experiments.results import PREREGISTRATION, RESULTS_FILE, read_rows
 from mlmlab.experiments.running.identity import config_changes, identity_hash, settings_of
 from mlmlab.experiments.screen import screen_pick
 from mlmlab.experiments.study import Arm, Study
+from mlmlab.model.architectures import check_config
 from mlmlab.model.folder import is_model_folder, load_pretrained
 from mlmlab.train.loop import Trainer
 from mlmlab.train.optim import refuse_warmup_without_decay
@@ -66,7 +67,9 @@ def arm_config(study: Study, arm: Arm) -> Config:
     try:
         for key, value in arm.overrides.items():
             set_dotted(tree, key, value)
-        return from_dict(tree)
+        cfg = from_dict(tree)
+        check_config(cfg)
+        return cfg
     except UserError as err:
         raise UserError(f"arm {arm.name!r}: {err}") from None
 
