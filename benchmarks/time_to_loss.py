@@ -70,7 +70,6 @@ from mlmlab.evaluate.perplexity import evaluate_mlm, evaluated_batches, fixed_ma
 from mlmlab.masking.evaluation import EVAL_RATE, EVAL_SEED
 from mlmlab.masking.select import token_info_for
 from mlmlab.model.pretraining import padded_vocab_size
-from mlmlab.train.launch import matmul_dtype
 from mlmlab.train.loop import Trainer
 from mlmlab.train.optim import lr_factor
 from mlmlab.utils.allocator import reexec_with_malloc_tuning
@@ -314,7 +313,7 @@ def run_mlmlab(cfg: Config, held_out: HeldOut, every_seconds: float, target: flo
         )
     curve.start(trainer.model)
     trainer.train()
-    return summary(curve, str(matmul_dtype(trainer.precision)).removeprefix("torch."), trainer.state.step)
+    return summary(curve, str(trainer.precision.dtype).removeprefix("torch."), trainer.state.step)
 
 
 def summary(curve: Curve, precision: str, steps: int) -> dict:

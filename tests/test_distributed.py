@@ -400,6 +400,7 @@ def test_processes_wait_for_each_other_longer_than_nccls_ten_minutes():
     """The others wait at a barrier while the main process prepares the corpus (launch.PROCESS_GROUP_TIMEOUT)."""
     from mlmlab.train import launch
 
-    accelerator = launch.make_accelerator(load_config("tiny", ["train.precision=fp32"]))
+    cfg = load_config("tiny", ["train.precision=fp32"])
+    accelerator = launch.make_accelerator(cfg, launch.resolve_precision(cfg.train.precision))
     assert accelerator.init_handler.timeout == launch.PROCESS_GROUP_TIMEOUT
     assert launch.PROCESS_GROUP_TIMEOUT.total_seconds() > 600

@@ -222,7 +222,7 @@ def test_runs_of_different_precisions_train_side_by_side_in_one_process(tmp_path
     assert matmul_dtypes(bf16) == {torch.bfloat16}  # ... and so does this one
     assert all(p.dtype == torch.float32 for p in bf16.model.parameters())  # autocast: fp32 weights
     assert matmul_dtypes(later_fp32) == {torch.float32}
-    assert (fp32.precision, bf16.precision, later_fp32.precision) == ("no", "bf16", "no")
+    assert (fp32.precision.name, bf16.precision.name, later_fp32.precision.name) == ("fp32", "bf16", "fp32")
 
 
 @pytest.mark.parametrize("scorer", ["entropy", "grad_norm"])
@@ -307,7 +307,9 @@ def test_a_cuda_run_uses_tf32_unless_it_asks_for_fp32(monkeypatch):
     before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
         for precision, tf32 in (("fp32", False), ("auto", True), ("fp32", False)):
-            launch.make_accelerator(load_config("tiny", [f"train.precision={precision}"]))
+            launch.make_accelerator(
+                load_config("tiny", [f"train.precision={precision}"]), launch.resolve_precision(precision)
+            )
             assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (tf32, tf32), precision
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
@@ -330,7 +332,7 @@ def test_auto_precision_is_bf16_where_bf16_matmuls_measure_clearly_faster(tmp_pa
         )
     monkeypatch.setattr(launch, "cpu_bf16_speedup", lambda: 7.0)
     on_fast = small_trainer(tmp_path, "fast", "train.precision=auto")
-    assert on_fast.precision == "bf16" and matmul_dtypes(on_fast) == {torch.bfloat16}
+    assert on_fast.precision.name == "bf16" and matmul_dtypes(on_fast) == {torch.bfloat16}
     assert "precision bf16 (train.precision=auto: bf16 matmuls 7x fp32's on one core here" in capsys.readouterr().err
 
 

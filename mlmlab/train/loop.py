@@ -44,7 +44,7 @@ from mlmlab.train.launch import (
     concat_over_processes,
     fused_head_on,
     make_accelerator,
-    matmul_dtype,
+    resolve_precision,
     say_precision,
     sum_over_processes,
 )
@@ -234,10 +234,9 @@ class Trainer:
         refuse_warmup_without_decay(cfg.train)
         cfg = resolve_init(cfg)  # train.init: checked, and the model section taken from it, before anything else
         self.cfg, self.evaluator, self.show_progress = cfg, evaluator, show_progress
-        self.accelerator = make_accelerator(cfg)
-        self.precision = (
-            self.accelerator.mixed_precision
-        )  # this run's; accelerate's property is per process (launch.py)
+        # This run's precision, resolved once: accelerate's mixed_precision is per process (launch.py).
+        self.precision = resolve_precision(cfg.train.precision)
+        self.accelerator = make_accelerator(cfg, self.precision)
         self.run_dir = run_folder.run_dir_for(cfg)
         # Before the slow set-up: an unwritable or busy run folder, or a refused resume, stops here.
         self._lock = run_folder.lock_run(self.run_dir) if self.accelerator.is_main_process else None
@@ -252,13 +251,14 @@ class Trainer:
             self.train_store, self.valid_store, self.tokenizer = prepare_datasets(
                 cfg.data, cfg.train.init, show_progress=show_progress and self.accelerator.is_main_process
             )
-        refuse_unfitting(cfg, len(self.tokenizer), self.accelerator)  # before allocating any of it (ADM's tables too)
-        say_precision(self.accelerator, cfg)
+        # before allocating any of it (ADM's tables too)
+        refuse_unfitting(cfg, len(self.tokenizer), self.accelerator, self.precision)
+        say_precision(self.accelerator, cfg, self.precision)
         with self.accelerator.main_process_first():  # pmi: the first run on a corpus builds its n-gram vocabulary
             self.masker = Masker(cfg.masking, self.tokenizer, self.train_store.token_counts, corpus=self.train_store)
         self.model, self.module, self.optimizer = prepared_model(cfg, self.tokenizer, self.accelerator, folder)
         # MFU denominator of every process together (~0.25 s; timed again as the run goes, mfu.MeasuredPeak).
-        self.peak = MeasuredPeak(self.accelerator.device, matmul_dtype(self.precision), self.accelerator.num_processes)
+        self.peak = MeasuredPeak(self.accelerator.device, self.precision.dtype, self.accelerator.num_processes)
         self.state = TrainerState()
         self.checkpointer = Checkpointer(
             self.run_dir,
