@@ -330,12 +330,7 @@ def add_pmi_option(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="mlmlab", description="Pretrain BERT-style encoders and compare masking strategies."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def add_tokenizer_parser(sub) -> None:
     p = sub.add_parser("tokenizer", help="train a WordPiece, byte-level BPE or Unigram tokenizer, or adopt a vocab.txt")
     p.add_argument("--corpus", nargs="+", help=CORPUS_HELP)
     add_column_options(p)
@@ -353,6 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_option(p)
     p.set_defaults(func=cmd_tokenizer)
 
+
+def add_prepare_parser(sub) -> None:
     p = sub.add_parser("prepare", help="turn raw text into NSP instances / packed blocks (memory-mapped shards)")
     p.add_argument("--corpus", nargs="+", required=True, help=CORPUS_HELP)
     add_column_options(p)
@@ -376,6 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_option(p)
     p.set_defaults(func=cmd_prepare)
 
+
+def add_dump_parser(sub) -> None:
     p = sub.add_parser("dump", help="print prepared instances as JSON lines (optionally masked)")
     p.add_argument("--data", required=True)
     p.add_argument("-n", type=number("-n", int, at_least(1), 5), default=5)
@@ -411,6 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_dump)
 
+
+def add_mask_parser(sub) -> None:
     p = sub.add_parser("mask", help="show how one sentence is masked")
     p.add_argument("text")
     p.add_argument("--tokenizer", default="", help="tokenizer folder or vocab.txt (default: bundled uncased vocab)")
@@ -450,6 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_mask)
 
+
+def add_pretrain_parser(sub) -> None:
     p = sub.add_parser("pretrain", help="pretrain a BERT (MLM + NSP) or ModernBERT (MLM) encoder")
     p.add_argument(
         "--config", default="tiny", help=f"preset name ({', '.join(preset_names())}) or YAML file (default: tiny)"
@@ -483,6 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.max_steps=100")
     p.set_defaults(func=cmd_pretrain)
 
+
+def add_export_parser(sub) -> None:
     p = sub.add_parser(
         "export", help="a checkpoint's model folder with its model card (what pretrain leaves in model/)"
     )
@@ -490,6 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="a new folder for the model")
     p.set_defaults(func=cmd_export)
 
+
+def add_evaluate_parser(sub) -> None:
     p = sub.add_parser("evaluate", help="held-out MLM perplexity (fixed uniform masks) and NSP accuracy")
     p.add_argument("--model", required=True, help="a model folder written by mlmlab")
     p.add_argument(
@@ -531,6 +538,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_option(p)
     p.set_defaults(func=cmd_evaluate)
 
+
+def add_glue_parser(sub) -> None:
     glue = GlueSettings()  # the defaults, shared with a study's glue block
     p = sub.add_parser("glue", help="fine-tune on GLUE tasks and report the standard metrics")
     p.add_argument("--model", required=True, help="a model folder written by mlmlab")
@@ -590,6 +599,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_option(p)
     p.set_defaults(func=cmd_glue)
 
+
+def add_probe_parser(sub) -> None:
     p = sub.add_parser(
         "probe",
         help="frozen linear probes on GLUE tasks, each beside a random-init baseline",
@@ -630,6 +641,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
     p.set_defaults(func=cmd_probe)
 
+
+def add_study_parser(sub) -> None:
     # "experiment": its name before 2026-12-02, in the commands of reports written then
     p = sub.add_parser(
         "study",
@@ -672,6 +685,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_option(p)
     p.set_defaults(func=cmd_study)
 
+
+def add_config_parser(sub) -> None:
     p = sub.add_parser(
         "config",
         help="print a resolved config: every key with its value, its default where it differs, and what it is for",
@@ -685,12 +700,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.lr=2e-3")
     p.set_defaults(func=cmd_config)
 
+
+def add_report_parser(sub) -> None:
     p = sub.add_parser("report", help="report.md and PNG plots from a study's results.jsonl")
     p.add_argument("results", help="a results.jsonl (shards' files may be concatenated)")
     p.add_argument(
         "--out", default=None, help="folder for report.md and plots (default: report/ next to results.jsonl)"
     )
     p.set_defaults(func=cmd_report)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlmlab", description="Pretrain BERT-style encoders and compare masking strategies."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add_command in (
+        add_tokenizer_parser,
+        add_prepare_parser,
+        add_dump_parser,
+        add_mask_parser,
+        add_pretrain_parser,
+        add_export_parser,
+        add_evaluate_parser,
+        add_glue_parser,
+        add_probe_parser,
+        add_study_parser,
+        add_config_parser,
+        add_report_parser,
+    ):
+        add_command(sub)
     return parser
 
 
