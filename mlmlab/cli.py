@@ -5,6 +5,7 @@ mistyped option then answer without first importing torch and transformers (seco
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -18,8 +19,8 @@ from mlmlab.config import (
     NON_NEGATIVE,
     POSITIVE,
     PROBABILITY,
-    RATE,
     SEEDS,
+    DataConfig,
     MaskingConfig,
     at_least,
     config_listing,
@@ -87,49 +88,54 @@ def cmd_prepare(args) -> None:
     print(f"{len(store)} instances in {out}" + (f" ({use})" if (use := token_use(store.meta)) else ""))
 
 
+def masking_of(args, first: tuple[str, ...] = ()) -> MaskingConfig:
+    """The masking section of --config with ``first``, any old masking option (each said to be its setting) and
+    the overrides, in that order, read as pretrain reads its own."""
+    old = [(flag, name) for flag, name in OLD_MASKING_FLAGS.items() if hasattr(args, f"old_{name}")]
+    for flag, name in old:
+        print(
+            f"mlmlab: note: {flag} is masking.{name}=VALUE now, as pretrain takes it; {flag} goes in the next release",
+            file=sys.stderr,
+        )
+    settings = [f"masking.{name}={json.dumps(getattr(args, f'old_{name}'))}" for _, name in old]
+    return load_config(args.config, [*first, *settings, *args.overrides]).masking
+
+
 def cmd_dump(args) -> None:
     from mlmlab.show import dump_instances, top_ngrams
 
-    if args.ngrams:
-        for record in top_ngrams(args.data, args.ngrams, pmi_vocab_size=args.pmi_vocab_size):
+    if args.ngrams:  # PMI's vocabulary: its masking.pmi_* settings, whatever strategy the config names
+        masking = masking_of(args, first=(f"masking.strategy={choices.PMI}",))
+        for record in top_ngrams(args.data, args.ngrams, masking):
             print(json.dumps(record, ensure_ascii=False))
         return
-    for record in dump_instances(
+    masking = masking_of(args)
+    shown = dump_instances(
         args.data,
         args.n,
+        masking,
         start=args.start,
         masked=args.masked,
-        seed=args.mask_seed,
         epoch=args.epoch,
-        strategy=args.strategy,
-        dupe_factor=args.dupe_factor,
-        whole_word=args.whole_word,
-        pmi_vocab_size=args.pmi_vocab_size,
-    ):
+        progress=args.training_progress,
+    )
+    for record in shown:
         print(json.dumps(record, ensure_ascii=False))
 
 
 def cmd_mask(args) -> None:
     from mlmlab.show import mask_sentence
 
-    print(
-        mask_sentence(
-            args.text,
-            tokenizer=args.tokenizer,
-            data=args.data,
-            model=args.model,
-            progress=args.training_progress,
-            seed=args.mask_seed,
-            epoch=args.epoch,
-            rate=args.rate,
-            strategy=args.strategy,
-            dupe_factor=args.dupe_factor,
-            whole_word=args.whole_word,
-            scorer=args.scorer,
-            frequency_neutral=args.frequency_neutral,
-            pmi_vocab_size=args.pmi_vocab_size,
-        )
+    shown = mask_sentence(
+        args.text,
+        masking_of(args),
+        tokenizer=args.tokenizer,
+        data=args.data,
+        model=args.model,
+        progress=args.training_progress,
+        epoch=args.epoch,
     )
+    print(shown)
 
 
 def cmd_pretrain(args) -> None:
@@ -320,14 +326,87 @@ def add_progress_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars or progress lines on stderr")
 
 
-def add_pmi_option(p: argparse.ArgumentParser) -> None:
-    """masking.pmi_vocab_size for the commands that show PMI masking: the setting a smaller corpus changes."""
-    p.add_argument(
-        "--pmi-vocab-size",
-        type=int,
-        default=MaskingConfig.pmi_vocab_size,
-        help="pmi: masking.pmi_vocab_size, the n-grams in the vocabulary (default: the paper's 800000)",
+def add_number_option(p: argparse.ArgumentParser, option: str, kind: type, allowed, default, **options) -> None:
+    """A numeric option, range-checked as a config key is; its default is also the value a refusal suggests."""
+    p.add_argument(option, type=number(option, kind, allowed, default), default=default, **options)
+
+
+def add_epoch_option(p: argparse.ArgumentParser) -> None:
+    """Which epoch's masks mask and dump show: static masking's key cycles over masking.dupe_factor of them."""
+    add_number_option(p, "--epoch", int, at_least(0), 0, help="the epoch whose masks to show (default: %(default)s)")
+
+
+def add_progress_share_option(p: argparse.ArgumentParser, default: float, which: str) -> None:
+    """The point of training whose step mask and dump show: ADM's a and a rate schedule's rate depend on it."""
+    add_number_option(
+        p,
+        "--training-progress",
+        float,
+        PROBABILITY,
+        default,
+        metavar="SHARE",
+        help=f"the share of training done, in [0, 1], at which the step masks (default: %(default)s, {which})",
     )
+
+
+def add_masking_settings(p: argparse.ArgumentParser, which: str) -> None:
+    """--config and dotted overrides, as pretrain takes them: the masks shown are a training step's under them."""
+    p.add_argument(
+        "--config",
+        default=None,
+        help=f"preset name ({', '.join(preset_names())}) or YAML file whose masking section masks (default: the "
+        "defaults, = tiny)",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help=f"section.key=value as pretrain takes them, e.g. masking.strategy=span masking.span_p=0.3; {which}",
+    )
+
+
+# The options mask and dump took for masking settings before they took --config and overrides: for one more
+# release, each is read as its masking.* setting (checked as its field's range, named as the option) with a note
+# naming that setting.
+OLD_MASKING_FLAGS = {
+    "--mask-seed": "seed",
+    "--rate": "rate",
+    "--strategy": "strategy",
+    "--dupe-factor": "dupe_factor",
+    "--whole-word": "whole_word",
+    "--pmi-vocab-size": "pmi_vocab_size",
+    "--scorer": "scorer",
+    "--frequency-neutral": "frequency_neutral",
+}
+DUMP_OLD_FLAGS = ("--mask-seed", "--strategy", "--dupe-factor", "--whole-word", "--pmi-vocab-size")
+MASK_OLD_FLAGS = tuple(OLD_MASKING_FLAGS)
+
+
+def add_old_masking_flags(p: argparse.ArgumentParser, flags: tuple[str, ...]) -> None:
+    """``flags`` (of OLD_MASKING_FLAGS), each read as its MaskingConfig field; hidden from --help."""
+    for flag in flags:
+        field = field_of(MaskingConfig, OLD_MASKING_FLAGS[flag])
+        read = reading_of(flag, field)
+        p.add_argument(flag, dest=f"old_{field.name}", default=argparse.SUPPRESS, help=argparse.SUPPRESS, **read)
+
+
+def field_of(section: type, name: str) -> dataclasses.Field:
+    return next(field for field in dataclasses.fields(section) if field.name == name)
+
+
+def reading_of(option: str, field: dataclasses.Field) -> dict:
+    """How argparse reads ``option``, which sets config ``field``: a switch for a bool, a number range-checked as
+    the key is (a bad value named as the option), else text for the config to check."""
+    if field.type is bool:
+        return {"action": "store_const", "const": True}
+    if "range" in field.metadata:
+        return {"type": number(option, field.type, *field.metadata["range"])}
+    return {}
+
+
+def add_field_option(p: argparse.ArgumentParser, option: str, section: type, name: str, **options) -> None:
+    """An option that sets config field ``section.name``, generated from it: its reading, range and default."""
+    field = field_of(section, name)
+    p.add_argument(option, default=field.default, **reading_of(option, field), **options)
 
 
 def add_tokenizer_parser(sub) -> None:
@@ -354,15 +433,10 @@ def add_prepare_parser(sub) -> None:
     p.add_argument("--corpus", nargs="+", required=True, help=CORPUS_HELP)
     add_column_options(p)
     p.add_argument("--tokenizer", required=True, help="a tokenizer folder (see `mlmlab tokenizer`)")
-    p.add_argument("--max-seq-length", type=number("--max-seq-length", int, at_least(8), 128), default=128)
-    p.add_argument("--objective", choices=choices.OBJECTIVES, default=choices.NSP)
-    p.add_argument("--short-seq-prob", type=number("--short-seq-prob", float, PROBABILITY, 0.1), default=0.1)
-    p.add_argument(
-        "--seed",
-        type=number("--seed", int, SEEDS, 12345),
-        default=12345,
-        help="the NSP pairing draws (data.prepare_seed)",
-    )
+    add_field_option(p, "--max-seq-length", DataConfig, "max_seq_length")
+    p.add_argument("--objective", choices=choices.OBJECTIVES, default=DataConfig.objective)
+    add_field_option(p, "--short-seq-prob", DataConfig, "short_seq_prob")
+    add_field_option(p, "--seed", DataConfig, "prepare_seed", help="the NSP pairing draws (data.prepare_seed)")
     p.add_argument(
         "--workers",
         type=number("--workers", int, at_least(0), 2),
@@ -375,80 +449,48 @@ def add_prepare_parser(sub) -> None:
 
 
 def add_dump_parser(sub) -> None:
-    p = sub.add_parser("dump", help="print prepared instances as JSON lines (optionally masked)")
+    p = sub.add_parser(
+        "dump",
+        help="print prepared instances as JSON lines (optionally masked as a training step masks them)",
+        epilog="e.g. mlmlab dump --data DIR --masked masking.strategy=span masking.span_p=0.3",
+    )
     p.add_argument("--data", required=True)
-    p.add_argument("-n", type=number("-n", int, at_least(1), 5), default=5)
-    p.add_argument("--start", type=number("--start", int, at_least(0), 0), default=0)
+    add_number_option(p, "-n", int, at_least(1), 5)
+    add_number_option(p, "--start", int, at_least(0), 0)
     p.add_argument("--masked", action="store_true", help="add masked input_ids and labels as training makes them")
-    p.add_argument(
-        "--mask-seed",
-        type=number("--mask-seed", int, SEEDS, 0),
-        default=0,
-        help="masking.seed (prepare's --seed made the instances)",
-    )
-    p.add_argument("--epoch", type=number("--epoch", int, at_least(0), 0), default=0)
-    p.add_argument(
-        "--strategy",
-        choices=choices.STRATEGIES,
-        default=choices.DYNAMIC,
-        help="one that needs no scorer (adaptive's are shown on a sentence by mlmlab mask)",
-    )
-    p.add_argument(
-        "--dupe-factor",
-        type=number("--dupe-factor", int, at_least(1), 10),
-        default=10,
-        help="static: distinct masks per example",
-    )
-    p.add_argument("--whole-word", action="store_true", help="masking.whole_word: select whole words")
-    add_pmi_option(p)
+    add_epoch_option(p)
+    add_progress_share_option(p, 0.0, "the start")
     p.add_argument(
         "--ngrams",
         type=int,
         default=0,
         metavar="N",
-        help="print the N best n-grams of the dataset's PMI vocabulary instead (built beside it the first time)",
+        help="print the N best n-grams of the dataset's PMI vocabulary instead (built beside it the first time), "
+        "under the masking.pmi_* settings",
     )
+    add_masking_settings(p, "one whose strategy needs no scorer (adaptive's are shown on a sentence by mlmlab mask)")
+    add_old_masking_flags(p, DUMP_OLD_FLAGS)
     p.set_defaults(func=cmd_dump)
 
 
 def add_mask_parser(sub) -> None:
-    p = sub.add_parser("mask", help="show how one sentence is masked")
+    p = sub.add_parser(
+        "mask",
+        help="show how one sentence is masked",
+        epilog='e.g. mlmlab mask "The prime minister flew to New York." masking.strategy=span masking.span_p=0.3',
+    )
     p.add_argument("text")
     p.add_argument("--tokenizer", default="", help="tokenizer folder or vocab.txt (default: bundled uncased vocab)")
-    p.add_argument("--mask-seed", type=number("--mask-seed", int, SEEDS, 0), default=0, help="masking.seed")
-    p.add_argument("--epoch", type=number("--epoch", int, at_least(0), 0), default=0)
-    p.add_argument("--rate", type=number("--rate", float, RATE, 0.15), default=0.15)
-    p.add_argument("--strategy", choices=choices.STRATEGIES, default=choices.DYNAMIC)
-    p.add_argument(
-        "--dupe-factor",
-        type=number("--dupe-factor", int, at_least(1), 10),
-        default=10,
-        help="static: distinct masks per example",
-    )
-    p.add_argument("--whole-word", action="store_true", help="masking.whole_word: select whole words")
+    add_epoch_option(p)
     p.add_argument("--model", help="model folder: its tokenizer, and for adaptive its uncertainty scores")
     p.add_argument(
         "--data",
         help="prepared dataset: its tokenizer, the corpus counts that the frequency scorer "
-        "and --frequency-neutral read, and the n-grams that --strategy pmi masks",
+        "and masking.frequency_neutral read, and the n-grams that masking.strategy=pmi masks",
     )
-    add_pmi_option(p)
-    p.add_argument(
-        "--scorer",
-        choices=choices.SCORERS,
-        default=choices.ENTROPY,
-        help="adaptive: entropy, max_prob and grad_norm need --model; frequency needs --data",
-    )
-    p.add_argument(
-        "--frequency-neutral", action="store_true", help="adaptive: masking.frequency_neutral (needs --data)"
-    )
-    p.add_argument(
-        "--training-progress",
-        type=number("--training-progress", float, PROBABILITY, 1),
-        default=1.0,
-        metavar="SHARE",
-        help="adaptive: the share of training done, in [0, 1], whose a to use (default: 1, the end)",
-    )
+    add_progress_share_option(p, 1.0, "the end")
+    add_masking_settings(p, "scorers: entropy, max_prob and grad_norm need --model; frequency needs --data")
+    add_old_masking_flags(p, MASK_OLD_FLAGS)
     p.set_defaults(func=cmd_mask)
 
 
@@ -623,11 +665,8 @@ def add_probe_parser(sub) -> None:
         default=list(choices.POOLINGS),
         help="features: mean over the real tokens and/or the [CLS] state (default: both, one forward pass)",
     )
-    p.add_argument(
-        "--seed",
-        type=number("--seed", int, SEEDS, 0),
-        default=0,
-        help="the random-init baseline's weights and the training rows held out to choose C",
+    add_number_option(
+        p, "--seed", int, SEEDS, 0, help="the random-init baseline's weights and the training rows held out to choose C"
     )
     p.add_argument(
         "--random-inits",
