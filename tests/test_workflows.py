@@ -16,6 +16,7 @@ import torch
 from conftest import SAMPLE
 from safetensors.torch import load_file, save_file
 
+from mlmlab import choices
 from mlmlab.cli import main
 from mlmlab.config import config_text, load_config
 from mlmlab.evaluate.perplexity import evaluate_mlm
@@ -177,7 +178,7 @@ REFUSALS = [
     (
         "a DeBERTa checkpoint",
         lambda run, t: ["--init", str(model_variant(run, t / "m", edit_config(model_type="deberta")))],
-        ("model_type='deberta'", "'bert', 'roberta', 'xlm-roberta' or 'modernbert'"),
+        ("model_type='deberta'", choices.listed(repr(name) for name in choices.ARCHITECTURES)),
     ),
     (
         "untied output embeddings",
