@@ -91,13 +91,16 @@ def cmd_prepare(args) -> None:
 def masking_of(args, first: tuple[str, ...] = ()) -> MaskingConfig:
     """The masking section of --config with ``first``, any old masking option (each said to be its setting) and
     the overrides, in that order, read as pretrain reads its own."""
-    old = [(flag, name) for flag, name in OLD_MASKING_FLAGS.items() if hasattr(args, f"old_{name}")]
-    for flag, name in old:
-        print(
-            f"mlmlab: note: {flag} is masking.{name}=VALUE now, as pretrain takes it; {flag} goes in the next release",
-            file=sys.stderr,
-        )
-    settings = [f"masking.{name}={json.dumps(getattr(args, f'old_{name}'))}" for _, name in old]
+    settings = []
+    for flag, name in OLD_MASKING_FLAGS.items():
+        if hasattr(args, f"old_{name}"):
+            value = getattr(args, f"old_{name}")
+            setting = f"masking.{name}={'true' if value is True else value}"
+            print(
+                f"mlmlab: note: {flag} is {setting} now, as pretrain takes it; {flag} goes in the next release",
+                file=sys.stderr,
+            )
+            settings.append(setting)
     return load_config(args.config, [*first, *settings, *args.overrides]).masking
 
 

@@ -302,7 +302,7 @@ def test_the_masking_seed_is_named_apart_from_prepares_seed(capsys):
     for argv in (["dump", "--data", "d", "masking.seed=3"], ["mask", "a b", "--mask-seed", "3"]):
         parsed = parse_arguments(parser, argv)
         assert masking_of(parsed).seed == 3 and not hasattr(parsed, "seed")
-    assert "--mask-seed is masking.seed=VALUE now" in capsys.readouterr().err
+    assert "--mask-seed is masking.seed=3 now" in capsys.readouterr().err
 
 
 def test_the_study_command_keeps_its_former_name_for_the_commands_old_reports_print():
