@@ -44,3 +44,20 @@ def test_every_architecture_declares_the_interface():
     assert ADAPTERS and all(isinstance(adapter, Architecture) for adapter in ADAPTERS.values())
     lacking = type("Lacking", (), {name: getattr(Bert, name) for name in dir(Bert) if name != "separate_qkv"})
     assert not isinstance(lacking, Architecture)
+
+
+def test_an_architecture_added_from_outside_is_accepted_by_the_config_and_asked_by_name(monkeypatch):
+    from mlmlab import choices
+    from mlmlab.model import architectures
+
+    monkeypatch.setattr(choices, "ARCHITECTURES", list(choices.ARCHITECTURES))
+    monkeypatch.setattr(architectures, "ADAPTERS", dict(architectures.ADAPTERS))
+    outside = type("Outside", (Bert,), {"name": "outside", "label": "Outside"})
+    with pytest.raises(UserError, match="model.architecture='outside' is unknown"):
+        load_config(None, ["model.architecture=outside"])
+    architectures.add_architecture(outside)
+    cfg = load_config(None, ["model.architecture=outside"])
+    architectures.check_config(cfg)
+    assert architectures.architecture_named("outside") is outside
+    with pytest.raises(ValueError, match="exists already"):
+        architectures.add_architecture(outside)

@@ -1,7 +1,7 @@
 """The architectures mlmlab trains, one module each in this folder, and what the rest of mlmlab asks of them.
 
-Each module defines one adapter (the ``Architecture`` interface of ``model/architecture.py``) as its
-``ARCHITECTURE``; every module here is registered under its adapter's name, which the config names in
+Each architecture's module defines one adapter (the ``Architecture`` interface of ``model/architecture.py``) as its
+``ARCHITECTURE``; every such module here is registered under its adapter's name, which the config names in
 ``choices.ARCHITECTURES`` (so that it refuses an unknown one when it is built). ``add_architecture``
 registers one from outside the package.
 """
@@ -16,11 +16,13 @@ from mlmlab.model.architecture import Architecture
 
 
 def _modules_here() -> dict[str, Architecture]:
-    """{name: adapter} of every module in this folder, in the order choices.ARCHITECTURES names them."""
+    """{name: adapter} of every module in this folder that defines one, in the order choices.ARCHITECTURES names
+    them (a module without ``ARCHITECTURE`` holds what adapters share)."""
     found = {}
     for module in pkgutil.iter_modules(__path__):
-        adapter = importlib.import_module(f"{__name__}.{module.name}").ARCHITECTURE
-        found[adapter.name] = adapter
+        adapter = getattr(importlib.import_module(f"{__name__}.{module.name}"), "ARCHITECTURE", None)
+        if adapter is not None:
+            found[adapter.name] = adapter
     if set(found) != set(choices.ARCHITECTURES):
         raise RuntimeError(
             f"the architecture modules here define {sorted(found)}, choices.ARCHITECTURES names "
