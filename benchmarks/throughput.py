@@ -376,14 +376,8 @@ def describe_environment() -> str:
     return f"{describe_cpu()}; torch {torch.__version__}, threads {torch.get_num_threads()}, {allocator}"
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--presets", nargs="+", default=["tiny", "mini"])
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per arm per round")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=3)
+def add_arm_options(parser: argparse.ArgumentParser, lever_use: str) -> None:
+    """--set (overrides for every arm) and --lever (an mlmlab+<lever> arm each), as ``build_arms`` reads them."""
     parser.add_argument(
         "--set",
         nargs="*",
@@ -397,9 +391,19 @@ def main(argv=None) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an mlmlab+<lever> arm: mlmlab-as-shipped with these overrides too, A/B in the same run; "
-        "repeat for more levers",
+        help=f"an mlmlab+<lever> arm: mlmlab-as-shipped with these overrides too, {lever_use}; repeat for more levers",
     )
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", nargs="+", default=["tiny", "mini"])
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per arm per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=3)
+    add_arm_options(parser, "A/B in the same run")
     parser.add_argument(
         "--no-malloc-tuning",
         action="store_true",

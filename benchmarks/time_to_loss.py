@@ -1,40 +1,51 @@
-"""Time to quality: the training wall time each recipe takes to reach the held-out MLM loss that transformers'
-run_mlm recipe reaches in ``--anchor-minutes``, all arms trained one after another in this process on this host.
+"""Time to quality: the training wall time each mlmlab recipe takes to reach the held-out MLM loss that each of two
+transformers recipes (the anchors) reaches in ``--anchor-minutes``, all arms trained one after another in this process
+on this host.
 
 Arms, each on the same corpus and tokenizer (default: the sample bundled with mlmlab and its vocabulary):
 
-- ``anchor``: HF's run_mlm recipe as a user runs it: ``transformers.Trainer`` + ``DataCollatorForLanguageModeling``
-  (15%, 80/10/10) + ``BertForMaskedLM`` at mlmlab's tiny size (layers, width, heads, FFN, vocabulary and positions),
-  transformers' default dropout (0.1) and precision (fp32), run_mlm's ``group_texts`` (each line of text tokenized
-  with its special tokens, concatenated, cut into blocks of 128). Its optimizer settings, batch and LR schedule are
-  mlmlab's BERT-tiny values (run_mlm's default LR of 5e-5 would be a straw man at this size: it barely moves a tiny
-  model in an hour). It trains for ``--anchor-minutes`` M.
-- ``anchor-recipe``: mlmlab's engine alone: ``--config tiny`` at the anchor's recipe (MLM only on packed blocks,
-  dropout 0.1, 15% dynamic masking, fp32).
+- ``modernbert-anchor``: transformers at its best for this job, the strongest anchor: ``transformers.Trainer`` +
+  ``DataCollatorForLanguageModeling`` at the recommended recipe's mask rate (30%, 80/10/10) +
+  ``ModernBertForMaskedLM`` at fast-tiny's shape (layers, width, heads, GeGLU width, vocabulary and positions) with
+  every other setting transformers' ModernBERT default (no dropout, its attention windows and RoPE bases) and its
+  sparse prediction head on (``sparse_prediction=True``, which the pinned transformers 5.24 has: the head only on
+  the masked positions), bf16 (``TrainingArguments(bf16=True)``) exactly where mlmlab's ``train.precision=auto``
+  picks bf16, run_mlm's ``group_texts`` blocks of 128, and the recommended recipe's LR, AdamW settings, batch and LR
+  schedule. Its recipe is fast-tiny's: against it, the recommended arm is mlmlab's engine at the anchor's own recipe.
+- ``anchor``: HF's run_mlm recipe as a user runs it: the same ``Trainer`` and collator at 15% + ``BertForMaskedLM``
+  at mlmlab's tiny size, transformers' default dropout (0.1) and precision (fp32), the same ``group_texts`` blocks
+  (each line of text tokenized with its special tokens, concatenated, cut into blocks of 128). Its optimizer
+  settings, batch and LR schedule are mlmlab's BERT-tiny values (run_mlm's default LR of 5e-5 would be a straw man at
+  this size: it barely moves a tiny model in an hour).
+- ``anchor-recipe``: mlmlab's engine at the BERT anchor's recipe: ``--config tiny`` with MLM only on packed blocks,
+  dropout 0.1, 15% dynamic masking, fp32.
 - ``recommended``: ``--config fast-tiny``, the recipe mlmlab's studies back (mlmlab/configs/fast-tiny.yaml says
   which study backs each choice).
 
-Each mlmlab arm trains until its held-out loss reaches the anchor's final one, or for M minutes
-(``train.max_minutes``: its LR schedule spans M minutes whenever it stops).
+Each anchor trains for ``--anchor-minutes`` M. Each mlmlab arm trains until its held-out loss reaches both anchors'
+final ones, or for M minutes (``train.max_minutes``: its LR schedule spans M minutes whenever it stops).
 
 The clock: each arm's training wall time, from the start of its training (after data preparation and model set-up)
 to each evaluation, less the time spent evaluating. Every arm is evaluated at time 0, then every
-``--eval-every-seconds`` (the anchor) or ``--arm-eval-every-seconds`` (the mlmlab arms, 6 times as often by default:
+``--eval-every-seconds`` (the anchors) or ``--arm-eval-every-seconds`` (the mlmlab arms, 6 times as often by default:
 an arm that reaches the target within one anchor interval would otherwise have its time read off a single straight
 line from the untrained model's loss), and at the end of its training, by mlmlab's own held-out evaluator
 (``evaluate_mlm``) on the same held-out blocks under the same fixed uniform 15% masks, whatever trained the model.
-The anchor's LR schedule is mlmlab's time-budget schedule (``train.max_minutes``: warmup over steps, then hold, then
-linear decay over the last 20% of the time) on that clock; run_mlm's step schedules need a step count, which M
-minutes hold only in hindsight.
+The anchors' LR schedule is mlmlab's time-budget schedule (``train.max_minutes``: warmup over steps, then hold, then
+decay over the last 20% of the time) on that clock; run_mlm's step schedules need a step count, which M minutes hold
+only in hindsight.
 
 The time at which an arm reaches a loss is linearly interpolated between the two evaluations around the crossing.
-The script prints, per arm, the time to the anchor's loss at 25%, 50% and 100% of its budget and the evaluation time
-it did not count, then the evaluations around each mlmlab arm's crossing of the anchor's final loss (the range its
-ratio is known to lie in, whatever the curve did between them), then one line: the anchor's time to its final loss
-over each mlmlab arm's. It writes a plot of held-out loss against training wall time (time_to_loss.png) and every
-curve (time_to_loss.json) to ``--out``.
+The script prints, per anchor, its held-out loss at 25%, 50% and 100% of its budget and every arm's time to each,
+and each arm's evaluation time it did not count; then, per anchor, the evaluations around each mlmlab arm's crossing
+of the anchor's final loss (the range its ratio is known to lie in, whatever the curve did between them); then one
+line per anchor, the strongest first: the anchor's time to its final loss over each mlmlab arm's. That ratio is read
+only against an anchor that has left the unigram plateau (its final held-out MLM accuracy above
+``LEFT_PLATEAU_ACCURACY``): a plateau loss is reached early by any recipe that leaves the plateau, so against an
+anchor still on it the line says so instead. It writes a plot of held-out loss against training wall time
+(time_to_loss.png) and every curve (time_to_loss.json) to ``--out``.
 
-    python benchmarks/time_to_loss.py                        # M = 60 minutes: up to three hours in all
+    python benchmarks/time_to_loss.py                        # M = 60 minutes: up to four hours in all
     python benchmarks/time_to_loss.py --anchor-minutes 10 --eval-every-seconds 20
     python benchmarks/time_to_loss.py --corpus ../shared/data/enwiki_sample/train.txt.gz \\
         --valid-corpus ../shared/data/enwiki_sample/valid.txt.gz --tokenizer docs/glue-tiny-wp8k/vocab.txt
@@ -56,6 +67,8 @@ from transformers import (
     BertConfig,
     BertForMaskedLM,
     DataCollatorForLanguageModeling,
+    ModernBertConfig,
+    ModernBertForMaskedLM,
     PrinterCallback,
     TrainerCallback,
     TrainingArguments,
@@ -70,6 +83,7 @@ from mlmlab.evaluate.perplexity import evaluate_mlm, evaluated_batches, fixed_ma
 from mlmlab.masking.evaluation import EVAL_RATE, EVAL_SEED
 from mlmlab.masking.select import token_info_for
 from mlmlab.model.pretraining import padded_vocab_size
+from mlmlab.train.launch import PRECISIONS, Precision, release_other_precision, resolve_precision
 from mlmlab.train.loop import Trainer
 from mlmlab.train.optim import lr_factor
 from mlmlab.utils.allocator import reexec_with_malloc_tuning
@@ -77,23 +91,39 @@ from mlmlab.utils.devices import clock, compute_device, describe_cpu
 from mlmlab.utils.files import building, require_output
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "time_to_loss"
-EVALUATIONS_PER_BUDGET = 20  # --eval-every-seconds' default: this many evaluations over the anchor's budget
-# --arm-eval-every-seconds' default: the mlmlab arms are evaluated this many times as often as the anchor. At one
+EVALUATIONS_PER_BUDGET = 20  # --eval-every-seconds' default: this many evaluations over an anchor's budget
+# --arm-eval-every-seconds' default: the mlmlab arms are evaluated this many times as often as the anchors. At one
 # evaluation every 3 minutes fast-tiny passed a 60-minute anchor's loss within its first interval (6.14 against 6.58
-# at 3.00 minutes), which brackets its ratio only as 20x or more. Their evaluations cost 4-8 s (the anchor's 33 s).
+# at 3.00 minutes), which brackets its ratio only as 20x or more. Their evaluations cost 4-8 s (the BERT anchor's 33 s).
 ARM_EVALUATIONS_PER_ANCHOR_INTERVAL = 6
-MILESTONES = (0.25, 0.5, 1.0)  # shares of the anchor's budget whose held-out loss every arm is timed to
+MILESTONES = (0.25, 0.5, 1.0)  # shares of an anchor's budget whose held-out loss every arm is timed to
 LINES_PER_MAP = 1000  # run_mlm groups the lines of each of datasets.map's batches, 1,000 by default
-# The mlmlab arms, each a preset and the settings that make it the arm; the anchor's recipe is the engine's one.
-ENGINE_SETTINGS = {"data.objective": choices.MLM, "model.dropout": 0.1, "train.precision": choices.FP32}
-MLMLAB_ARMS = {"anchor-recipe": ("tiny", ENGINE_SETTINGS), "recommended": ("fast-tiny", {})}
+# Each arm: a preset and the settings that make it the arm. run_mlm's recipe is the BERT anchor's and the engine's
+# arm's; the recommended recipe is the ModernBERT anchor's and its own arm's.
+RUN_MLM_SETTINGS = {"data.objective": choices.MLM, "model.dropout": 0.1, "train.precision": choices.FP32}
+ANCHORS = {"modernbert-anchor": ("fast-tiny", {}), "anchor": ("tiny", RUN_MLM_SETTINGS)}  # the strongest first
+MLMLAB_ARMS = {"anchor-recipe": ("tiny", RUN_MLM_SETTINGS), "recommended": ("fast-tiny", {})}
 LABELS = {
-    "anchor": "anchor (transformers Trainer, run_mlm)",
-    "anchor-recipe": "mlmlab, anchor's recipe (tiny)",
+    "modernbert-anchor": "ModernBERT anchor (transformers)",
+    "anchor": "BERT anchor (transformers, run_mlm)",
+    "anchor-recipe": "mlmlab, run_mlm's recipe (tiny)",
     "recommended": "mlmlab, recommended recipe (fast-tiny)",
 }
-RATIO_LABELS = {"recommended": "recommended recipe", "anchor-recipe": "anchor's recipe"}  # the ratio lines' order
-NEVER = 10**9  # the anchor's step budget: its callback stops it on time instead
+LABEL_WIDTH = max(map(len, LABELS.values()))
+RATIO_LABELS = {"recommended": "recommended recipe", "anchor-recipe": "run_mlm's recipe"}  # the ratio lines' order
+ANCHOR_NAMES = {"modernbert-anchor": "the ModernBERT anchor", "anchor": "the run_mlm BERT anchor"}
+# An anchor whose final held-out MLM accuracy is above this has left the unigram plateau, and only then is a ratio
+# read against its loss. The plateau predicts every target as a frequent token: its accuracy is about 0.15 with an
+# 8k vocabulary (arch-plateau-wp8k) and the BERT anchors that ended on it scored 0.142-0.150; rate-schedule-v4's gate
+# for "learned past the plateau" was 0.25 (its runs ended at 0.33-0.38). 0.20 is clear of the plateau's spread.
+LEFT_PLATEAU_ACCURACY = 0.20
+# Each anchor's transformers classes, and the settings it takes beyond its shape: the rest are transformers' defaults.
+# ModernBERT's sparse prediction runs its head on the masked positions only, as mlmlab's; transformers 5.24 has it.
+ANCHOR_MODELS = {
+    choices.BERT: (BertConfig, BertForMaskedLM, {}),
+    choices.MODERNBERT: (ModernBertConfig, ModernBertForMaskedLM, {"sparse_prediction": True}),
+}
+NEVER = 10**9  # an anchor's step budget: its callback stops it on time instead
 
 
 def arm_config(preset: str, settings: dict, args, run_dir: Path) -> Config:
@@ -202,18 +232,32 @@ def group_texts(examples: dict, block_size: int) -> dict:
     return {key: [ids[i : i + block_size] for i in range(0, total, block_size)] for key, ids in concatenated.items()}
 
 
-def anchor_model(cfg: Config, tokenizer) -> BertForMaskedLM:
-    """BertForMaskedLM at the preset's size with transformers' default dropout (0.1) and initialisation."""
+def anchor_model(cfg: Config, tokenizer) -> BertForMaskedLM | ModernBertForMaskedLM:
+    """transformers' masked-LM class of the preset's architecture at the preset's shape, every other setting and the
+    initialisation transformers' defaults (BERT: dropout 0.1; ModernBERT: no dropout) and the anchor's own settings
+    (``ANCHOR_MODELS``)."""
     m = cfg.model
-    return BertForMaskedLM(
-        BertConfig(
+    config_class, model_class, settings = ANCHOR_MODELS[m.architecture]
+    # Token ids as a user sets them for a vocabulary of their own (ModernBERT's defaults are ids of its 50k one);
+    # the masked LM reads only the padding id
+    tokens = {"pad_token_id": tokenizer.pad_token_id}
+    if m.architecture == choices.MODERNBERT:
+        tokens |= {
+            "cls_token_id": tokenizer.cls_token_id,
+            "bos_token_id": tokenizer.cls_token_id,
+            "sep_token_id": tokenizer.sep_token_id,
+            "eos_token_id": tokenizer.sep_token_id,
+        }
+    return model_class(
+        config_class(
             vocab_size=padded_vocab_size(len(tokenizer), m.pad_vocab_multiple),  # mlmlab's rows, so the same size
             hidden_size=m.hidden_size,
             num_hidden_layers=m.num_layers,
             num_attention_heads=m.num_heads,
             intermediate_size=m.intermediate_size,
             max_position_embeddings=m.max_position_embeddings,
-            pad_token_id=tokenizer.pad_token_id,
+            **tokens,
+            **settings,
         )
     )
 
@@ -263,10 +307,13 @@ class WallClockEvaluation(TrainerCallback):
 
 
 def run_anchor(cfg: Config, tokenizer, held_out: HeldOut, args, folder: Path) -> dict:
-    """The anchor trained for the budget; its curve, steps and precision."""
+    """An anchor trained for the budget on the preset ``cfg``'s recipe; its curve, steps and precision."""
     t, budget = cfg.train, args.anchor_minutes * 60
     curve = Curve(held_out, args.eval_every_seconds)
     corpus = list(cfg.data.corpus) or [SAMPLE_TRAIN]
+    # bf16 exactly where mlmlab's train.precision would train in it (auto: where this host's bf16 matmuls pay)
+    precision = resolve_precision(t.precision)
+    release_other_precision(precision.accelerate)  # the other anchor's Trainer may have built another precision
     training_args = TrainingArguments(
         output_dir=str(folder),
         per_device_train_batch_size=t.batch_size,
@@ -276,6 +323,8 @@ def run_anchor(cfg: Config, tokenizer, held_out: HeldOut, args, folder: Path) ->
         adam_beta2=t.adam_beta2,
         adam_epsilon=t.adam_eps,
         max_grad_norm=t.max_grad_norm,
+        bf16=precision.name == choices.BF16,
+        use_cpu=compute_device().type == "cpu",  # transformers refuses bf16 on a CPU unless told it is one
         max_steps=NEVER,
         save_strategy="no",
         logging_strategy="no",
@@ -286,14 +335,16 @@ def run_anchor(cfg: Config, tokenizer, held_out: HeldOut, args, folder: Path) ->
         model=anchor_model(cfg, tokenizer),
         args=training_args,
         train_dataset=anchor_blocks(corpus, tokenizer, cfg.data.max_seq_length),
-        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15),
+        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm_probability=cfg.masking.rate),
         processing_class=tokenizer,
         callbacks=[WallClockEvaluation(curve, budget)],
         lr_lambda=TimeBudgetLR(t, curve, budget),
     )
     trainer.remove_callback(PrinterCallback)  # its end-of-training dict on stdout, before the table
+    # read now: the next Accelerator's changes it
+    trained_in = precision_name(next(p for p in PRECISIONS if p.accelerate == trainer.accelerator.mixed_precision))
     trainer.train()
-    return summary(curve, "float32", trainer.state.global_step)  # transformers' default: no --bf16
+    return summary(curve, trained_in, trainer.state.global_step)
 
 
 def run_mlmlab(cfg: Config, held_out: HeldOut, every_seconds: float, target: float) -> dict:
@@ -308,12 +359,17 @@ def run_mlmlab(cfg: Config, held_out: HeldOut, every_seconds: float, target: flo
     if trainer.valid_store.meta["hash"] != held_out.store.meta["hash"]:
         trainer.close()
         raise UserError(
-            f"the {cfg.model.architecture} arm prepared other held-out blocks than the anchor's (another tokenizer "
+            f"the {cfg.model.architecture} arm prepared other held-out blocks than the anchors' (another tokenizer "
             "or length?); every arm must be evaluated on the same ones"
         )
     curve.start(trainer.model)
     trainer.train()
-    return summary(curve, str(trainer.precision.dtype).removeprefix("torch."), trainer.state.step)
+    return summary(curve, precision_name(trainer.precision), trainer.state.step)
+
+
+def precision_name(precision: Precision) -> str:
+    """The dtype an arm's matmuls ran in under ``precision`` (a Trainer's, resolved): "float32" or "bfloat16"."""
+    return str(precision.dtype).removeprefix("torch.")
 
 
 def summary(curve: Curve, precision: str, steps: int) -> dict:
@@ -359,25 +415,58 @@ def loss_at(points: list[dict], seconds: float) -> float:
     return points[-1]["mlm_loss"]
 
 
-def milestones(arms: dict, budget_seconds: float) -> dict:
-    """{"25%": the anchor's loss at 25% of its budget, ...}; 100% is its final evaluation's."""
-    anchor = arms["anchor"]["evaluations"]
+def milestones(anchor: list[dict], budget_seconds: float) -> dict:
+    """{"25%": the anchor's loss at 25% of its budget, ...} from its evaluations; 100% is its final evaluation's."""
     return {
         f"{share:.0%}": loss_at(anchor, share * budget_seconds) if share < 1 else anchor[-1]["mlm_loss"]
         for share in MILESTONES
     }
 
 
-def ratio_text(name: str, arms: dict, minutes: float) -> str:
-    anchor_time, arm_time = arms["anchor"]["times_to"]["100%"], arms[name]["times_to"]["100%"]
+def with_times(result: dict) -> dict:
+    """``result`` with each anchor's milestone losses, and every arm's times to them and evaluations around its
+    crossing of each anchor's final loss."""
+    arms, budget = result["arms"], result["anchor_minutes"] * 60
+    result["anchor_losses"] = {anchor: milestones(arms[anchor]["evaluations"], budget) for anchor in ANCHORS}
+    for arm in arms.values():
+        points = arm["evaluations"]
+        arm["times_to"], arm["final_loss_between"] = {}, {}
+        for anchor, losses in result["anchor_losses"].items():
+            arm["times_to"][anchor] = {share: time_to(points, loss) for share, loss in losses.items()}
+            around = crossing(points, losses["100%"])
+            arm["final_loss_between"][anchor] = None if around is None else [p["train_seconds"] for p in around]
+    return result
+
+
+def final_accuracy(arm: dict) -> float:
+    return arm["evaluations"][-1]["mlm_accuracy"]
+
+
+def ratio_text(name: str, anchor: str, arms: dict, minutes: float) -> str:
+    anchor_time, arm_time = arms[anchor]["times_to"][anchor]["100%"], arms[name]["times_to"][anchor]["100%"]
     if arm_time is None:
         return f"not reached in {minutes:g} min"
     return f"{anchor_time / arm_time:.2f}x" if arm_time > 0 else "reached at its first evaluation"
 
 
-def bracket_text(name: str, label: str, arms: dict) -> str:
-    """The evaluations around an mlmlab arm's crossing of the anchor's final loss, and the ratios they allow."""
-    between, anchor_time = arms[name]["final_loss_between"], arms["anchor"]["times_to"]["100%"]
+def ratio_line(anchor: str, arms: dict, minutes: float) -> str:
+    """The anchor's time to its final loss over each mlmlab arm's, or, where the anchor ended on the plateau, why
+    there is no ratio."""
+    accuracy = final_accuracy(arms[anchor])
+    if accuracy <= LEFT_PLATEAU_ACCURACY:
+        return (
+            f"{ANCHOR_NAMES[anchor]} has not left the unigram plateau (held-out MLM accuracy {accuracy:.3f}, not above "
+            f"{LEFT_PLATEAU_ACCURACY:.2f}): no ratio is read against its loss"
+        )
+    return f"time to {ANCHOR_NAMES[anchor]}'s final held-out loss: " + ", ".join(
+        f"{label} {ratio_text(name, anchor, arms, minutes)}" for name, label in RATIO_LABELS.items()
+    )
+
+
+def bracket_text(name: str, anchor: str, arms: dict) -> str:
+    """The evaluations around an mlmlab arm's crossing of an anchor's final loss, and the ratios they allow."""
+    between, anchor_time = arms[name]["final_loss_between"][anchor], arms[anchor]["times_to"][anchor]["100%"]
+    label = RATIO_LABELS[name]
     if between is None:
         return f"{label} never"
     before, after = between
@@ -392,37 +481,49 @@ def bracket_text(name: str, label: str, arms: dict) -> str:
 
 
 def report(result: dict) -> str:
-    """The printed table, then the one line of ratios, last."""
-    arms, targets, minutes = result["arms"], result["anchor_losses"], result["anchor_minutes"]
+    """The printed tables, then per anchor the evaluations around the crossings, then its ratio line, last."""
+    arms, minutes = result["arms"], result["anchor_minutes"]
     held_out = arms["anchor"]["held_out"]
     lines = [
         f"host: {result['host']}; torch {result['torch']}, transformers {result['transformers']}, "
         f"threads {result['threads']}",
         f"held-out: {held_out['blocks']} blocks (prepared set {held_out['dataset']}), fixed uniform "
         f"{held_out['mask_rate']:.0%} masks (seed {held_out['mask_seed']}), the same for every arm",
-        "anchor's held-out loss: "
-        + ", ".join(f"{loss:.3f} at {share} of its {minutes:g} minutes" for share, loss in targets.items()),
         "times: training wall time, evaluations excluded, linearly interpolated between evaluations every "
-        f"{result['eval_every_seconds']:g} s (anchor) and {result['arm_eval_every_seconds']:g} s (mlmlab arms)",
-        f"{'arm':<40} {'precision':>9} {'steps':>7} {'trained':>9} {'evaluating':>11}"
-        + "".join(f" {'to ' + share:>9}" for share in targets),
+        f"{result['eval_every_seconds']:g} s (anchors) and {result['arm_eval_every_seconds']:g} s (mlmlab arms)",
+        f"{'arm':<{LABEL_WIDTH}} {'precision':>9} {'steps':>7} {'trained':>9} {'evaluating':>11}",
     ]
     for name, arm in arms.items():
-        times = [arm["times_to"][share] for share in targets]
         lines.append(
-            f"{LABELS[name]:<40} {arm['precision']:>9} {arm['steps']:>7} {arm['trained_seconds'] / 60:>5.2f} min "
-            f"{arm['eval_seconds']:>9.1f} s"
+            f"{LABELS[name]:<{LABEL_WIDTH}} {arm['precision']:>9} {arm['steps']:>7} "
+            f"{arm['trained_seconds'] / 60:>5.2f} min {arm['eval_seconds']:>9.1f} s"
+        )
+    for anchor, targets in result["anchor_losses"].items():
+        lines += milestone_table(anchor, targets, arms, minutes)
+    lines += [
+        f"evaluations around the crossing of {ANCHOR_NAMES[anchor]}'s final loss: "
+        + ", ".join(bracket_text(name, anchor, arms) for name in RATIO_LABELS)
+        for anchor in ANCHORS
+    ]
+    lines += [ratio_line(anchor, arms, minutes) for anchor in ANCHORS]
+    return "\n".join(lines)
+
+
+def milestone_table(anchor: str, targets: dict, arms: dict, minutes: float) -> list[str]:
+    """The anchor's held-out loss at its milestones and final accuracy, then every arm's time to each milestone."""
+    losses = ", ".join(f"{loss:.3f} at {share}" for share, loss in targets.items())
+    lines = [
+        f"{ANCHOR_NAMES[anchor]}'s held-out loss: {losses} of its {minutes:g} minutes; final MLM accuracy "
+        f"{final_accuracy(arms[anchor]):.3f}",
+        f"  {'time to it':<{LABEL_WIDTH}}" + "".join(f" {'to ' + share:>9}" for share in targets),
+    ]
+    for name, arm in arms.items():
+        times = [arm["times_to"][anchor][share] for share in targets]
+        lines.append(
+            f"  {LABELS[name]:<{LABEL_WIDTH}}"
             + "".join(f" {'never' if s is None else f'{s / 60:.2f} min':>9}" for s in times)
         )
-    lines.append(
-        "evaluations around the crossing of the anchor's final loss: "
-        + ", ".join(bracket_text(name, label, arms) for name, label in RATIO_LABELS.items())
-    )
-    lines.append(
-        "time to the anchor's final held-out loss: "
-        + ", ".join(f"{label} {ratio_text(name, arms, minutes)}" for name, label in RATIO_LABELS.items())
-    )
-    return "\n".join(lines)
+    return lines
 
 
 def plot(result: dict, path: Path) -> None:
@@ -436,7 +537,9 @@ def plot(result: dict, path: Path) -> None:
         points = arm["evaluations"]
         minutes = [p["train_seconds"] / 60 for p in points]
         ax.plot(minutes, [p["mlm_loss"] for p in points], marker=".", label=f"{LABELS[name]}, {arm['precision']}")
-    ax.axhline(result["anchor_losses"]["100%"], color="grey", linestyle="--", linewidth=0.8, label="anchor's final")
+    for anchor, style in zip(ANCHORS, ("--", ":")):
+        final = result["anchor_losses"][anchor]["100%"]
+        ax.axhline(final, color="grey", linestyle=style, linewidth=0.8, label=f"{ANCHOR_NAMES[anchor]}'s final")
     ax.set_xlabel("training wall time (minutes; evaluations excluded)")
     ax.set_ylabel("held-out MLM loss (fixed uniform 15% masks)")
     ax.set_title(result["host"], fontsize=8)
@@ -454,13 +557,15 @@ def write_outputs(result: dict, out: Path) -> None:
 
 
 def benchmark(args) -> dict:
-    budget = args.anchor_minutes * 60
     with tempfile.TemporaryDirectory() as folder:
         engine = arm_config(*MLMLAB_ARMS["anchor-recipe"], args, Path(folder) / "anchor-recipe")
         _, valid_store, tokenizer = prepare_datasets(engine.data)
         held_out = HeldOut(valid_store, tokenizer, engine, args.eval_batches)
-        arms = {"anchor": run_anchor(engine, tokenizer, held_out, args, Path(folder) / "anchor")}
-        target = arms["anchor"]["evaluations"][-1]["mlm_loss"]
+        arms = {}
+        for name, (preset, settings) in ANCHORS.items():
+            cfg = arm_config(preset, settings, args, Path(folder) / name)
+            arms[name] = run_anchor(cfg, tokenizer, held_out, args, Path(folder) / name)
+        target = min(arms[anchor]["evaluations"][-1]["mlm_loss"] for anchor in ANCHORS)  # reaching it reaches both
         for name, (preset, settings) in MLMLAB_ARMS.items():
             cfg = arm_config(preset, settings, args, Path(folder) / name)
             arms[name] = run_mlmlab(cfg, held_out, args.arm_eval_every_seconds, target)
@@ -472,14 +577,10 @@ def benchmark(args) -> dict:
         "anchor_minutes": args.anchor_minutes,
         "eval_every_seconds": args.eval_every_seconds,
         "arm_eval_every_seconds": args.arm_eval_every_seconds,
+        "left_plateau_accuracy": LEFT_PLATEAU_ACCURACY,
         "arms": arms,
     }
-    result["anchor_losses"] = milestones(arms, budget)
-    for arm in arms.values():
-        arm["times_to"] = {share: time_to(arm["evaluations"], loss) for share, loss in result["anchor_losses"].items()}
-        around = crossing(arm["evaluations"], result["anchor_losses"]["100%"])
-        arm["final_loss_between"] = None if around is None else [point["train_seconds"] for point in around]
-    return result
+    return with_times(result)
 
 
 def parse_arguments(argv=None):
@@ -488,12 +589,12 @@ def parse_arguments(argv=None):
         "--anchor-minutes",
         type=number_argument("--anchor-minutes", float, POSITIVE, 60),
         default=60.0,
-        help="the anchor's training wall time, and each mlmlab arm's longest (default 60)",
+        help="each anchor's training wall time, and each mlmlab arm's longest (default 60)",
     )
     parser.add_argument(
         "--eval-every-seconds",
         type=number_argument("--eval-every-seconds", float, POSITIVE, 180),
-        help=f"training seconds between evaluations (default: the anchor's budget / {EVALUATIONS_PER_BUDGET})",
+        help=f"training seconds between the anchors' evaluations (default: their budget / {EVALUATIONS_PER_BUDGET})",
     )
     parser.add_argument(
         "--arm-eval-every-seconds",

@@ -26,6 +26,7 @@ from mlmlab.config import (
     config_listing,
     frequency_cuts,
     load_config,
+    named_keys,
     preset_names,
 )
 from mlmlab.config import number_argument as number
@@ -47,24 +48,51 @@ def cmd_tokenizer(args) -> None:
     from mlmlab.data.corpus import named_files, resolve_paths
     from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer, train_tokenizer
 
+    refuse_ignored_tokenizer_options(args)
     if args.vocab:
         out, source = adopt_vocab(args.vocab, args.out, lowercase=not args.cased), f"adopted from {args.vocab}"
     else:
         if not args.corpus:
             raise UserError("give --corpus PATH... to train a tokenizer, or --vocab FILE to adopt a vocab.txt")
         files = resolve_paths(args.corpus)
-        lowercase = not args.cased if args.kind == choices.WORDPIECE else args.lowercase
+        kind = args.kind or choices.WORDPIECE
+        lowercase = not args.cased if kind == choices.WORDPIECE else args.lowercase
         out = train_tokenizer(
             files,
-            args.vocab_size,
+            args.vocab_size or TOKENIZER_VOCAB_SIZE,
             args.out,
             lowercase=lowercase,
             columns=columns_of(args),
             show_progress=not args.no_progress,
-            kind=args.kind,
+            kind=kind,
         )
         source = f"trained on {named_files(files)}"
     print(f"tokenizer with {len(load_tokenizer(out))} tokens saved to {out}, {source}")
+
+
+TOKENIZER_VOCAB_SIZE = 30522  # mlmlab tokenizer's default --vocab-size: BERT's
+
+
+def refuse_ignored_tokenizer_options(args) -> None:
+    """Options of ``mlmlab tokenizer`` that cannot apply together, refused rather than dropped without a word."""
+    if args.cased and args.lowercase:
+        raise UserError("--cased keeps case and --lowercase lowercases; give one of them")
+    if not args.vocab:
+        return
+    given = {
+        "--corpus": args.corpus,
+        "--kind": args.kind,
+        "--vocab-size": args.vocab_size,
+        "--text-column": args.text_column != "text",
+        "--id-column": args.id_column,
+    }
+    trains = [option for option, value in given.items() if value]
+    if trains:
+        named = " and ".join([", ".join(trains[:-1]), trains[-1]] if len(trains) > 1 else trains)
+        raise UserError(
+            f"--vocab adopts a WordPiece vocab.txt as it is, so {named} would change nothing (they train a "
+            f"tokenizer); drop {'them' if len(trains) > 1 else 'it'}, or drop --vocab to train one"
+        )
 
 
 def cmd_prepare(args) -> None:
@@ -162,7 +190,13 @@ def cmd_pretrain(args) -> None:
         command, env, line = over_processes(args.argv, args.processes, cfg)
         say(line)
         os.execve(command[0], command, env)  # torchrun forwards SIGTERM and Ctrl-C to every process
-    trainer = Trainer(cfg, evaluator=evaluate_mlm, resume=args.resume, show_progress=not args.no_progress)
+    trainer = Trainer(
+        cfg,
+        evaluator=evaluate_mlm,
+        resume=args.resume,
+        show_progress=not args.no_progress,
+        named=named_keys(args.config, args.overrides),
+    )
     summary = trainer.train()
     if not PartialState().is_main_process:  # under torchrun every process has the summary: report it once
         return
@@ -284,9 +318,12 @@ def cmd_config(args) -> None:
 
 def cmd_report(args) -> None:
     from mlmlab.experiments.reporting.report import write_report
+    from mlmlab.utils.files import require_output
 
     results = Path(args.results)
-    print(f"report written to {write_report(results, Path(args.out) if args.out else results.parent / 'report')}")
+    out = Path(args.out) if args.out else results.parent / "report"
+    require_output(out, "--out", folder=True)  # a file there: refused before the report is computed
+    print(f"report written to {write_report(results, out, descriptive=args.mixed == 'descriptive')}")
 
 
 CORPUS_HELP = (
@@ -419,11 +456,16 @@ def add_tokenizer_parser(sub) -> None:
     p.add_argument(
         "--kind",
         choices=choices.TOKENIZER_KINDS,
-        default=choices.WORDPIECE,
-        help="wordpiece (BERT's), bpe (RoBERTa's byte-level BPE) or unigram (SentencePiece's)",
+        default=None,
+        help="wordpiece (BERT's, the default), bpe (RoBERTa's byte-level BPE) or unigram (SentencePiece's)",
     )
-    p.add_argument("--vocab", help="adopt this vocab.txt instead of training")
-    p.add_argument("--vocab-size", type=number("--vocab-size", int, at_least(1), 30522), default=30522)
+    p.add_argument("--vocab", help="adopt this vocab.txt instead of training (takes no --corpus, --kind, --vocab-size)")
+    p.add_argument(
+        "--vocab-size",
+        type=number("--vocab-size", int, at_least(1), TOKENIZER_VOCAB_SIZE),
+        default=None,
+        help=f"tokens of the trained vocabulary (default: {TOKENIZER_VOCAB_SIZE}, BERT's)",
+    )
     p.add_argument("--cased", action="store_true", help="wordpiece: keep case (default: lowercase, as BERT uncased)")
     p.add_argument("--lowercase", action="store_true", help="bpe, unigram: lowercase (default: cased, as RoBERTa)")
     p.add_argument("--out", required=True)
@@ -508,8 +550,8 @@ def add_pretrain_parser(sub) -> None:
         default=None,
         metavar="MODEL_DIR",
         help=f"start from this model's weights only (train.init): a HuggingFace model folder "
-        f"({choices.listed(choices.ARCHITECTURES)}) or a run's model/; its tokenizer and architecture are taken "
-        "unless the config names them",
+        f"({choices.listed(choices.ARCHITECTURES)}) or a run's model/; its architecture, model settings and "
+        "tokenizer are the run's: a model.* key or data.tokenizer named beside it must agree with the folder's",
     )
     p.add_argument(
         "--processes",
@@ -748,6 +790,13 @@ def add_report_parser(sub) -> None:
     p.add_argument("results", help="a results.jsonl (shards' files may be concatenated)")
     p.add_argument(
         "--out", default=None, help="folder for report.md and plots (default: report/ next to results.jsonl)"
+    )
+    p.add_argument(
+        "--mixed",
+        choices=["descriptive"],
+        default=None,
+        help="rows of more than one study (or pre-registration, or decision rule) are refused; descriptive: compare "
+        "them anyway, applying no gate and no rule (the report says so at its top)",
     )
     p.set_defaults(func=cmd_report)
 

@@ -415,6 +415,12 @@ def _check_mixture(corpus) -> None:
                 f"data.corpus gives {source} the weight {weight!r}; a weight is a share of the draws, "
                 "positive and finite, e.g. data.corpus='{domain/: 0.8, wiki/: 0.2}'"
             )
+    if not math.isfinite(sum(corpus.values())):  # each share is its weight over the sum: every one would be 0
+        raise UserError(
+            f"data.corpus's weights are each finite but sum past the largest float ({sum(corpus.values())}), so "
+            "no share can be taken of them; scale them down, e.g. to shares that sum to 1: "
+            "data.corpus='{domain/: 0.8, wiki/: 0.2}'"
+        )
 
 
 def _check_frequency_neutral(m: MaskingConfig) -> None:
@@ -553,10 +559,31 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
-def read_yaml(source: str) -> dict:
+def named_keys(source: str | None, overrides: list[str] = ()) -> frozenset[str]:
+    """The dotted keys a user chose for a run: every override, and each key a config file of their own sets to
+    other than mlmlab's default.
+
+    A preset's keys are mlmlab's, and a resolved config (a run's config.yaml: every masking key, whatever the
+    strategy) records values rather than choosing them; neither names any. A setting that nothing in the run
+    reads is refused only when named (masking keys of another strategy, a model key beside train.init).
+    """
+    named = {_parse_override(item)[0] for item in overrides}
+    if source and _config_path(source).parent.resolve() != PRESET_DIR.resolve():
+        written = flat_keys(read_yaml(source)).keys()
+        resolved = {f"masking.{f.name}" for f in dataclasses.fields(MaskingConfig)} <= written
+        values, defaults = flat_keys(to_dict(load_config(source))), flat_keys(to_dict(Config()))
+        named |= set() if resolved else {key for key in written if values[key] != defaults[key]}
+    return frozenset(named)
+
+
+def _config_path(source: str) -> Path:
+    """A config file, or the preset that ``source`` names."""
     path = Path(source)
-    if not path.exists() and not source.endswith((".yaml", ".yml")):
-        path = PRESET_DIR / f"{source}.yaml"
+    return path if path.exists() or source.endswith((".yaml", ".yml")) else PRESET_DIR / f"{source}.yaml"
+
+
+def read_yaml(source: str) -> dict:
+    path = _config_path(source)
     if not path.exists():
         raise UserError(f"no config file or preset named {source!r}; presets: {', '.join(preset_names())}")
     if path.is_dir():

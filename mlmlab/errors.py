@@ -27,8 +27,8 @@ def write_error_of(err: BaseException) -> OSError | None:
 
     shutil.copytree gathers its failures in one ``shutil.Error`` (an OSError without an errno) whose
     entries are (source, destination, message); safetensors' Rust writer raises ``SafetensorError``
-    ending in "(os error 28)". torch's writer loses the errno altogether: ``run_folder.save_torch``
-    keeps it.
+    ending in "(os error 28)", and tokenizers' a plain ``Exception`` ending the same way. torch's writer
+    loses the errno altogether: ``run_folder.save_torch`` keeps it.
     """
     if isinstance(err, shutil.Error):
         entries = err.args[0] if err.args and isinstance(err.args[0], list) else []
@@ -36,7 +36,7 @@ def write_error_of(err: BaseException) -> OSError | None:
         cause = OSError(found[0][0], os.strerror(found[0][0]), found[0][1]) if found else None
     elif isinstance(err, OSError):
         cause = err
-    elif type(err).__name__ == "SafetensorError" and (m := re.search(r"\(os error (\d+)\)", str(err))):
+    elif _rust_writer_error(err) and (m := re.search(r"\(os error (\d+)\)", str(err))):
         cause = OSError(int(m[1]), os.strerror(int(m[1])))
     else:
         cause = None
@@ -59,6 +59,11 @@ def write_refusal(err: BaseException) -> str | None:
         f"model folders, prepared data and caches are replaced only by whole copies): {_remedy(cause)}, then run "
         "the command again"
     )
+
+
+def _rust_writer_error(err: BaseException) -> bool:
+    """An error of safetensors' or tokenizers' Rust writers, which carry the errno only in their text."""
+    return type(err).__name__ == "SafetensorError" or type(err) is Exception
 
 
 @contextmanager

@@ -14,9 +14,9 @@ from mlmlab.data.resolve import SAMPLE_VALID, dataset_hashes, tokenizer_dir_for
 from mlmlab.data.store import TokenStore
 from mlmlab.data.tokenizer import load_tokenizer, vocab_hash
 from mlmlab.errors import UserError
-from mlmlab.masking.masker import Masker, corpus_ngrams
+from mlmlab.masking.masker import Masker, run_ngrams
 from mlmlab.masking.scorers import scorer_entry, scorer_names
-from mlmlab.masking.select import continuation_table, token_info_for
+from mlmlab.masking.select import token_info_for
 from mlmlab.masking.strategies import strategy_entry
 from mlmlab.masking.variants import READS_COUNTS, READS_LOSSES, READS_MODEL
 from mlmlab.model.folder import load_pretrained
@@ -74,7 +74,7 @@ def top_ngrams(data_dir, n: int, masking: MaskingConfig) -> list[dict]:
     store = TokenStore(data_dir)
     tokenizer = load_tokenizer(store.tokenizer_dir)
     cfg = Config(masking=dataclasses.replace(masking, strategy=choices.PMI)).masking  # validated
-    vocabulary = corpus_ngrams(cfg, store, continuation_table(tokenizer), token_info_for(tokenizer, cfg.mask_unk))
+    vocabulary = run_ngrams(cfg, tokenizer, store)
     return [
         {
             "rank": rank,

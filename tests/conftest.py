@@ -1,5 +1,6 @@
 import gzip
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,41 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 ROOT = Path(__file__).resolve().parent.parent
+# The project's data folder beside the repository (docs/data.md says where each of its folders comes from). A clone
+# has none: every test that reads it is marked shared_data(FOLDER, ...) and skipped, naming the folder, where one is
+# absent; .ci/run runs those tests in a copy of the repository with no ../shared beside it and requires the skips.
 SHARED_DATA = ROOT.parent / "shared" / "data"
 SAMPLE = ROOT / "mlmlab" / "resources" / "sample"
+SHARED_MARK = "shared_data"
+STUDY_PRESETS = ROOT / "mlmlab" / "configs" / "studies"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{SHARED_MARK}(*folders): reads these folders of {SHARED_DATA}")
+
+
+def pytest_collection_modifyitems(items):
+    """A test marked shared_data(FOLDER, ...) is skipped, naming the first folder missing, where one is absent."""
+    for item in items:
+        marks = list(item.iter_markers(SHARED_MARK))
+        if any(not mark.args for mark in marks):
+            raise pytest.UsageError(f"{item.nodeid}: name the folders of {SHARED_DATA} it reads in {SHARED_MARK}(...)")
+        missing = [SHARED_DATA / name for mark in marks for name in mark.args if not (SHARED_DATA / name).is_dir()]
+        if missing:
+            item.add_marker(pytest.mark.skip(reason=f"{missing[0]} is not there: the project's data (docs/data.md)"))
+
+
+def corpus_folders(study: str) -> list[str]:
+    """The folders of ../shared/data the study preset ``study`` trains and holds out on (its data.corpus and
+    data.valid_corpus): what planning its runs reads, to hash their data."""
+    text = (STUDY_PRESETS / f"{study}.yaml").read_text(encoding="utf-8")
+    return list(dict.fromkeys(re.findall(r"corpus:.*?\.\./shared/data/([\w.-]+)", text)))
+
+
+def shipped_study(name: str):
+    """The study preset ``name`` as a test parameter that plans its runs: marked with its corpus_folders."""
+    folders = corpus_folders(name)
+    return pytest.param(name, marks=[pytest.mark.shared_data(*folders)] if folders else [], id=name)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -104,6 +138,13 @@ def sample_paragraphs():
     """Real Wikipedia paragraphs from the bundled sample (body lines of <doc> blocks)."""
     with gzip.open(SAMPLE / "train.txt.gz", "rt", encoding="utf-8") as handle:
         return [line.strip() for line in handle if len(line) > 200 and not line.startswith("<")]
+
+
+def tiny_encoder(tokenizer, **entries) -> dict:
+    """The config entries (transformers' names) of the suite's tiny encoders: one layer of 32 wide, two heads, the
+    tokenizer's vocabulary and padding id; ``entries`` add to them or replace them."""
+    shape = dict(num_hidden_layers=1, num_attention_heads=2, hidden_size=32, intermediate_size=64)
+    return {"vocab_size": len(tokenizer), **shape, "pad_token_id": tokenizer.pad_token_id, **entries}
 
 
 PMI_TEST_VOCAB = 2000  # masking.pmi_vocab_size of every test that masks n-grams: one vocabulary, built once

@@ -17,8 +17,11 @@ from conftest import ROOT, SAMPLE
 from test_experiments import first_documents
 from transformers import BertForMaskedLM, BertForPreTraining, ModernBertForMaskedLM, RobertaForMaskedLM
 
-from mlmlab.model.architectures import architecture_of
-from mlmlab.model.pretraining import IGNORE_INDEX, pretraining_loss
+from mlmlab.data.resolve import tokenizer_dir_for
+from mlmlab.data.tokenizer import load_tokenizer
+from mlmlab.model.architecture import attention_dropout
+from mlmlab.model.architectures import architecture_of, saved_settings
+from mlmlab.model.pretraining import IGNORE_INDEX, build_model, pretraining_loss
 
 TINY_RUN = ["--batch-size", "2", "--seq", "32", "--warmup", "1"]
 
@@ -149,6 +152,24 @@ def test_profile_step_profiles_the_same_recipe_pair():
     assert [int(reads) for reads in re.findall(r"^  (\d+) host reads of a tensor's value per step$", out, re.M)][1] > 0
 
 
+def test_profile_step_profiles_fast_tiny_in_bf16_beside_fp32_against_each_ones_peak():
+    """fast-tiny's step in bf16 and the same step in fp32 (a lever arm): each one's MFU against the measured peak
+    of its own precision, and its operator time split into matmuls, attention and the rest, the rest's top listed."""
+    out = run_benchmark(
+        "profile_step.py",
+        *("--preset", "fast-tiny", "--arms", "mlmlab-as-shipped", "--set", "train.precision=bf16"),
+        *("--lever", "train.precision=fp32", "--steps", "1", "--rows", "3", *TINY_RUN),
+    )
+    assert re.search(r"^measured matmul peak: bfloat16 [\d.]+ TFLOP/s, float32 [\d.]+ TFLOP/s$", out, re.M), out
+    arms = re.findall(r"^(\S+): [\d.]+ ms of operator self time per step\n  \d+ tokens/s, (\w+): MFU", out, re.M)
+    assert arms == [("mlmlab-as-shipped", "bfloat16"), ("mlmlab+precision=fp32", "float32")], out
+    assert len(re.findall(r"MFU [\d.]+% of the measured (bfloat16|float32) matmul peak \(", out)) == 2
+    split = r"^  operator self time per step: matmuls [\d.]+ ms \(\d+%\), attention kernels [\d.]+ ms \(\d+%\), "
+    assert len(re.findall(split + r"everything else [\d.]+ ms \(\d+%\)$", out, re.M)) == 2, out
+    listed = out.split("everything else, by self time:")[1]
+    assert "aten::mm " not in listed.split("Self CPU time total")[0]  # the matmuls are not among the rest
+
+
 def test_time_to_a_loss_is_interpolated_between_the_evaluations_around_the_crossing():
     time_to_loss = load_benchmark("time_to_loss.py")
     curve = [
@@ -182,27 +203,36 @@ def test_time_to_loss_times_every_arm_on_the_same_masks_with_evaluations_off_the
             str(tmp_path / "out"),
         ),
     )
+    lines = out.strip().splitlines()
     reached = rf"(\d+\.\d\dx|not reached in {minutes:g} min|reached at its first evaluation)"
-    assert re.fullmatch(
-        rf"time to the anchor's final held-out loss: recommended recipe {reached}, anchor's recipe {reached}",
-        out.strip().splitlines()[-1],
-    ), out
+    for line, anchor in zip(lines[-2:], ("the ModernBERT anchor", "the run_mlm BERT anchor")):
+        # One line per anchor, the strongest first: its ratios, or (a 1.2-second anchor stays on the plateau) why not
+        assert re.fullmatch(
+            rf"time to {anchor}'s final held-out loss: recommended recipe {reached}, run_mlm's recipe {reached}", line
+        ) or re.fullmatch(
+            rf"{anchor} has not left the unigram plateau \(held-out MLM accuracy 0\.\d\d\d, not above 0\.20\): "
+            "no ratio is read against its loss",
+            line,
+        ), out
     assert re.search(r"^host: CPU .*; torch .*, threads \d+$", out, re.M), out
     between = r"(never|reached it untrained|\d+\.\d\d-\d+\.\d\d min \(\d+\.\d\d(x or more|-\d+\.\d\dx)\))"
-    assert re.fullmatch(
-        rf"evaluations around the crossing of the anchor's final loss: recommended recipe {between}, "
-        rf"anchor's recipe {between}",
-        out.strip().splitlines()[-2],
-    ), out
+    for line, anchor in zip(lines[-4:-2], ("the ModernBERT anchor", "the run_mlm BERT anchor")):
+        assert re.fullmatch(
+            rf"evaluations around the crossing of {anchor}'s final loss: recommended recipe {between}, "
+            rf"run_mlm's recipe {between}",
+            line,
+        ), out
     result = json.loads((tmp_path / "out" / "time_to_loss.json").read_text())
     arms = result["arms"]
-    assert list(arms) == ["anchor", "anchor-recipe", "recommended"]
+    assert list(arms) == ["modernbert-anchor", "anchor", "anchor-recipe", "recommended"]
     # One evaluator for all: the same held-out blocks under the same masks (hashed afresh for each arm), and the
     # same number of targets at every evaluation of every arm
     held_out = [arm["held_out"] for arm in arms.values()]
-    assert held_out[0]["blocks"] == 32 and held_out == [held_out[0]] * 3
+    assert held_out[0]["blocks"] == 32 and held_out == [held_out[0]] * 4
     assert len({point["masked_tokens"] for arm in arms.values() for point in arm["evaluations"]}) == 1
-    assert [arm["precision"] for arm in arms.values()][:2] == ["float32", "float32"]
+    # run_mlm's recipe in fp32 in both engines; the ModernBERT anchor in what train.precision=auto picks, as fast-tiny
+    assert arms["anchor"]["precision"] == arms["anchor-recipe"]["precision"] == "float32"
+    assert arms["modernbert-anchor"]["precision"] == arms["recommended"]["precision"]
     for name, arm in arms.items():
         points = arm["evaluations"]
         stamps = [point["train_seconds"] for point in points]
@@ -212,18 +242,104 @@ def test_time_to_loss_times_every_arm_on_the_same_masks_with_evaluations_off_the
             assert abs(point["wall_seconds"] - point["train_seconds"] - spent) < 1e-6, (name, point)
             spent += point["eval_seconds"]
         assert abs(arm["eval_seconds"] - spent) < 1e-6 and arm["trained_seconds"] == stamps[-1]
-        every = result["eval_every_seconds" if name == "anchor" else "arm_eval_every_seconds"]
+        anchor = name.endswith("anchor")
+        every = result["eval_every_seconds" if anchor else "arm_eval_every_seconds"]
         assert all(b - a >= every for a, b in zip(stamps, stamps[1:-1])), name  # the last one: when training ended
-    assert arms["anchor"]["trained_seconds"] >= minutes * 60  # the anchor trains its whole budget
-    final = result["anchor_losses"]["100%"]
-    assert final == arms["anchor"]["evaluations"][-1]["mlm_loss"]
-    for name in ("anchor-recipe", "recommended"):  # each trains until it reaches the anchor's loss, or its budget
-        reached = arms[name]["evaluations"][-1]["mlm_loss"] <= final
-        assert reached == (arms[name]["times_to"]["100%"] is not None), name
-        if reached:  # the interpolated time lies between the evaluations around the crossing
-            before, after = arms[name]["final_loss_between"]
-            assert before <= arms[name]["times_to"]["100%"] <= after, name
+    finals = {}
+    for anchor in ("modernbert-anchor", "anchor"):
+        assert arms[anchor]["trained_seconds"] >= minutes * 60  # an anchor trains its whole budget
+        finals[anchor] = result["anchor_losses"][anchor]["100%"]
+        assert finals[anchor] == arms[anchor]["evaluations"][-1]["mlm_loss"]
+    for name in ("anchor-recipe", "recommended"):  # each trains until it reaches both anchors' losses, or its budget
+        points = arms[name]["evaluations"]
+        assert points[-1]["mlm_loss"] <= min(finals.values()) or arms[name]["trained_seconds"] >= minutes * 60, name
+        for anchor, final in finals.items():
+            reached = min(point["mlm_loss"] for point in points) <= final
+            assert reached == (arms[name]["times_to"][anchor]["100%"] is not None), (name, anchor)
+            if reached:  # the interpolated time lies between the evaluations around the crossing
+                before, after = arms[name]["final_loss_between"][anchor]
+                assert before <= arms[name]["times_to"][anchor]["100%"] <= after, (name, anchor)
     assert (tmp_path / "out" / "time_to_loss.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("anchor", ["modernbert-anchor", "anchor"])
+def test_each_anchor_is_its_presets_network_in_transformers_defaults(tmp_path, anchor):
+    """An anchor is transformers' masked-LM class at its preset's shape, every other setting transformers' default:
+    where those shape training (dropout, attention, ModernBERT's windows and RoPE bases) they are the preset's, so the
+    anchor and the mlmlab arm of its recipe train the same network (mlmlab's weights load into it, none missing)."""
+    time_to_loss = load_benchmark("time_to_loss.py")
+    preset, settings = time_to_loss.ANCHORS[anchor]
+    args = SimpleNamespace(corpus=None, valid_corpus=None, tokenizer=None, anchor_minutes=1.0)
+    cfg = time_to_loss.arm_config(preset, settings, args, tmp_path)
+    tokenizer = load_tokenizer(tokenizer_dir_for(cfg.data.tokenizer))
+    model = time_to_loss.anchor_model(cfg, tokenizer)
+    ours = build_model(cfg.model, len(tokenizer), tokenizer.pad_token_id)
+    architecture = architecture_of(ours)
+    assert type(model) is {"modernbert-anchor": ModernBertForMaskedLM, "anchor": BertForMaskedLM}[anchor]
+    loaded = model.load_state_dict(ours.state_dict(), strict=False)
+    assert not loaded.missing_keys and all(
+        key.startswith(tuple(architecture.optional_parts)) for key in loaded.unexpected_keys
+    )
+    theirs, mine = (saved_settings(m.config.to_dict()) for m in (model, ours))
+    # transformers keeps ModernBERT's global layers as layer_types unless given global_attn_every_n_layers
+    assert {k: v for k, v in theirs.items() if v is not None} == {
+        k: v for k, v in mine.items() if theirs[k] is not None
+    }
+    assert getattr(model.config, "layer_types", None) == getattr(ours.config, "layer_types", None)
+    dropouts = architecture.dropout_settings(cfg.model.dropout, attention_dropout(cfg.model))
+    assert {key: model.config.to_dict()[key] for key in dropouts} == dropouts
+    assert model.config._attn_implementation == ours.config._attn_implementation
+    # The ModernBERT anchor's head runs on the masked positions only (transformers' option), as mlmlab's does
+    assert getattr(model.config, "sparse_prediction", False) == (anchor == "modernbert-anchor")
+
+
+def synthetic_arm(losses: list[float], accuracy: float) -> dict:
+    """An arm's record as time_to_loss.py keeps it: evaluations a minute apart, the last at ``accuracy``."""
+    points = [
+        {"step": 10 * i, "train_seconds": 60.0 * i, "mlm_loss": loss, "mlm_accuracy": 0.1}
+        for i, loss in enumerate(losses)
+    ]
+    points[-1]["mlm_accuracy"] = accuracy
+    held_out = {"blocks": 32, "dataset": "0" * 16, "mask_seed": 0, "mask_rate": 0.15}
+    return {
+        "precision": "float32",
+        "steps": points[-1]["step"],
+        "trained_seconds": points[-1]["train_seconds"],
+        "eval_seconds": 1.0,
+        "held_out": held_out,
+        "evaluations": points,
+    }
+
+
+def test_time_to_loss_reads_a_ratio_only_against_an_anchor_past_the_plateau():
+    """The same arms against two anchors: a ratio against the one that ended above the plateau's accuracy, and the
+    line that says why there is none against the one that ended on it."""
+    time_to_loss = load_benchmark("time_to_loss.py")
+    result = {
+        "host": "CPU test",
+        "torch": "x",
+        "transformers": "y",
+        "threads": 2,
+        "anchor_minutes": 4.0,
+        "eval_every_seconds": 60.0,
+        "arm_eval_every_seconds": 60.0,
+        "arms": {
+            "modernbert-anchor": synthetic_arm([9.0, 7.0, 6.0, 5.0, 4.0], accuracy=0.31),  # 4.0 at 4 min
+            "anchor": synthetic_arm([9.0, 8.0, 7.0, 6.8, 6.6], accuracy=time_to_loss.LEFT_PLATEAU_ACCURACY),
+            "anchor-recipe": synthetic_arm([9.0, 6.0, 4.0], accuracy=0.30),  # 4.0 at 2 min: 2x
+            "recommended": synthetic_arm([9.0, 4.0], accuracy=0.30),  # 4.0 at 1 min: 4x
+        },
+    }
+    lines = time_to_loss.report(time_to_loss.with_times(result)).splitlines()
+    assert lines[-2] == (
+        "time to the ModernBERT anchor's final held-out loss: recommended recipe 4.00x, run_mlm's recipe 2.00x"
+    )
+    assert lines[-1] == (
+        "the run_mlm BERT anchor has not left the unigram plateau (held-out MLM accuracy 0.200, not above 0.20): "
+        "no ratio is read against its loss"
+    )
+    # The times stay in the record whatever the line says: the BERT anchor's 6.6 lies 2.4/5 of the way from 9.0 to 4.0
+    assert result["arms"]["recommended"]["times_to"]["anchor"]["100%"] == pytest.approx(60 * 2.4 / 5)
 
 
 def test_time_to_loss_refuses_a_budget_of_nothing_in_one_line(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SAMPLE, SHARED_DATA
 
 from mlmlab.data.build import prepare, prepared_hash
 from mlmlab.data.corpus import read_documents, read_paragraph_documents, split_sentences
@@ -29,8 +30,6 @@ from mlmlab.data.store import TokenStore
 from mlmlab.data.tokenizer import adopt_vocab, load_tokenizer, ordinary_token_ids, train_tokenizer
 from mlmlab.errors import UserError
 
-ROOT = Path(__file__).resolve().parent.parent
-SAMPLE = ROOT / "mlmlab" / "resources" / "sample"
 BERT_VOCAB = SAMPLE / "vocab.txt"  # bert-base-uncased, 30,522 lines
 
 
@@ -52,18 +51,20 @@ def test_split_sentences_keeps_abbreviations_and_initials():
     ]
 
 
-SHARED_WIKI = ROOT.parent / "shared" / "data" / "enwiki_sample" / "train.txt.gz"
+SHARED_WIKI = SHARED_DATA / "enwiki_sample" / "train.txt.gz"
 
 
 @pytest.mark.parametrize(
-    "corpus, documents", [(SAMPLE / "train.txt.gz", None), (SHARED_WIKI, 3000)], ids=["bundled sample", "enwiki sample"]
+    "corpus, documents",
+    [
+        pytest.param(SAMPLE / "train.txt.gz", None, id="bundled sample"),
+        pytest.param(SHARED_WIKI, 3000, id="enwiki sample", marks=pytest.mark.shared_data("enwiki_sample")),
+    ],
 )
 def test_linear_splitter_splits_as_the_quadratic_one_did(corpus, documents):
     """Prepared data is named by a hash of its inputs, not of its sentences: the split must not change."""
     from reference import quadratic_split_sentences
 
-    if not corpus.is_file():
-        pytest.skip(f"{corpus} not present")
     paragraphs = [p for document in islice(read_paragraph_documents(corpus), documents) for p in document]
     assert len(paragraphs) > 10_000
     for paragraph in paragraphs:

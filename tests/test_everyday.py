@@ -21,7 +21,7 @@ from mlmlab.train.optim import learning_rate, resume_lr_note, training_progress
 
 pytestmark = pytest.mark.usefixtures("no_progress_bars")  # transformers' own bars, not mlmlab's
 GLUE_DIR = SHARED_DATA / "glue"
-needs_glue = pytest.mark.skipif(not GLUE_DIR.is_dir(), reason="shared GLUE data not present")
+needs_glue = pytest.mark.shared_data("glue")
 
 
 # ----- item 2: progress on stderr, off with --no-progress ----------------------------------------

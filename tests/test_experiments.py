@@ -1,5 +1,6 @@
 """Studies: grid expansion, shards, budgets, resume without retraining, reports from results alone."""
 
+import copy
 import dataclasses
 import gzip
 import hashlib
@@ -15,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, STUDY_PRESETS, corpus_folders, shipped_study
 from scipy import stats
-from test_hostile_inputs import write_glue_task
+from test_hostile_inputs import study_with_its_first_row, write_glue_task, write_study_file
 
 from mlmlab.cli import main
 from mlmlab.config import ModelConfig, to_dict
@@ -30,7 +31,7 @@ from mlmlab.experiments.reporting.curves import mean_curve, progress_of, steps_t
 from mlmlab.experiments.reporting.decision import INCONCLUSIVE, WIN, decide
 from mlmlab.experiments.reporting.measures import Metric, metrics_of
 from mlmlab.experiments.reporting.statistics import compare, compare_by_seed, detectable_effect, holm
-from mlmlab.experiments.running import dry_run, identity, runner
+from mlmlab.experiments.running import downstream, dry_run, identity, runner
 from mlmlab.experiments.screen import screen_pick
 
 TINY_BASE = {
@@ -100,6 +101,7 @@ def test_shards_partition_runs_disjointly_and_completely(tmp_path):
             runner.parse_shard(bad)
 
 
+@pytest.mark.shared_data(*corpus_folders("adm-study-v3"))
 def test_every_shard_holds_a_share_of_the_gate_arm_and_runs_it_first(monkeypatch):
     """adm-study-v3: 6 arms x 4 seeds in 2 shards. By index alone all 4 dynamic runs fell in shard 0."""
     monkeypatch.chdir(ROOT)  # the study's data paths are relative to the repository root
@@ -289,16 +291,15 @@ def test_a_time_limit_is_minutes_from_the_command(tmp_path, capsys):
     assert "--time-limit" in capsys.readouterr().err
 
 
-def test_presets_load_and_validate_every_arm():
-    for name in sorted(path.stem for path in study_file.STUDY_DIR.glob("*.yaml")):
-        if name == "roberta-base-adm":  # its own test above
-            continue
-        study = study_file.load_study(name)
-        least_seeds = (
-            2 if name == "quick-compare" else 3
-        )  # a study to copy, in minutes: its file says a real one needs more
-        assert len(study.seeds) >= least_seeds and study.baseline in [arm.name for arm in study.arms]
-        runner.plan_runs(study)
+@pytest.mark.parametrize(
+    "name",
+    [shipped_study(path.stem) for path in sorted(STUDY_PRESETS.glob("*.yaml")) if path.stem != "roberta-base-adm"],
+)  # roberta-base-adm: its own test above
+def test_presets_load_and_validate_every_arm(name):
+    study = study_file.load_study(name)
+    least_seeds = 2 if name == "quick-compare" else 3  # a study to copy in minutes; its file says a real one needs more
+    assert len(study.seeds) >= least_seeds and study.baseline in [arm.name for arm in study.arms]
+    runner.plan_runs(study)
 
 
 def test_run_keys_follow_what_the_study_sets_not_mlmlab_defaults(tmp_path):
@@ -357,7 +358,9 @@ def test_a_row_from_before_data_hashed_keys_is_refused_naming_the_rerun_command(
         runner.refuse_incomparable(runs, [legacy])
 
 
-@pytest.mark.parametrize("name", sorted(path.parent.name for path in (ROOT / "studies").glob("*/results.jsonl")))
+@pytest.mark.parametrize(
+    "name", [shipped_study(path.parent.name) for path in sorted((ROOT / "studies").glob("*/results.jsonl"))]
+)
 def test_every_shipped_study_finds_its_rows_as_finished_runs(name, monkeypatch):
     """A change to a default, a key or data preparation that a shipped study did not pin would retrain its finished
     runs or refuse them; the one study from before data-hashed keys names its rerun command instead."""
@@ -404,6 +407,28 @@ def test_a_study_with_glue_tasks_and_no_glue_dir_stops_before_training(tmp_path)
         with pytest.raises(UserError, match="fine-tunes on STS-B but glue_dir .* is not a folder"):
             runner.run_study(study_file.load_study(write_study(tmp_path, **fields)), log=lambda line: None)
     assert not (tmp_path / "out" / "runs").exists()
+
+
+def test_a_study_whose_glue_or_probes_read_past_its_models_positions_stops_before_training(tmp_path, capsys):
+    """Before, each run trained, then failed at GLUE ("index out of range" in the position embedding), and every rerun
+    trained it again: the study could never finish."""
+    write_glue_task(tmp_path / "glue" / "SST-2")
+    short = copy.deepcopy(TINY_BASE)
+    short["model"]["max_position_embeddings"], short["data"]["max_seq_length"] = 64, 64
+    fields = {"base": short, "glue_dir": str(tmp_path / "glue")}
+    for more, words in [
+        ({"glue": {"tasks": ["SST-2", "RTE"]}}, "GLUE RTE reads inputs of up to 128 tokens"),  # RTE's default length
+        ({"glue": {"tasks": ["SST-2"], "max_length": 65}}, "GLUE SST-2 reads inputs of up to 65 tokens"),
+        ({"probe": {"tasks": ["SST-2", "MRPC"]}}, "the MRPC probe reads inputs of up to 128 tokens"),
+    ]:
+        study = study_file.load_study(write_study(tmp_path, **fields, **more))
+        with pytest.raises(UserError, match=f"{words}, but arm dynamic's model takes at most 64; "):
+            runner.run_study(study, log=lambda line: None)
+        assert main(["study", write_study(tmp_path, **fields, **more), "--dry-run"]) == 2
+        assert words in capsys.readouterr().err
+    assert not (tmp_path / "out" / "runs").exists()
+    fits = study_file.load_study(write_study(tmp_path, **fields, glue={"tasks": ["SST-2"]}, probe={"tasks": ["SST-2"]}))
+    downstream.check_positions(fits, {run.arm.name: run.config for run in runner.plan_runs(fits)})  # SST-2 reads 64
 
 
 def result_row(key: str, **fields) -> dict:
@@ -1156,6 +1181,140 @@ def test_every_row_records_the_preregistration_and_the_runner_refuses_a_row_afte
     with pytest.raises(UserError, match="preregistration.md is gone"):
         runner.run_study(study, show_progress=False, log=lambda line: None)
     assert len(results.read_text().splitlines()) == 1  # nothing appended
+
+
+# ----- one study's rows: its file and its pre-registration as its first row recorded them ------------------------
+def refusing_to_train(*args, **kwargs):
+    raise AssertionError("a run trained though its row would be refused")
+
+
+def test_a_preregistration_written_after_the_first_rows_is_refused_before_training(tmp_path, monkeypatch):
+    """Before, the next run recorded its hash as if it had come before every row, and the report said nothing."""
+    study = study_file.load_study(str(study_with_its_first_row(tmp_path, identity=False)))
+    results, prereg = tmp_path / "out" / "results.jsonl", tmp_path / "out" / "preregistration.md"
+    prereg.write_text("# Question\n\nDecision rule, written after a run: ...\n")
+    monkeypatch.setattr(runner, "train_run", refusing_to_train)
+    with pytest.raises(UserError, match="preregistration.md appeared after the study's first rows.*README.md"):
+        runner.run_study(study, show_progress=False, log=lambda line: None)
+    assert len(results.read_text().splitlines()) == 1
+    sha = hashlib.sha256(prereg.read_bytes()).hexdigest()
+    assert runner.study_record(study, [])["preregistration_sha256"] == sha  # before the first row: the rule
+
+
+def test_a_study_file_changed_between_runs_stops_the_runner_before_it_trains(tmp_path, monkeypatch):
+    """Before, an edited decision: block was accepted, and the report applied the first row's rule to every row."""
+    first = study_file.load_study(str(study_with_its_first_row(tmp_path)))
+    edited = study_file.load_study(str(write_study_file(tmp_path, decision={"metric": "eval.mlm_accuracy"})))
+    assert [run.key for run in runner.plan_runs(edited)] == [run.key for run in runner.plan_runs(first)]  # not keys
+    monkeypatch.setattr(runner, "train_run", refusing_to_train)
+    with pytest.raises(UserError, match="the study file's decision rule or baseline changed since the first row"):
+        runner.run_study(edited, show_progress=False, log=lambda line: None)
+    assert len((tmp_path / "out" / "results.jsonl").read_text().splitlines()) == 1
+
+
+RULE = {"metric": "eval.mlm_loss", "min_effect": 0.01}
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        ({"decision": {**RULE, "min_effect": 0.05}}, "decision rule or baseline"),
+        ({"baseline": "adm-entropy"}, "decision rule or baseline"),
+        ({"seeds": [0, 1, 2]}, "seeds"),
+        (
+            {"arms": [DYNAMIC, ENTROPY, {"name": "rate-30", "masking.rate": 0.3}]},
+            "arms (their names, order, overrides or budgets)",
+        ),
+        ({"arms": [ENTROPY, DYNAMIC]}, "arms (their names, order, overrides or budgets)"),
+        ({"budget": "compute-matched"}, "budget"),
+        ({"screen": {"seeds": [0], "candidates": ["adm-entropy"], "confirm": ["dynamic"]}}, "screen: block"),
+        ({"gates": {"arm": "dynamic", "min": {"eval.mlm_accuracy": 0.2}}}, "validity gates"),
+        ({"seeds": [0, 1, 2], "decision": {**RULE, "min_effect": 0.05}}, "seeds and decision rule or baseline"),
+    ],
+)
+def test_a_row_is_refused_where_the_study_file_changed_under_its_rows_naming_what_changed(tmp_path, edit, words):
+    fields = {"seeds": [0, 1], "decision": RULE}
+    first = study_file.load_study(write_study(tmp_path, **fields))
+    rows = [{"key": "k", "study": first.name, "arm": "dynamic", "seed": 0, **runner.study_record(first, [])}]
+    edited = study_file.load_study(write_study(tmp_path, **{**fields, **edit}))
+    with pytest.raises(UserError, match=f"study file's {re.escape(words)} changed since") as err:
+        runner.study_record(edited, rows)
+    assert "--out" in str(err.value) and "\n" not in str(err.value)
+    assert runner.study_record(first, rows) == runner.study_record(first, [])  # unchanged: accepted
+    renamed = study_file.load_study(write_study(tmp_path, name="another", **fields))
+    with pytest.raises(UserError, match="holds rows of study 'study', not of 'another'"):
+        runner.study_record(renamed, rows)
+
+
+def test_rows_from_before_study_identities_stand_beside_later_rows_of_the_same_study(tmp_path):
+    """A study under way gains rows from an older checkout (no identity) and from this one, in any order."""
+    study = study_file.load_study(write_study(tmp_path, seeds=[0, 1, 2], decision=RULE))
+    prereg = tmp_path / "out" / "preregistration.md"
+    prereg.parent.mkdir()
+    prereg.write_text("# Question\n")
+    sha = hashlib.sha256(prereg.read_bytes()).hexdigest()
+    older = [
+        {**result_row(f"dynamic/seed{seed}/x", seed=seed), "study": study.name, "preregistration_sha256": sha}
+        for seed in (0, 2)
+    ]
+    record = runner.study_record(study, older[:1])
+    assert record == {"study_identity": identity.study_identity(study), "preregistration_sha256": sha}
+    rows = [older[0], {**result_row("dynamic/seed1/x", seed=1), "study": study.name, **record}, older[1]]
+    assert runner.study_record(study, rows) == record
+    assert report.mixed_studies(rows) == []
+    assert (
+        identity.study_identity(study)["parts"]["rule"]
+        == identity.study_identity(
+            dataclasses.replace(study, decision=dataclasses.replace(study.decision, contrasts=[]))
+        )["parts"]["rule"]
+    )  # a field left at its default is no part of it: one added later changes no identity
+
+
+def mixed_rows(kind: str) -> list[dict]:
+    """Two arms over four seeds under one rule, and then the rows of ``kind``: another study's (it ran the same arms),
+    or rows with another pre-registration or rule."""
+    study = {"study_identity": {"sha256": "a1", "parts": {}}, "preregistration_sha256": "a" * 64}
+    rows = [
+        {**row, **study}
+        for row in decided_rows("dynamic", [6.0, 6.1, 5.9, 6.05]) + decided_rows("adm", [5.7, 5.8, 5.6, 5.75])
+    ]
+    other = {
+        "study": {"study": "other", "study_identity": {"sha256": "b2", "parts": {}}},
+        "pre-registration": {"preregistration_sha256": "b" * 64},
+        "rule": {"decision": {**RULE, "metric": "eval.perplexity", "lower_is_better": True, "guard": {}}},
+    }[kind]
+    return rows + [{**row, **other, "key": f"{row['key']}-2", "seed": row["seed"] + 4} for row in rows[4:]]
+
+
+@pytest.mark.parametrize(
+    "kind, words",
+    [
+        ("study", "studies other, synthetic; 2 versions"),
+        ("pre-registration", "pre-registrations aaaaaaaaaaaa, bbbbbbbbbbbb"),
+        ("rule", "2 decision rules"),
+    ],
+)
+def test_the_report_refuses_rows_of_more_than_one_study_unless_asked_to_describe_them(tmp_path, kind, words):
+    """Before, it paired seeds across the two studies and applied the first row's rule to all of them."""
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in mixed_rows(kind)))
+    refused = f"holds rows of more than one study \\({re.escape(words)}.*--mixed descriptive"
+    with pytest.raises(UserError, match=refused):
+        report.write_report(results, tmp_path / "report")
+    assert not (tmp_path / "report").exists()
+    assert main(["report", str(results), "--out", str(tmp_path / "report"), "--mixed", "descriptive"]) == 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "**Descriptive only (--mixed descriptive): no decision rule was applied.**" in text and words in text
+    assert "Pre-registered decision" not in text and "**win**" not in text and "Holm" not in text
+
+
+def test_rows_from_before_study_identities_report_as_they_did_though_they_name_two_studies():
+    """A shipped study took its baseline's rows from another (dropout-wp8k): compared by name only beside rows
+    that record their study's identity."""
+    rows = decided_rows("dynamic", [6.0, 6.1]) + [{**row, "study": "other"} for row in decided_rows("adm", [5.7, 5.8])]
+    assert report.mixed_studies(rows) == []
+    rows[0]["study_identity"] = {"sha256": "a1", "parts": {}}
+    assert report.mixed_studies(rows) == ["studies other, synthetic"]
 
 
 def test_named_contrasts_are_the_rules_calls_holm_over_them_with_their_detectable_effect(tmp_path):

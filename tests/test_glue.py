@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SAMPLE, SHARED_DATA
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
@@ -23,9 +24,9 @@ from mlmlab.evaluate.glue_data import TASKS, read_labeled, read_unlabeled
 from mlmlab.evaluate.glue_settings import GlueSettings, resolve_task_names
 from mlmlab.utils import jsonio
 
-GLUE_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "glue"
-VOCAB = GLUE_DIR.parent / "bert_vocab" / "bert-base-uncased-vocab.txt"
-needs_glue = pytest.mark.skipif(not GLUE_DIR.is_dir(), reason="shared GLUE data not present")
+GLUE_DIR = SHARED_DATA / "glue"
+VOCAB = SAMPLE / "vocab.txt"  # bert-base-uncased's, bundled with the package
+needs_glue = pytest.mark.shared_data("glue")
 PRESENT_FILES = [  # (task, file, has header) for every train/dev/test file shipped in shared/data/glue
     (task, name, header)
     for task in ("CoLA", "SST-2", "MRPC", "STS-B", "RTE", "WNLI")

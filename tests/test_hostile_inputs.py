@@ -27,13 +27,16 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import SAMPLE
 from safetensors.torch import load_file, save_file
 
 from mlmlab.cli import main
-from mlmlab.config import load_config
+from mlmlab.config import load_config, to_dict
 from mlmlab.data.resolve import _cached_folder
 from mlmlab.data.store import TokenStore
+from mlmlab.experiments.running import runner
+from mlmlab.experiments.study import load_study
 from mlmlab.train import run_folder
 from mlmlab.train.loop import Trainer
 from mlmlab.utils.files import staging_folder
@@ -53,6 +56,17 @@ TINY = [
     f"data.corpus={CORPUS}",
     f"data.valid_corpus={CORPUS}",
 ]
+
+
+SHORT_ROBERTA = (
+    "model.architecture=roberta",
+    "data.tokenizer=sample-bpe-8k",
+    "data.objective=mlm",
+    "model.max_position_embeddings=64",
+    "data.max_seq_length=64",
+    "train.max_steps=2",
+    "train.save_every=0",
+)
 
 
 def pretrain_argv(out_dir: Path, *overrides: str) -> list[str]:
@@ -78,6 +92,7 @@ class World:
     renumbered_vocab: Path  # the bundled vocabulary with two tokens swapped: same size, another vocabulary
     renumbered_data: Path  # the same text prepared with it
     glue: Path  # a GLUE folder with a small SST-2
+    short_roberta: Path  # a RoBERTa run of 64 positions (config.json: 66 rows, its ids start past the padding id 1)
 
     @property
     def model(self) -> Path:
@@ -124,6 +139,7 @@ def world(tmp_path_factory) -> World:
             "--workers",
             "1",
         ],
+        pretrain_argv(root / "short-roberta", *SHORT_ROBERTA),
         [
             "prepare",
             "--corpus",
@@ -146,6 +162,7 @@ def world(tmp_path_factory) -> World:
         root / "renumbered.txt",
         root / "data-renumbered",
         root / "glue",
+        root / "short-roberta",
     )
 
 
@@ -225,6 +242,19 @@ def glue_argv(model: Path, data_dir: Path, *tasks: str) -> list[str]:
         "--out",
         str(data_dir.parent / "glue-out"),
     ]
+
+
+def glue_with_long_rte(tmp: Path) -> Path:
+    """A GLUE folder whose RTE pairs run past 64 tokens: fine-tuning or probing a model of 64 positions on it ended in
+    "index out of range" in the position embedding."""
+    folder = tmp / "glue-long" / "RTE"
+    folder.mkdir(parents=True)
+    premise = " ".join(["the committee met again on tuesday to discuss the budget"] * 8)
+    labels = ("not_entailment", "entailment")
+    rows = "".join(f"{i}\t{premise}\tthe committee met {i} times\t{labels[i % 2]}\n" for i in range(16))
+    for name in ("train.tsv", "dev.tsv"):
+        (folder / name).write_text("index\tsentence1\tsentence2\tlabel\n" + rows)
+    return folder.parent
 
 
 def glue_with_bad_file(w: World, tmp: Path, content: bytes) -> list[str]:
@@ -413,8 +443,145 @@ def vocab_of_its_own(tmp: Path) -> Path:
     return path
 
 
+# A two-seed study of a one-layer model on the bundled sample, with a decision rule.
+STUDY = {
+    "base": {
+        "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+        "data": {"loader_workers": 0},
+        "train": {"batch_size": 8, "max_steps": 4, "warmup_steps": 1, "eval_batches": 2},
+    },
+    "arms": [{"name": "dynamic", "masking.strategy": "dynamic"}],
+    "seeds": [0, 1],
+    "decision": {"metric": "eval.mlm_loss", "min_effect": 0.01},
+}
+
+
+def write_study_file(tmp: Path, **fields) -> Path:
+    path = tmp / "study.yaml"
+    path.write_text(yaml.safe_dump({**STUDY, "out_dir": str(tmp / "out"), **fields}, sort_keys=False))
+    return path
+
+
+def study_with_its_first_row(tmp: Path, identity: bool = True) -> Path:
+    """STUDY's file, its seed 0 finished (its row in results.jsonl, as the runner records it, with no
+    pre-registration beside it; without its study's identity, as an older mlmlab recorded it) and seed 1 not
+    started: what the runner finds before that run."""
+    study = load_study(str(write_study_file(tmp)))
+    run = runner.plan_runs(study)[0]
+    record = runner.study_record(study, []) if identity else {"preregistration_sha256": None}
+    made = {"config": to_dict(run.config), "datasets": run.datasets, **record}
+    (tmp / "out").mkdir()
+    runner.append_row(
+        tmp / "out" / "results.jsonl",
+        {"key": run.key, "study": study.name, "arm": run.arm.name, "seed": run.seed, "eval": {"mlm_loss": 5.0}, **made},
+    )
+    return Path(study.source)
+
+
+def preregistered_after_the_first_row(w: World, tmp: Path) -> list[str]:
+    path = study_with_its_first_row(tmp, identity=False)
+    (tmp / "out" / "preregistration.md").write_text("# Question\n\nDecision rule: ...\n")
+    return ["study", str(path), "--no-progress"]
+
+
+def rule_edited_after_the_first_row(w: World, tmp: Path) -> list[str]:
+    path = study_with_its_first_row(tmp)
+    write_study_file(tmp, decision={"metric": "eval.mlm_loss", "min_effect": 0.05})
+    return ["study", str(path), "--no-progress"]
+
+
+def report_of_rows(tmp: Path, *changes: dict) -> list[str]:
+    """`mlmlab report` of one dynamic row per seed, each with its ``changes``."""
+    results = tmp / "results.jsonl"
+    row = {"study": "s", "arm": "dynamic", "eval": {"mlm_loss": 5.0}}
+    rows = [{**row, "key": f"dynamic/seed{seed}/x", "seed": seed, **change} for seed, change in enumerate(changes)]
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return ["report", str(results), "--out", str(tmp / "report")]
+
+
 def resumed_run(w: World, tmp: Path, *overrides: str) -> list[str]:
     return pretrain_argv(moved_run(w, tmp), "train.max_steps=6", "--resume", "auto", *overrides)
+
+
+def roberta_folder(w: World, tmp: Path) -> Path:
+    """A RoBERTa folder as transformers saves one (test_roberta's), with the world's tokenizer."""
+    from test_roberta import _released, released_folder
+
+    from mlmlab.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(w.tokenizer)
+    return released_folder(tmp / "roberta", *_released("roberta", tokenizer)[:1], tokenizer)
+
+
+def study_argv(tmp: Path, arm: dict, *options: str) -> list[str]:
+    """``mlmlab study`` of a one-arm, one-seed study of two tiny steps, its folder under ``tmp``."""
+    import yaml
+
+    base = {
+        "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+        "data": {"corpus": [str(CORPUS)], "valid_corpus": [str(CORPUS)], "loader_workers": 0},
+        "train": {"max_steps": 2, "warmup_steps": 1, "batch_size": 8, "eval_batches": 1, "eval_every": 0},
+    }
+    tree = {"name": "hostile", "base": base, "arms": [arm], "seeds": [0], "out_dir": str(tmp / "study")}
+    path = tmp / "study.yaml"
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    return ["study", str(path), "--no-progress", *options]
+
+
+def preregistration_folder(tmp: Path) -> list[str]:
+    (tmp / "study" / "preregistration.md").mkdir(parents=True)
+    return study_argv(tmp, {"name": "dynamic", "masking.strategy": "dynamic"})
+
+
+def config_file(tmp: Path, text: str) -> Path:
+    path = tmp / "mine.yaml"
+    path.write_text(text)
+    return path
+
+
+def tokenizer_argv(tmp: Path, *options: str) -> list[str]:
+    return ["tokenizer", "--corpus", str(CORPUS), "--out", str(tmp / "tok"), "--no-progress", *options]
+
+
+def setting(**variables: str | None) -> Callable[[pytest.MonkeyPatch], None]:
+    """A fault of the environment: each variable set, or unset where None."""
+
+    def fault(monkeypatch: pytest.MonkeyPatch) -> None:
+        for name, value in variables.items():
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+
+    return fault
+
+
+def no_wandb_login(monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_trackers import without_wandb_login
+
+    without_wandb_login(monkeypatch)
+
+
+def mlflow_skinny_default_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The [mlflow] extra as installed (mlflow-skinny: no SQL store) with MLflow's default tracking URI."""
+    from mlmlab.train import trackers
+
+    setting(MLFLOW_TRACKING_URI=None)(monkeypatch)
+    monkeypatch.setattr(trackers, "sql_store_installed", lambda: False)
+
+
+def tokenizers_writer_fills(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fault: tokenizers' Rust writer meets a full disk (it writes to /dev/full), raising its plain Exception."""
+    from tokenizers import Tokenizer
+
+    save = Tokenizer.save
+    monkeypatch.setattr(Tokenizer, "save", lambda self, path, *args, **kwargs: save(self, "/dev/full", *args, **kwargs))
+
+
+def results_file(tmp: Path) -> Path:
+    from conftest import ROOT
+
+    return Path(shutil.copy(ROOT / "studies" / "adm-study-wp8k" / "results.jsonl", tmp / "results.jsonl"))
 
 
 @dataclass(frozen=True)
@@ -648,6 +815,37 @@ CASES = [
         "a learning rate that diverges after a checkpoint",
         lambda w, t: pretrain_argv(t / "r", "train.lr=1e30", "train.warmup_steps=0", "train.max_bad_steps=2"),
         ("lower train.lr", "its checkpoints are kept, the newest", "ckpt-00000002"),
+    ),
+    # Inputs longer than the model's positions: one check (evaluate's) for every command that feeds a model.
+    Case(
+        "GLUE: a task's default length past a RoBERTa's 64 positions",
+        lambda w, t: glue_argv(w.short_roberta / "model", glue_with_long_rte(t), "RTE"),
+        ("GLUE RTE reads inputs of up to 128 tokens", "takes at most 64", "--max-length", "max_length: 64"),
+    ),
+    Case(
+        "GLUE: --max-length within RoBERTa's position rows but past its positions",
+        lambda w, t: [*glue_argv(w.short_roberta / "model", glue_with_long_rte(t), "RTE"), "--max-length", "65"],
+        ("GLUE RTE reads inputs of up to 65 tokens", "takes at most 64"),
+    ),
+    Case(
+        "probe: a task's length past a RoBERTa's 64 positions",
+        lambda w, t: probe_argv(w.short_roberta / "model", glue_with_long_rte(t), t / "probe", "--task", "RTE"),
+        ("the RTE probe reads inputs of up to 128 tokens", "takes at most 64", "leave the task out"),
+    ),
+    Case(
+        "evaluate: text prepared longer than a RoBERTa's 64 positions",
+        lambda w, t: [
+            "evaluate",
+            "--model",
+            str(w.short_roberta / "model"),
+            "--data",
+            str(CORPUS),
+            "--max-seq-length",
+            "65",
+            "--max-batches",
+            "1",
+        ],
+        ("holds sequences of up to 65 tokens", "takes at most 64", "--max-seq-length"),
     ),
     Case(
         "GLUE: infinite learning rate",
@@ -905,6 +1103,115 @@ CASES = [
         lambda w, t: pretrain_argv(run_with(w, t, "config.yaml", (w.run / "config.yaml").read_text() + "extra: 1\n")),
         ("config.yaml is not a config", "'extra'"),
     ),
+    # Settings that cannot apply together, refused rather than dropped without a word.
+    Case(
+        "tokenizer --vocab with --kind",
+        lambda w, t: ["tokenizer", "--vocab", str(SAMPLE / "vocab.txt"), "--kind", "bpe", "--out", str(t / "tok")],
+        ("--vocab adopts", "--kind would change nothing", "drop it"),
+    ),
+    Case(
+        "tokenizer --vocab with --vocab-size and --corpus",
+        lambda w, t: [*tokenizer_argv(t, "--vocab-size", "8000"), "--vocab", str(SAMPLE / "vocab.txt")],
+        ("--corpus and --vocab-size would change nothing",),
+    ),
+    Case("tokenizer --cased --lowercase", lambda w, t: tokenizer_argv(t, "--cased", "--lowercase"), ("give one",)),
+    Case(
+        "--init of a RoBERTa folder beside model.architecture=bert",
+        lambda w, t: pretrain_argv(
+            t / "r", "--init", str(roberta_folder(w, t)), "model.architecture=bert", "data.objective=mlm"
+        ),
+        ("model_type=roberta", "model.architecture=bert", "drop model.architecture", "start from a bert folder"),
+    ),
+    Case(
+        "masking.span_p beside dynamic masking",
+        lambda w, t: pretrain_argv(t / "r", "masking.span_p=0.3"),
+        ("masking.span_p is read by masking.strategy=span only", "dynamic", "drop masking.span_p"),
+    ),
+    Case(
+        "PMI settings beside span masking",
+        lambda w, t: pretrain_argv(t / "r", "masking.strategy=span", "masking.pmi_min_count=3"),
+        ("masking.pmi_min_count is read by masking.strategy=pmi only", "span"),
+    ),
+    Case(
+        "a config file that sets another strategy's key",
+        lambda w, t: [
+            *pretrain_argv(t / "r"),
+            "--config",
+            str(config_file(t, "masking:\n  strategy: static\n  a_max: 0.5\n")),
+        ],
+        ("masking.a_max is read by masking.strategy=adaptive only", "static"),
+    ),
+    Case(
+        "a study arm that sets another strategy's key",
+        lambda w, t: study_argv(t, {"name": "dynamic", "masking.strategy": "dynamic", "masking.dupe_factor": 4}),
+        ("arm 'dynamic': masking.dupe_factor is read by masking.strategy=static only",),
+    ),
+    # What a library refuses, said in one line before the work (or in place of its own words).
+    Case(
+        "a Unigram below its alphabet",
+        lambda w, t: tokenizer_argv(t, "--kind", "unigram", "--vocab-size", "40"),
+        ("cannot hold the corpus's alphabet", "use at least"),
+    ),
+    Case(
+        "a vocabulary past what the trainer can allocate",
+        lambda w, t: tokenizer_argv(t, "--kind", "unigram", "--vocab-size", str(2**32)),
+        ("more than the tokenizers trainer can build", "at most 4194304"),
+    ),
+    Case(
+        "W&B with no login",
+        lambda w, t: pretrain_argv(t / "r", "train.report_to=wandb"),
+        ("wandb did not start", "WANDB_MODE=offline"),
+        fault=no_wandb_login,
+    ),
+    Case(
+        "MLflow's default store with the [mlflow] extra",
+        lambda w, t: pretrain_argv(t / "r", "train.report_to=mlflow"),
+        ("mlflow-skinny", "cannot write", "MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE=true"),
+        fault=mlflow_skinny_default_store,
+    ),
+    Case(
+        "mixture weights each finite, their sum not",
+        lambda w, t: pretrain_argv(t / "r", f"data.corpus={{{CORPUS}: 1.0e+308, {w.data}: 1.0e+308}}"),
+        ("sum past the largest float", "scale them down"),
+    ),
+    Case(
+        "report --out an existing file",
+        lambda w, t: ["report", str(results_file(t)), "--out", str((t / "f").touch() or t / "f")],
+        ("--out", "is a file"),
+    ),
+    Case(
+        "disk full in tokenizers' own writer",
+        lambda w, t: tokenizer_argv(t, "--vocab-size", "2000"),
+        ("the tokenizer folder", "No space left on device", "nothing is left at"),
+        fault=tokenizers_writer_fills,
+    ),
+    Case(
+        "disk full part-way through a tokenizer file",
+        lambda w, t: tokenizer_argv(t, "--vocab-size", "2000"),
+        ("the tokenizer folder", "No space left on device", "nothing is left at"),
+        fault=filled_part_way("tokenizer_config.json"),
+    ),
+    Case(
+        "disk full part-way through a prepared shard",
+        lambda w, t: prepare_argv(w, t, CORPUS),
+        ("the prepared dataset", "No space left on device", "nothing is left at", "the corpus is intact"),
+        fault=filled_part_way("input_ids.npy"),
+    ),
+    Case(
+        "--init with a vocabulary padding no multiple fits",
+        lambda w, t: pretrain_argv(t / "r", "--init", str(w.model), "model.pad_vocab_multiple=128"),
+        ("30528 embedding rows", "set model.pad_vocab_multiple=8"),
+    ),
+    Case(
+        "a tokenizer.json as --vocab",
+        lambda w, t: ["tokenizer", "--vocab", str(w.tokenizer / "tokenizer.json"), "--out", str(t / "tok")],
+        ("is JSON", "not a vocab.txt", "name the folder"),
+    ),
+    Case(
+        "preregistration.md replaced by a folder",
+        lambda w, t: preregistration_folder(t),
+        ("preregistration.md is a folder, not the pre-registration file",),
+    ),
     Case(
         "model config.json not JSON",
         lambda w, t: [
@@ -917,6 +1224,38 @@ CASES = [
             "1",
         ],
         ("config.json", "truncated or not JSON"),
+    ),
+    # A study's record: a rule written after results, or changed under them, and rows of two studies compared as one.
+    Case(
+        "a pre-registration written after the first rows",
+        preregistered_after_the_first_row,
+        ("preregistration.md appeared after the study's first rows", "README.md", "--out"),
+    ),
+    Case(
+        "a decision rule edited after the first rows",
+        rule_edited_after_the_first_row,
+        ("decision rule or baseline changed", "README.md", "--out"),
+    ),
+    Case(
+        "a report of two studies' rows",
+        lambda w, t: report_of_rows(
+            t,
+            {"study": "a", "study_identity": {"sha256": "1", "parts": {}}},
+            {"study": "b", "study_identity": {"sha256": "2", "parts": {}}},
+        ),
+        ("more than one study", "studies a, b", "--mixed descriptive"),
+    ),
+    Case(
+        "a report of rows under two pre-registrations",
+        lambda w, t: report_of_rows(t, {"preregistration_sha256": None}, {"preregistration_sha256": "fa39" * 16}),
+        ("pre-registrations fa39fa39fa39, none", "--mixed descriptive"),
+    ),
+    Case(
+        "a report of rows under two decision rules",
+        lambda w, t: report_of_rows(
+            t, {"decision": {"metric": "eval.mlm_loss"}}, {"decision": {"metric": "eval.mlm_accuracy"}}
+        ),
+        ("2 decision rules", "--mixed descriptive"),
     ),
 ]
 
@@ -1101,6 +1440,20 @@ def test_staging_folders_of_dead_writers_are_removed_and_live_ones_kept(tmp_path
     assert not stale.exists() and live.exists()
 
 
+def test_fill_mask_cuts_a_long_text_where_the_models_positions_end(world):
+    """A model folder's tokenizer knows its model's positions (the RoBERTa's 66 rows take 64 tokens), so transformers'
+    fill-mask pipeline, asked to truncate, cuts there; before, the tokenizer knew no limit and the pipeline indexed
+    past the position rows."""
+    from transformers import AutoTokenizer, pipeline
+
+    folder = world.short_roberta / "model"
+    assert AutoTokenizer.from_pretrained(folder).model_max_length == 64
+    assert AutoTokenizer.from_pretrained(world.model).model_max_length == 512  # BERT: no offset
+    text = "The capital of France is <mask>." + " It has many museums and old streets." * 40  # about 320 tokens
+    guesses = pipeline("fill-mask", model=str(folder))(text, tokenizer_kwargs={"truncation": True})
+    assert len(guesses) == 5
+
+
 def test_one_weight_loader_allows_only_the_listed_missing_keys(tmp_path):
     """Starting from a BertForMaskedLM leaves the pooler and NSP head fresh; nothing else may be missing."""
     from transformers import BertConfig, BertForMaskedLM, BertForPreTraining
@@ -1141,3 +1494,94 @@ def test_pretrain_refuses_data_of_another_vocabulary_than_its_tokenizer(world):
     require_vocab(store, folder_vocab_hash(world.tokenizer.parent / "tok-renumbered"), "data.tokenizer")
     with pytest.raises(UserError, match="another vocabulary than data.tokenizer"):
         require_vocab(store, folder_vocab_hash(world.tokenizer), "data.tokenizer")
+
+
+# ----- a fallback says so in one warning line, and the model card records what was really used -------------------
+def test_pmi_with_no_ngram_past_the_count_says_it_masks_whole_words(world, tmp_path, caplog):
+    """Before, it became whole-word masking without a word, and the card spoke of the n-grams it asked for."""
+    data = copy_of(world.data, tmp_path)  # the vocabulary is kept beside the data: the world's stays as it was
+    argv = pretrain_argv(tmp_path / "r", f"data.corpus={data}", "masking.strategy=pmi")
+    assert main([*argv, "masking.pmi_vocab_size=100", "masking.pmi_min_count=1000000"]) == 0
+    (line,) = [r.getMessage() for r in caplog.records if "n-gram" in r.getMessage()]
+    assert "found no n-gram of 2 to 5 words seen 1000000 times or more" in line and "whole-word" in line
+    card = (tmp_path / "r" / "model" / "README.md").read_text()
+    assert "n-grams masked as units: none" in card and "whole-word masking" in card
+
+
+def test_a_mixture_source_never_drawn_is_said_and_left_off_the_card(world, tmp_path, caplog):
+    """Before, a weight whose share rounds to no draw was never trained on, yet the card listed it."""
+    rare = tmp_path / "rare.txt"
+    rare.write_text("\n\n".join(f"Rare document {i} says one thing. Then it says another." for i in range(40)) + "\n")
+    argv = pretrain_argv(tmp_path / "r", f"data.corpus={{{CORPUS}: 1, {rare}: 1.0e-9}}")
+    assert main(argv) == 0
+    (line,) = [r.getMessage() for r in caplog.records if "never drawn" in r.getMessage()]
+    assert f"data.corpus source {rare} weighs 1e-09 of 1" in line
+    card = (tmp_path / "r" / "model" / "README.md").read_text()
+    training = next(line for line in card.splitlines() if line.startswith("| training |"))
+    assert "rare.txt" not in training and f"Not trained on, though data.corpus names it: `{rare}`" in card
+
+
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        (lambda path: truncated(path), "truncated or not JSON"),
+        (lambda path: path.write_text(json.dumps({"ngrams": []})), "not a format-2 vocabulary file"),
+        (lambda path: _edit_vocabulary(path, lambda kept: kept["ngrams"].pop()), "checksum does not match"),
+        (lambda path: _edit_vocabulary(path, _an_id_beyond_the_vocabulary), "ids below 30522"),
+    ],
+    ids=["truncated", "wrong keys", "an n-gram lost", "an id beyond the vocabulary"],
+)
+def test_a_damaged_ngram_vocabulary_is_built_again_with_a_line_saying_so(world, tmp_path, caplog, damage, says):
+    """Before, a cut file ended in a JSONDecodeError, a missing key in a KeyError, and an id beyond the vocabulary
+    was masked with as if it were a word."""
+    from mlmlab.config import MaskingConfig
+    from mlmlab.data.ngrams import vocabulary_path
+    from mlmlab.data.tokenizer import load_tokenizer
+    from mlmlab.masking.masker import corpus_ngrams, ngram_settings
+    from mlmlab.masking.select import continuation_table, token_info_for
+
+    store, tokenizer = TokenStore(copy_of(world.data, tmp_path)), load_tokenizer(world.tokenizer)
+    cfg = MaskingConfig(strategy="pmi", pmi_vocab_size=200)
+
+    def vocabulary() -> list[dict]:
+        return corpus_ngrams(cfg, store, continuation_table(tokenizer), token_info_for(tokenizer))
+
+    built = vocabulary()
+    damage(vocabulary_path(store, ngram_settings(cfg)))
+    assert vocabulary() == built
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "PMI n-gram vocabulary" in line and says in line and "building it again" in line
+    caplog.clear()
+    assert vocabulary() == built and not caplog.records  # the rebuilt file is whole
+
+
+def _edit_vocabulary(path: Path, change: Callable[[dict], object]) -> None:
+    kept = json.loads(path.read_text())
+    change(kept)
+    path.write_text(json.dumps(kept))
+
+
+def _an_id_beyond_the_vocabulary(kept: dict) -> None:
+    """An id past the vocabulary, with the checksum made to match: only the entries' own check sees it."""
+    from mlmlab.data.ngrams import _checksum
+
+    kept["ngrams"][0]["words"][0][0] = 40_000
+    kept["checksum"] = _checksum(kept["ngrams"])
+
+
+def test_a_run_config_yaml_names_no_key_and_a_file_of_ones_own_its_changed_ones(tmp_path):
+    """A run's config.yaml records every key, an ADM arm's a_max beside a dynamic run's strategy: pretrain --config
+    with it is no choice of another strategy's key. A file the user wrote names the keys it changes."""
+    from mlmlab.config import config_text, named_keys
+
+    recorded = tmp_path / "config.yaml"
+    recorded.write_text(config_text(load_config("tiny", ["masking.a_max=0.5"])))
+    assert named_keys(str(recorded)) == frozenset()
+    assert (
+        main([*pretrain_argv(tmp_path / "r", "train.max_steps=1", "train.warmup_steps=0"), "--config", str(recorded)])
+        == 0
+    )
+    own = tmp_path / "mine.yaml"
+    own.write_text("masking:\n  strategy: dynamic\n  rate: 0.15\n  span_p: 0.3\n")
+    assert named_keys(str(own), ["train.lr=1e-3"]) == {"masking.span_p", "train.lr"}  # at their defaults: none
+    assert named_keys("tiny") == frozenset()  # a preset's keys are mlmlab's

@@ -22,14 +22,31 @@ LAYERS = [
     ("mlmlab.evaluate",),
     ("mlmlab.experiments",),  # what running a study and reporting on it share: the study file, its rows, budgets, gates
     ("mlmlab.experiments.running", "mlmlab.experiments.reporting"),  # two rooms: ROOMS keeps them apart
-    ("mlmlab.show", "mlmlab.cli"),
+    ("mlmlab.show", "mlmlab.cli", "mlmlab.api"),  # mlmlab.api: the Python API, which the package hands out lazily
 ]
 # Packages of one layer that never import each other: the report reads rows and metrics files, never runs anything.
 ROOMS = ("mlmlab.experiments.running", "mlmlab.experiments.reporting")
 
 
+def public_names() -> set[str]:
+    """The package's ``__all__``: the API names ``mlmlab/__init__.py`` hands out from mlmlab.api."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    (names,) = [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and [ast.unparse(target) for target in node.targets] == ["__all__"]
+    ]
+    return set(ast.literal_eval(names))
+
+
+API = "mlmlab.api"
+
+
 def layer_of(module: str) -> int:
-    """The layer of a dotted module name: its longest listed prefix decides."""
+    """The layer of a dotted module name: its longest listed prefix decides. A public name of the package
+    (``from mlmlab import MaskingCollator``) is mlmlab.api's, whatever floor imports it."""
+    if module.removeprefix("mlmlab.") in public_names() and module.count(".") == 1:
+        module = API
     best = None
     for index, prefixes in enumerate(LAYERS):
         for prefix in prefixes:
@@ -99,6 +116,23 @@ def test_rooms_do_not_import_each_other(path):
         if importer and room_of(target) not in (None, importer)
     ]
     assert not crossing, f"{module_name(path)} ({importer}) imports from another room: {crossing}"
+
+
+def test_the_package_hands_out_its_api_lazily_from_the_top_floor():
+    """mlmlab/__init__.py is the bottom floor (every module imports it first), yet its public names live in mlmlab.api
+    at the top: the package imports nothing of its own at import time, and resolves each name from mlmlab.api when
+    first used (PEP 562). A lower floor that imports a public name counts as importing mlmlab.api."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    top_level = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert not top_level, f"mlmlab/__init__.py imports at import time: {[ast.unparse(n) for n in top_level]}"
+    assert f'import_module("{API}")' in (PACKAGE / "__init__.py").read_text()
+    api = ast.parse((PACKAGE / "api.py").read_text())
+    bound = {
+        alias.asname or alias.name for node in ast.walk(api) if isinstance(node, ast.ImportFrom) for alias in node.names
+    }
+    bound |= {node.name for node in api.body if isinstance(node, ast.FunctionDef)}
+    assert public_names() <= bound, f"mlmlab.api lacks {sorted(public_names() - bound)}"
+    assert layer_of("mlmlab.MaskingCollator") == layer_of(API) > layer_of("mlmlab.choices") == layer_of("mlmlab")
 
 
 def test_the_layer_check_sees_function_local_imports():

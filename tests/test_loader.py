@@ -1,6 +1,7 @@
 """Batch order: each example once per epoch, bucketing pads less, resume continues exactly."""
 
 import numpy as np
+import pytest
 import torch
 from conftest import SHARED_DATA
 
@@ -115,11 +116,15 @@ def test_dump_masks_equal_the_training_step():
         assert masked["labels"][row, :n].tolist() == record["labels"]
 
 
-def test_wikitext_detokenised_into_articles():
+def test_wikitext_lines_are_detokenised():
     assert (
         detokenize_line(' 1 @,@ 000 well @-@ known ( 24 in ) , it \'s " red " . ')
         == '1,000 well-known (24 in), it\'s "red".'
     )
+
+
+@pytest.mark.shared_data("wikitext103_eval")
+def test_wikitext_is_read_as_its_articles():
     documents = wikitext_documents(SHARED_DATA / "wikitext103_eval" / "wiki.valid.tokens")
     assert len(documents) == 60
     assert documents[0][0].startswith("Homarus gammarus, known as the European lobster")

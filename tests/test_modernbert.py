@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import SAMPLE, SHARED_DATA
+from conftest import SAMPLE, corpus_folders
 from safetensors.torch import load_file
+from test_hostile_inputs import write_glue_task
 from test_pretrain import assert_killed_run_resumes_bitwise
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import (
@@ -49,7 +50,6 @@ COMMON = [
     "data.max_seq_length=64",
     "train.precision=fp32",
 ]
-GLUE_DIR = SHARED_DATA / "glue"
 
 pytestmark = pytest.mark.usefixtures("no_progress_bars")
 
@@ -312,50 +312,14 @@ def test_export_evaluate_glue_and_probes_work_on_it(source, tmp_path, capsys):
     )
     report = json.loads((tmp_path / "eval.json").read_text())
     assert np.isfinite(report["perplexity"]) and report["masked_tokens"] > 0 and "nsp_accuracy" not in report
-    if GLUE_DIR.is_dir():
-        assert (
-            main(
-                [
-                    "glue",
-                    "--model",
-                    str(source / "model"),
-                    "--task",
-                    "RTE",
-                    "--data-dir",
-                    str(GLUE_DIR),
-                    "--out",
-                    str(tmp_path / "glue"),
-                    "--seeds",
-                    "0",
-                    "--lr",
-                    "1e-3",
-                    "--epochs",
-                    "1",
-                    "--max-train-examples",
-                    "16",
-                ]
-            )
-            == 0
-        )
-        results = json.loads((tmp_path / "glue" / "glue_results.json").read_text())
-        assert np.isfinite(results["tasks"]["RTE"]["score"])
-        assert (
-            main(
-                [
-                    "probe",
-                    "--model",
-                    str(source / "model"),
-                    "--task",
-                    "RTE",
-                    "--data-dir",
-                    str(GLUE_DIR),
-                    "--pooling",
-                    choices.MEAN_POOLING,
-                    "--no-progress",
-                ]
-            )
-            == 0
-        )  # frozen linear probes
+    glue = tmp_path / "glue-data"
+    write_glue_task(glue / "SST-2", rows=64)
+    glue_argv = ["--model", str(source / "model"), "--task", "SST-2", "--data-dir", str(glue)]
+    tuning = ["--seeds", "0", "--lr", "1e-3", "--epochs", "1", "--max-train-examples", "16"]
+    assert main(["glue", *glue_argv, "--out", str(tmp_path / "glue"), *tuning, "--no-progress"]) == 0
+    results = json.loads((tmp_path / "glue" / "glue_results.json").read_text())
+    assert np.isfinite(results["tasks"]["SST-2"]["score"])
+    assert main(["probe", *glue_argv, "--pooling", choices.MEAN_POOLING, "--no-progress"]) == 0  # frozen linear probes
     capsys.readouterr()
 
 
@@ -426,7 +390,7 @@ def test_a_study_arm_sets_the_architecture(tmp_path, capsys):
     assert rows["modernbert"][4] != rows["bert"][4]  # FLOPs per run: each architecture's own FLOP model
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "enwiki_sample").is_dir(), reason="shared data not present")
+@pytest.mark.shared_data(*corpus_folders("adm-study-wp8k-9k"))
 def test_an_existing_studys_run_keys_are_unchanged():
     """The new model.* keys enter no key of a study that does not set them: its finished rows stay its own."""
     from mlmlab.experiments.running.runner import plan_runs

@@ -114,6 +114,7 @@ def test_export_loads_with_auto_classes_and_matches_logits(trained):
     assert torch.equal(pretraining.cls.seq_relationship.weight, ours.cls.seq_relationship.weight)
 
 
+@pytest.mark.shared_data("wikitext103_eval")
 def test_evaluate_on_wikitext_is_deterministic_with_chosen_buckets(trained, tmp_path, capsys):
     wikitext = SHARED_DATA / "wikitext103_eval" / "wiki.valid.tokens"
     reports = []

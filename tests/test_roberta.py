@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import PMI_TEST_VOCAB, SAMPLE
+from conftest import PMI_TEST_VOCAB, SAMPLE, tiny_encoder
 from safetensors.torch import load_file
 from test_pretrain import assert_killed_run_resumes_bitwise
 from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification, RobertaForMaskedLM, pipeline
@@ -338,14 +338,7 @@ def _released(kind: str, tokenizer):
     from transformers import ModernBertConfig, ModernBertForMaskedLM, RobertaConfig
 
     torch.manual_seed(0)
-    shape = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    shape = tiny_encoder(tokenizer)
     if kind == choices.ROBERTA:  # as roberta-base's config.json: 2 + 128 position rows, one token type
         config = RobertaConfig(**shape, max_position_embeddings=130, type_vocab_size=1, layer_norm_eps=1e-5)
         return RobertaForMaskedLM(config), {"roberta.pooler.dense.weight": torch.ones(32, 32)}

@@ -27,6 +27,8 @@ import torch
 
 from mlmlab.utils.restoring import restoring
 
+pytestmark = pytest.mark.shared_data("enwiki_sample")  # the study's corpus
+
 STUDY = "rate-schedule-v4"
 # One arm per code path its arms take: uniform masks, a rate schedule, ADM's entropy scorer.
 ARMS = ("dynamic", "ankner-decay", "adm-entropy")

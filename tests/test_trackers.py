@@ -37,6 +37,17 @@ def _train(tmp_path, report_to: str, steps: int = 3) -> tuple:
     return run_dir, metrics_records(run_dir)
 
 
+def without_wandb_login(monkeypatch) -> None:
+    """No W&B login anywhere it looks, and its in-process settings (an offline run's, earlier) forgotten."""
+    import wandb
+
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", "/nonexistent/netrc")
+    monkeypatch.setenv("WANDB_CONFIG_DIR", "/nonexistent/wandb")
+    wandb.teardown()
+
+
 def _logged_losses(records: list[dict]) -> dict[int, float]:
     return {record["step"]: record["loss"] for record in records if "loss" in record}
 
@@ -109,15 +120,63 @@ def test_where_a_run_reports_is_not_part_of_its_identity():
     assert config_hash(plain) == config_hash(tracked) != config_hash(load_config("tiny", ["train.seed=1"]))
 
 
-def test_a_tracker_that_cannot_start_is_one_line_naming_it(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "false")  # mlflow refuses its file store without this
-    with pytest.raises(UserError, match="train.report_to: mlflow did not start") as refused:
+def test_a_tracker_that_cannot_start_is_one_line_naming_it_and_the_variable_that_fixes_it(tmp_path, monkeypatch):
+    """W&B with no login: before, accelerate's tracker raised AttributeError over this line as the run closed."""
+    without_wandb_login(monkeypatch)
+    with pytest.raises(UserError, match="train.report_to: wandb did not start") as refused:
+        _train(tmp_path, "wandb", steps=2)
+    assert "\n" not in str(refused.value) and "WANDB_MODE=offline" in str(refused.value)
+
+
+@pytest.mark.parametrize("allowed", ["false", None])
+def test_an_mlflow_store_the_extra_cannot_write_is_refused_before_training(tmp_path, monkeypatch, allowed):
+    """mlflow-skinny refused its default store with "Model registry functionality is unavailable", and a file store
+    with advice to migrate to the SQL store it lacks."""
+    from mlmlab.train import trackers
+
+    monkeypatch.setattr(trackers, "sql_store_installed", lambda: False)  # the [mlflow] extra: mlflow-skinny
+    if allowed is None:
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    else:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", allowed)
+    with pytest.raises(UserError, match="cannot write; set MLFLOW_TRACKING_URI to a server") as refused:
         _train(tmp_path, "mlflow", steps=2)
-    assert "\n" not in str(refused.value)
+    assert "MLFLOW_ALLOW_FILE_STORE=true" in str(refused.value)
+    assert not (tmp_path / "project").exists()  # refused before the run folder was made
 
 
 def test_the_tracker_names_are_accelerates():
     from accelerate.utils import LoggerType
 
     assert set(choices.ACCELERATE_TRACKERS) == {t.value for t in LoggerType} - {"all", choices.TENSORBOARD}
+
+
+@pytest.mark.parametrize("wandb_dir", ["", "elsewhere"], ids=["WANDB_DIR unset", "WANDB_DIR set"])
+def test_wandb_writes_where_wandb_dir_says_else_in_the_run_folder(tmp_path, monkeypatch, wandb_dir):
+    """wandb.init gets dir=<run folder> only where the user's WANDB_DIR is unset (no network: wandb.init is a
+    stand-in that records what it is given)."""
+    from unittest import mock
+
+    import wandb
+    from accelerate import Accelerator
+
+    from mlmlab.config import Config
+    from mlmlab.train.trackers import finish_trackers, start_trackers
+
+    if wandb_dir:
+        monkeypatch.setenv("WANDB_DIR", str(tmp_path / wandb_dir))
+    else:
+        monkeypatch.delenv("WANDB_DIR", raising=False)
+    init = mock.MagicMock()
+    monkeypatch.setattr(wandb, "init", init)
+    monkeypatch.setattr(wandb, "config", mock.MagicMock())
+    accelerator = Accelerator(log_with="wandb", cpu=True)
+    start_trackers(accelerator, tmp_path / "project" / "run", Config())
+    finish_trackers(accelerator)
+    (call,) = init.call_args_list
+    assert call.kwargs["project"] == "project" and call.kwargs["name"] == "run"
+    if wandb_dir:
+        assert "dir" not in call.kwargs  # W&B reads WANDB_DIR itself
+    else:
+        assert call.kwargs["dir"] == str((tmp_path / "project" / "run").resolve())

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SAMPLE
+from conftest import SAMPLE, tiny_encoder
 from safetensors.torch import load_file, save_file
 
 from mlmlab import choices
@@ -158,7 +158,7 @@ REFUSALS = [
     (
         "positions beyond the checkpoint's",
         lambda run, t: ["--init", str(run / "model"), "data.max_seq_length=256"],
-        ("data.max_seq_length=256 needs 256 positions", "max_position_embeddings=128"),
+        ("data.max_seq_length=256 packs sequences of 256 tokens", "takes at most 128", "data.max_seq_length to 128"),
     ),
     (
         "another architecture set explicitly",
@@ -212,6 +212,76 @@ def test_init_refusals_are_one_line(source, tmp_path, capsys, case):
     assert code == 2 and err.startswith("mlmlab: error: ") and err.count("\n") == 1, err
     assert all(word in err for word in words), err
     assert not run_folder.complete_checkpoints(tmp_path / "run", check=False)
+
+
+# ----- --init of a base-model folder (the encoder alone) ----------------------------------------------
+def base_model_folder(folder: Path, kind: str, tokenizer) -> tuple[Path, torch.nn.Module]:
+    """A folder as save_pretrained writes a base model (a sentence encoder's BertModel): weights named without the
+    ``bert.``-style prefix, no MLM head; with its tokenizer."""
+    from transformers import (
+        BertConfig,
+        BertModel,
+        ModernBertConfig,
+        ModernBertModel,
+        RobertaConfig,
+        RobertaModel,
+        XLMRobertaConfig,
+        XLMRobertaModel,
+    )
+
+    torch.manual_seed(0)
+    shape = tiny_encoder(tokenizer)
+    roberta = dict(max_position_embeddings=130, type_vocab_size=1, layer_norm_eps=1e-5)  # as roberta-base's
+    model = {
+        choices.BERT: lambda: BertModel(BertConfig(**shape)),
+        choices.ROBERTA: lambda: RobertaModel(RobertaConfig(**shape, **roberta)),
+        choices.XLM_ROBERTA: lambda: XLMRobertaModel(XLMRobertaConfig(**shape, **roberta)),
+        choices.MODERNBERT: lambda: ModernBertModel(ModernBertConfig(**shape, max_position_embeddings=128)),
+    }[kind]()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder, model.eval()
+
+
+@pytest.mark.parametrize("kind", [choices.BERT, choices.ROBERTA, choices.XLM_ROBERTA, choices.MODERNBERT])
+def test_init_from_a_base_model_folder_keeps_its_encoder_and_starts_the_head_fresh(kind, bert_tokenizer, tmp_path):
+    from mlmlab.data.tokenizer import load_tokenizer
+    from mlmlab.train.init import initial_model, resolve_init
+
+    tokenizer = bert_tokenizer if kind == choices.BERT else load_tokenizer(SAMPLE / "bpe-8k")
+    folder, source = base_model_folder(tmp_path / "base", kind, tokenizer)
+    said = []
+    cfg = resolve_init(load_config(None, [f"train.init={folder}", "data.objective=mlm", "data.max_seq_length=64"]))
+    model = initial_model(cfg, tokenizer, resuming=False, log=said.append).eval()
+    assert len(said) == 1 and "it holds the encoder alone" in said[0], said
+    assert "the MLM head" in said[0] and "start fresh, the decoder tied to the input embeddings" in said[0]
+    ids = torch.tensor([tokenizer("The capital of France is Paris.")["input_ids"]])
+    with torch.no_grad():
+        ours = getattr(model, model.base_model_prefix)(input_ids=ids).last_hidden_state
+        theirs = source(input_ids=ids).last_hidden_state
+    assert torch.equal(ours, theirs)  # step 0: the source's encoder, weight for weight
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def test_a_bert_model_folder_trains_and_exports_a_masked_lm_with_its_encoder_and_vocabulary(
+    bert_tokenizer, tmp_path, capsys
+):
+    """What sentence-transformers saves (all-MiniLM-L6-v2 is a BertModel folder) continues as a masked LM."""
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    folder, source = base_model_folder(tmp_path / "encoder", choices.BERT, bert_tokenizer)
+    run, lr = tmp_path / "run", 1e-3
+    argv = ["pretrain", "--no-progress", "--init", str(folder), *COMMON, "data.objective=mlm", f"train.lr={lr}"]
+    assert main([*argv, "data.max_seq_length=64", "train.max_steps=2", f"train.out_dir={run}"]) == 0
+    said = capsys.readouterr()
+    assert "it holds the encoder alone (BertModel): the MLM head and the NSP head start fresh" in said.err
+    exported = AutoModelForMaskedLM.from_pretrained(run / "model")
+    assert AutoTokenizer.from_pretrained(run / "model").get_vocab() == bert_tokenizer.get_vocab()
+    started, trained = source.state_dict(), exported.bert.state_dict()
+    shared = [name for name in started if name in trained]
+    assert len(shared) >= len(started) - 2  # all but the pooler, which a masked LM has not
+    drift = max((trained[name] - started[name]).abs().max().item() for name in shared)
+    assert 0 < drift <= 3 * lr  # two AdamW steps of at most ~lr each from the source's weights, not fresh ones
 
 
 # ----- BERT's two phases ---------------------------------------------------------------------------

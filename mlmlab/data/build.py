@@ -39,7 +39,7 @@ from mlmlab.data.records import Columns
 from mlmlab.data.split import DocumentSplit, split_documents
 from mlmlab.data.store import FORMAT_VERSION, SHARD_FIELDS, TokenStore
 from mlmlab.data.tokenizer import load_tokenizer, vocab_hash
-from mlmlab.errors import UserError
+from mlmlab.errors import UserError, writes_of
 from mlmlab.utils.devices import available_cores
 from mlmlab.utils.files import building
 from mlmlab.utils.progress import progress_bar, say
@@ -151,7 +151,14 @@ def prepare(
         f"preparing {named_files(paths)} into {target} (the cache; MLMLAB_CACHE moves it)",
         show_progress and out_dir is None,
     )
-    with building(target) as staging, progress_bar("prepare", None, show_progress, unit="doc") as bar:
+    kept = (
+        f"nothing is left at {target} (a prepared folder is renamed into place only when whole); the corpus is intact"
+    )
+    with (
+        writes_of(f"the prepared dataset {target}", kept),
+        building(target) as staging,
+        progress_bar("prepare", None, show_progress, unit="doc") as bar,
+    ):
         _build(paths, columns, unk_marker, split, tokenizer, tokenizer_dir, config, digest, staging, num_workers, bar)
     _holds_dataset(target, digest)  # refuses a different dataset that a concurrent writer published there
     return target

@@ -69,7 +69,10 @@ def epoch_batches(
 
 
 def collate(examples: list[dict], example_ids, pad_id: int) -> dict:
-    """Pad to the longest example of the batch; returns HF-named (B, T) tensors + example_ids."""
+    """Pad to the longest example of the batch; returns HF-named (B, T) tensors + example_ids.
+
+    An example is a store's (input_ids, token_type_ids, next_sentence_label) or a tokenizer's output, which may
+    lack the segment ids (zeros), the NSP label (none) and the attention mask (every token attended)."""
     length = max(len(e["input_ids"]) for e in examples)
     batch = {
         key: np.full((len(examples), length), pad_id if key == "input_ids" else 0, dtype=np.int64)
@@ -79,12 +82,12 @@ def collate(examples: list[dict], example_ids, pad_id: int) -> dict:
     for row, example in enumerate(examples):
         n = len(example["input_ids"])
         for key in KEYS_PADDED:
-            batch[key][row, :n] = example[key]
-        attention[row, :n] = 1
+            batch[key][row, :n] = example.get(key, 0)
+        attention[row, :n] = example.get("attention_mask", 1)
     out = {key: torch.from_numpy(value) for key, value in batch.items()}
     out["attention_mask"] = torch.from_numpy(attention)
     out["example_ids"] = torch.as_tensor(np.asarray(example_ids), dtype=torch.long)
-    labels = [e["next_sentence_label"] for e in examples]
+    labels = [e.get("next_sentence_label", -1) for e in examples]
     if all(label >= 0 for label in labels):  # the mlm objective has no NSP label
         out["next_sentence_label"] = torch.tensor(labels, dtype=torch.long)
     return out

@@ -43,7 +43,7 @@ class MixedStore:
         self.sizes = [len(store) for store in stores]
         self._starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)  # (S,)
         self.quotas = draw_quotas(self.weights, sum(self.sizes))  # (S,) draws per epoch
-        self.meta = _mixture_meta(stores, self.weights)
+        self.meta = _mixture_meta(stores, self.weights, self.quotas)
 
     def __len__(self) -> int:
         return sum(self.sizes)
@@ -106,18 +106,21 @@ def mixture_hash(source_hashes: list[str], weights: list[float]) -> str:
     return hashlib.sha256(json.dumps({"mixture": sources}, sort_keys=True).encode()).hexdigest()
 
 
-def _mixture_meta(stores: list[TokenStore], weights: list[float]) -> dict:
-    """The first source's meta (the settings, tokenizer and special ids every source shares), with the counts
-    summed, every source's files, and the mixture: each source's hash, weight and files."""
+def _mixture_meta(stores: list[TokenStore], weights: list[float], quotas: np.ndarray) -> dict:
+    """The first source's meta (the settings, tokenizer and special ids every source shares), with the counts and
+    files of the sources an epoch draws from (the model card's training data), and the mixture: each source's
+    hash, weight, draws per epoch and files. The hash covers every source, drawn or not: it is the config's."""
     metas = [store.meta for store in stores]
     sources = [
-        {"hash": meta["hash"], "weight": weight, "corpus": meta["corpus"]} for meta, weight in zip(metas, weights)
+        {"hash": meta["hash"], "weight": weight, "draws": int(quota), "corpus": meta["corpus"]}
+        for meta, weight, quota in zip(metas, weights, quotas)
     ]
+    drawn = [meta for meta, quota in zip(metas, quotas) if quota]
     shared = {key: value for key, value in metas[0].items() if key != "shards"}
     return {
         **shared,
-        **{key: sum(meta.get(key, 0) for meta in metas) for key in _SUMMED},
+        **{key: sum(meta.get(key, 0) for meta in drawn) for key in _SUMMED},
         "hash": mixture_hash([meta["hash"] for meta in metas], weights),
-        "corpus": [path for meta in metas for path in meta["corpus"]],
+        "corpus": [path for meta in drawn for path in meta["corpus"]],
         "mixture": sources,
     }

@@ -19,6 +19,7 @@ token ids, so the vocabulary matches any tokenizer's output exactly.
 
 import hashlib
 import json
+import logging
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -30,7 +31,10 @@ from mlmlab.errors import UserError
 from mlmlab.utils.files import write_text_atomically
 
 METHOD_VERSION = 1  # bump when counting or ranking changes: the cached vocabularies are then built again
+FILE_FORMAT = 2  # the kept file's layout (2: with its format, vocabulary size and checksum); another one is rebuilt
 FOLDER = "ngrams"  # inside the prepared dataset's folder
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -59,17 +63,60 @@ def ngram_vocabulary(store, settings: NgramSettings, continues: np.ndarray, spec
     """
     path = vocabulary_path(store, settings)
     if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8"))["ngrams"]
+        kept, damage = read_kept_vocabulary(path, settings, len(continues))
+        if damage is None:
+            return kept
+        log.warning(f"mlmlab: warning: the PMI n-gram vocabulary {path} is damaged ({damage}); building it again")
     ngrams = build_vocabulary(_segments(store, continues, special_ids), settings)
+    kept = {
+        "format": FILE_FORMAT,
+        "settings": asdict(settings),
+        "vocab_size": len(continues),
+        "checksum": _checksum(ngrams),
+        "ngrams": ngrams,
+    }
     try:
         path.parent.mkdir(exist_ok=True)
-        write_text_atomically(path, json.dumps({"settings": asdict(settings), "ngrams": ngrams}))
+        write_text_atomically(path, json.dumps(kept))
     except OSError as error:
         raise UserError(
             f"cannot keep the PMI n-gram vocabulary beside the prepared data in {store.path} ({error.strerror}); "
             "prepare the corpus into a folder you can write to"
         ) from error
     return ngrams
+
+
+def read_kept_vocabulary(path: Path, settings: NgramSettings, vocab_size: int) -> tuple[list[dict] | None, str | None]:
+    """(the n-grams kept at ``path``, None), or (None, what is wrong with the file): cut short, another format or
+    settings, a checksum that does not match, or entries that are not n-grams of ids below ``vocab_size``."""
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        return None, f"truncated or not JSON: {err}"
+    if not isinstance(kept, dict) or kept.get("format") != FILE_FORMAT:
+        return None, f"not a format-{FILE_FORMAT} vocabulary file"
+    if kept.get("settings") != asdict(settings) or kept.get("vocab_size") != vocab_size:
+        return None, f"made for other settings: {kept.get('settings')}, vocabulary size {kept.get('vocab_size')}"
+    ngrams = kept.get("ngrams")
+    if kept.get("checksum") != _checksum(ngrams):
+        return None, "its checksum does not match its n-grams"
+    if not isinstance(ngrams, list) or not all(_is_ngram(entry, settings, vocab_size) for entry in ngrams):
+        return None, f"an entry is not an n-gram of {settings.min_n}-{settings.max_n} words of ids below {vocab_size}"
+    return ngrams, None
+
+
+def _is_ngram(entry, settings: NgramSettings, vocab_size: int) -> bool:
+    words = entry.get("words") if isinstance(entry, dict) else None
+    return (
+        isinstance(words, list)
+        and settings.min_n <= len(words) <= settings.max_n
+        and all(isinstance(word, list) and word for word in words)
+        and all(type(token) is int and 0 <= token < vocab_size for word in words for token in word)
+    )
+
+
+def _checksum(ngrams) -> str:
+    return hashlib.sha256(json.dumps(ngrams, sort_keys=True).encode()).hexdigest()
 
 
 def _segments(store, continues: np.ndarray, special_ids):

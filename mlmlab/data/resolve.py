@@ -8,6 +8,7 @@ tokenizers live in the cache, in folders named by a hash of what made them.
 import hashlib
 import logging
 import shutil
+import tempfile
 from pathlib import Path
 
 from accelerate import PartialState
@@ -86,10 +87,18 @@ def _copy_files(files: list[Path], folder: Path) -> None:
         shutil.copy2(path, folder / path.name)
 
 
+def saved_tokenizer(tokenizer) -> Path:
+    """A tokenizer object's files as data preparation reads them: saved, then kept in the cache by their contents."""
+    with tempfile.TemporaryDirectory() as staging:
+        tokenizer.save_pretrained(staging)
+        return standalone_tokenizer(Path(staging))
+
+
 def held_out_store(
-    data: list[str], model_dir: Path, form: dict, columns: Columns = Columns(), show_progress: bool = False
+    data: list[str], tokenizer_dir: Path, form: dict, columns: Columns = Columns(), show_progress: bool = False
 ) -> TokenStore:
-    """A prepared dataset folder as is; a corpus (WikiText detokenised first) prepared with the model's tokenizer.
+    """A prepared dataset folder as is; a corpus (WikiText detokenised first) prepared with the model's tokenizer
+    (``tokenizer_dir``: standalone_tokenizer's folder of a model, or saved_tokenizer's).
 
     ``form``: the data.* settings (keys as model/folder.py's held_out_form_of has them) the text becomes sequences by:
     the model's own objective (NSP pairs or packed blocks), length and pair sampling."""
@@ -108,7 +117,7 @@ def held_out_store(
     return TokenStore(
         prepare(
             corpus,
-            tokenizer_dir=standalone_tokenizer(model_dir),
+            tokenizer_dir=tokenizer_dir,
             max_seq_length=form["data.max_seq_length"],
             objective=form["data.objective"],
             short_seq_prob=form["data.short_seq_prob"],
@@ -224,7 +233,22 @@ def prepare_datasets(data: DataConfig, model_dir: str = "", show_progress: bool 
         require_vocab(store, expected, f"data.tokenizer ({tokenizer_dir})")
     *sources, valid = stores
     train = MixedStore(sources, list(data.corpus.values())) if isinstance(data.corpus, dict) else sources[0]
+    if isinstance(train, MixedStore) and PartialState().is_main_process:
+        for note in never_drawn_notes(data.corpus, train):
+            log.warning(note)
     return train, valid, tokenizer
+
+
+def never_drawn_notes(corpus: dict, mixture: MixedStore) -> list[str]:
+    """A warning line for each source of ``mixture`` whose weight's share of an epoch rounds to no draw."""
+    epoch, total = len(mixture), sum(corpus.values())
+    return [
+        f"mlmlab: warning: data.corpus source {source} weighs {weight:g} of {total:g}, less than one of an epoch's "
+        f"{epoch:,} draws, so it is never drawn (the model card leaves it out of the training data); give it a "
+        f"weight above {total / epoch:.3g}, or leave it out"
+        for (source, weight), draws in zip(corpus.items(), mixture.quotas)
+        if not draws
+    ]
 
 
 # The config keys that name each split's text field, for the refusal to name the one to change.

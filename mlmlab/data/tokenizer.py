@@ -36,7 +36,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from mlmlab import choices
 from mlmlab.data.corpus import read_documents
 from mlmlab.data.records import Columns
-from mlmlab.errors import UserError
+from mlmlab.errors import UserError, writes_of
 from mlmlab.utils.files import building
 from mlmlab.utils.jsonio import read_json_file
 from mlmlab.utils.progress import progress_bar
@@ -47,6 +47,9 @@ SENTENCE_SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 # The roles every tokenizer must fill, as transformers names them: framing, padding, masking
 REQUIRED_ROLES = ("cls_token", "sep_token", "pad_token", "mask_token")
 _UNUSED = re.compile(r"^\[unused\d+\]$")
+# The most tokens mlmlab trains: the trainers size their tables by the vocabulary asked for, and past
+# what memory holds the process aborts natively (10^8: a Rust panic, no Python error). 16x XLM-R's 250,002.
+LARGEST_TRAINED_VOCAB = 2**22
 
 
 def train_tokenizer(
@@ -75,6 +78,12 @@ def train_tokenizer(
             f"vocab_size {vocab_size} is too small; use at least a few thousand (BERT uses 30522, "
             "RoBERTa 50265; a byte-level BPE needs more than its 256 bytes and 5 special tokens)"
         )
+    if vocab_size > LARGEST_TRAINED_VOCAB:
+        raise UserError(
+            f"vocab_size {vocab_size} is more than the tokenizers trainer can build (it sizes its tables by the "
+            f"vocabulary asked for: 10^8 aborted the process natively); use at most {LARGEST_TRAINED_VOCAB}, a few "
+            "thousand to a few hundred thousand as released models do (BERT 30522, XLM-R 250002)"
+        )
     with new_tokenizer_folder(out_dir) as staging:
         if kind != choices.WORDPIECE:
             _train_sentence_tokenizer(corpus_paths, vocab_size, staging, lowercase, columns, show_progress, kind)
@@ -83,8 +92,7 @@ def train_tokenizer(
         trainer = trainers.WordPieceTrainer(
             vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
         )
-        with progress_bar("tokenizer", None, show_progress, unit="doc") as bar:
-            tokenizer.train_from_iterator(_sentences(corpus_paths, columns, bar), trainer=trainer)
+        _train(tokenizer, trainer, corpus_paths, columns, show_progress)
         vocab = tokenizer.get_vocab()
         _save_folder(sorted(vocab, key=vocab.__getitem__), staging, lowercase)
     return Path(out_dir)
@@ -117,8 +125,7 @@ def _train_sentence_tokenizer(
         steps.append(normalizers.Lowercase())
     if steps:
         tokenizer.normalizer = normalizers.Sequence(steps)
-    with progress_bar("tokenizer", None, show_progress, unit="doc") as bar:
-        tokenizer.train_from_iterator(_sentences(corpus_paths, columns, bar), trainer=trainer)
+    _train(tokenizer, trainer, corpus_paths, columns, show_progress)
     ids = {token: tokenizer.token_to_id(token) for token in special}
     roles = dict(
         bos_token="<s>",
@@ -321,6 +328,31 @@ def ordinary_token_ids(tokenizer) -> np.ndarray:
     return np.array(sorted(ids), dtype=np.int64)
 
 
+def _train(tokenizer: Tokenizer, trainer, corpus_paths, columns: Columns, show_progress: bool) -> None:
+    """``trainer`` run on the corpus's sentences; a Unigram whose vocabulary cannot hold the corpus's alphabet (it
+    keeps every character as a token, and only reading the corpus tells how many there are) in one line."""
+    characters: set[str] = set()
+    with progress_bar("tokenizer", None, show_progress, unit="doc") as bar:
+        try:
+            tokenizer.train_from_iterator(_noting(_sentences(corpus_paths, columns, bar), characters), trainer=trainer)
+        except Exception as err:  # tokenizers raises a plain Exception; any other is re-raised as it came
+            if "not large enough to contain all chars" not in str(err):
+                raise
+            least = len(characters) + len(SENTENCE_SPECIAL_TOKENS) + 1
+            raise UserError(
+                f"vocab_size {trainer.vocab_size} cannot hold the corpus's alphabet: a Unigram keeps each of its "
+                f"{len(characters)} distinct characters (before normalising) as a token; use at least {least}, "
+                "better a few thousand"
+            ) from None
+
+
+def _noting(sentences: Iterator[str], characters: set[str]) -> Iterator[str]:
+    """The sentences, unchanged, with every character of them added to ``characters``."""
+    for sentence in sentences:
+        characters.update(sentence)
+        yield sentence
+
+
 def _sentences(corpus_paths, columns: Columns, bar) -> Iterator[str]:
     for document in read_documents(corpus_paths, columns):
         bar.update()
@@ -365,6 +397,14 @@ def _save_folder(tokens: list[str], out_dir: Path, lowercase: bool) -> Path:
 def _read_vocab_file(vocab_file: Path) -> list[str]:
     if not vocab_file.is_file():
         raise UserError(f"vocab file {vocab_file} does not exist; give a BERT vocab.txt (one token per line)")
+    with open(vocab_file, "rb") as handle:
+        json_object = handle.read(4096).lstrip().startswith(b"{")
+    if json_object:  # its lines read as tokens were refused as duplicates or as lacking [PAD]: not the cause
+        raise UserError(
+            f"{vocab_file} is JSON (a tokenizer.json or vocab.json), not a vocab.txt of one token a line; its folder "
+            f"is a tokenizer as it is: name the folder (prepare --tokenizer {vocab_file.parent}, "
+            f"data.tokenizer={vocab_file.parent}) instead of adopting the file"
+        )
     tokens = _vocab_lines(vocab_file)
     duplicates = len(tokens) - len(set(tokens))
     if duplicates:
@@ -434,5 +474,6 @@ def new_tokenizer_folder(out_dir: str | Path) -> Iterator[Path]:
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"tokenizer folder {out_dir} already exists and is not empty; choose a new folder or delete it")
-    with building(out_dir) as staging:
+    kept = f"nothing is left at {out_dir} (a tokenizer folder is renamed into place only when whole)"
+    with writes_of(f"the tokenizer folder {out_dir}", kept), building(out_dir) as staging:
         yield staging

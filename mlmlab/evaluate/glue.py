@@ -33,7 +33,7 @@ from mlmlab.evaluate.glue_data import (
     read_unlabeled,
 )
 from mlmlab.evaluate.glue_settings import FineTuneSettings, GlueSettings
-from mlmlab.model.architectures import ADAPTERS
+from mlmlab.model.architectures import ADAPTERS, refuse_past_positions, token_positions
 from mlmlab.model.architectures.bert import Bert
 from mlmlab.model.folder import load_any_tokenizer, read_config, saved_weight_shapes
 from mlmlab.train.optim import parameter_groups
@@ -79,6 +79,13 @@ def run_glue(
     # Every argument is checked before the first task trains, not minutes later.
     check_arguments(model_dir, data_dir, init)
     per_task = settings.per_task()
+    positions = token_positions(read_config(model_dir))
+    refuse_inputs_past_positions(
+        glue_lengths(per_task),
+        f"the model in {model_dir}",
+        positions,
+        f"give GLUE a max_length of at most {positions} (--max-length; in a study, glue: {{max_length: {positions}}})",
+    )
     refuse_all_missing(list(per_task), data_dir)
     if write_test_predictions:
         refuse_missing_tests(list(per_task), data_dir)
@@ -134,6 +141,17 @@ def check_arguments(model_dir: Path, data_dir: Path, init: str) -> None:
         )
     if init not in ("pretrained", "random"):
         raise UserError(f"init={init!r} is not known; use 'pretrained' or 'random'")
+
+
+def glue_lengths(per_task: dict[str, FineTuneSettings]) -> dict[str, int]:
+    """What fine-tuning feeds the model: {"GLUE RTE": its inputs' longest length in tokens, ...}."""
+    return {f"GLUE {name}": settings.max_length for name, settings in per_task.items()}
+
+
+def refuse_inputs_past_positions(lengths: dict[str, int], model: str, positions: int | None, remedy: str) -> None:
+    """Each of ``lengths`` (glue_lengths, probe_lengths) against ``model``'s positions (refuse_past_positions)."""
+    for what, length in lengths.items():
+        refuse_past_positions(f"{what} reads inputs of up to", length, model, positions, remedy)
 
 
 def refuse_all_missing(names: list[str], data_dir: Path) -> None:

@@ -70,10 +70,12 @@ from mlmlab.evaluate.glue import (
     load_model,
     nan_as_worst,
     percent,
+    refuse_inputs_past_positions,
     task_score,
 )
 from mlmlab.evaluate.glue_data import TASKS, TRAIN_FILE, GlueTask, missing_files, read_labeled
 from mlmlab.evaluate.glue_settings import TASK_SETTINGS, resolve_task_names
+from mlmlab.model.architectures import token_positions
 from mlmlab.model.folder import load_any_tokenizer, read_config
 from mlmlab.utils import jsonio, markdown
 from mlmlab.utils.devices import compute_device
@@ -158,6 +160,12 @@ def probe_all(
     model_dir, data_dir = Path(model_dir), Path(data_dir)
     names = checked_arguments(tasks or DEFAULT_TASKS, poolings, seed, random_inits)
     check_arguments(model_dir, data_dir, PRETRAINED)
+    refuse_inputs_past_positions(
+        probe_lengths(names),
+        f"the model in {model_dir}",
+        token_positions(read_config(model_dir)),
+        "a probe reads its task's GLUE length; probe a model with that many positions, or leave the task out",
+    )
     check_task_files(names, data_dir)
     tokenizer = load_any_tokenizer(model_dir)
     data = {name: read_task(TASKS[name], data_dir, tokenizer) for name in names}  # every file read before any forward
@@ -203,6 +211,16 @@ def checked_arguments(tasks, poolings, seed, random_inits: int = 1) -> list[str]
     return names
 
 
+def probe_length(name: str) -> int:
+    """A probe reads its task's inputs as GLUE fine-tuning does by default: cut at the task's max_length."""
+    return TASK_SETTINGS[name].max_length
+
+
+def probe_lengths(names: list[str]) -> dict[str, int]:
+    """What probing feeds the model: {"the SST-2 probe": its inputs' longest length in tokens, ...}."""
+    return {f"the {name} probe": probe_length(name) for name in names}
+
+
 def check_task_files(names: list[str], data_dir: Path) -> None:
     """Every task's train and dev files, or a UserError naming the first missing one (nothing is skipped)."""
     missing = [path for name in names for path in missing_files(TASKS[name], data_dir)]
@@ -216,7 +234,7 @@ def check_task_files(names: list[str], data_dir: Path) -> None:
 def read_task(task: GlueTask, data_dir: Path, tokenizer, max_rows: int | None = None) -> TaskData:
     """The task's training rows (SST-2: the fixed sample) and dev sets, tokenized as GLUE fine-tuning does;
     ``max_rows``: a fixed random sample of at most that many rows of each (what a study's dry run times)."""
-    folder, max_length = data_dir / task.name, TASK_SETTINGS[task.name].max_length
+    folder, max_length = data_dir / task.name, probe_length(task.name)
     train_rows = min((n for n in (TRAIN_SAMPLES.get(task.name), max_rows) if n is not None), default=None)
     splits = {"train": encode(read_labeled(task, folder / TRAIN_FILE, train_rows), tokenizer, max_length)}
     splits |= {

@@ -18,7 +18,7 @@ from mlmlab.config import MaskingConfig
 from mlmlab.data.loader import LoaderPosition, iterate_batches
 from mlmlab.masking.buckets import frequency_buckets
 from mlmlab.masking.evaluation import eval_masks
-from mlmlab.model.pretraining import SparsePretraining, eval_mode
+from mlmlab.model.pretraining import eval_mode, scoring_module
 from mlmlab.utils.progress import progress_bar
 
 DEFAULT_BUCKETS = MaskingConfig().freq_cuts  # the same as training's
@@ -66,10 +66,11 @@ def evaluate_mlm(
     """Perplexity, MLM accuracy, NSP accuracy (and perplexity per frequency-rank bucket) on ``store``.
 
     ``model``: a transformers model mlmlab trains (BertForPreTraining, ModernBertForMaskedLM), a BertForMaskedLM
-    (MLM figures only: it has no NSP head), or training's SparsePretraining as accelerate wrapped it (under FSDP
-    every process must call this, as with any forward of the sharded model).
+    (MLM figures only: it has no NSP head), any other transformers masked LM (model.scoring_module), or training's
+    SparsePretraining as accelerate wrapped it (under FSDP every process must call this, as with any forward of
+    the sharded model).
     """
-    module = SparsePretraining(model, use_nsp=True) if isinstance(model, PreTrainedModel) else model
+    module = scoring_module(model) if isinstance(model, PreTrainedModel) else model
     bucket_of, names = (
         frequency_buckets(token_counts, freq_cuts, len(token_counts)) if token_counts is not None else (None, [])
     )

@@ -18,7 +18,7 @@ import torch
 
 from mlmlab.evaluate.perplexity import fixed_mask_batches
 from mlmlab.masking.buckets import frequency_buckets
-from mlmlab.model.pretraining import SparsePretraining, eval_mode
+from mlmlab.model.pretraining import eval_mode, scoring_module
 
 ROWS_PER_CHUNK = 2048  # logits are computed this many targets at a time: (2048, V), never (M, V)
 
@@ -37,8 +37,8 @@ def recalibrated_loss(
 ) -> dict:
     """Raw and bias-recalibrated MLM loss (nats) on the scored half of ``store``, overall and per frequency bucket.
 
-    ``model``: a BertForPreTraining-like model whose output layer (get_output_embeddings) computes
-    the logits. Even examples of the evaluation order fit the bias, odd ones are scored.
+    ``model``: a masked LM whose output layer (get_output_embeddings, a linear with a bias) computes the
+    logits. Even examples of the evaluation order fit the bias, odd ones are scored.
     """
     features, targets, examples = decoder_inputs(model, store, info, batch_size, max_batches, device, show_progress)
     decoder = model.get_output_embeddings()
@@ -61,7 +61,7 @@ def recalibrated_loss(
 def decoder_inputs(model, store, info, batch_size: int, max_batches: int | None, device, show_progress: bool = False):
     """The output layer's input (M, H) float64, target id (M,) and example number (M,) of every
     masked position of the evaluated set: the same batches and fixed masks as evaluate_mlm."""
-    module = SparsePretraining(model, use_nsp=False).to(device)
+    module = scoring_module(model, use_nsp=False).to(device)
     captured = []
     hook = model.get_output_embeddings().register_forward_hook(
         lambda layer, args, output: captured.append(args[0].detach().double().cpu())
@@ -74,6 +74,8 @@ def decoder_inputs(model, store, info, batch_size: int, max_batches: int | None,
                 result = module(**masked)
                 labels = masked["labels"]  # (B, T)
                 selected = result["selected_index"].cpu()  # (M_b,) flat positions
+                if captured[-1].dim() == 3:  # a model scored through its own forward projected every position
+                    captured[-1] = captured[-1].flatten(0, 1).index_select(0, selected)  # (B, T, H) -> (M_b, H)
                 targets.append(labels.flatten().cpu().index_select(0, selected))
                 examples.append(seen + torch.div(selected, labels.shape[1], rounding_mode="floor"))
                 seen += len(labels)

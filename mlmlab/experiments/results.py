@@ -11,6 +11,10 @@ RESULTS_FILE = "results.jsonl"
 # Beside results.jsonl: the question, arms, budgets and decision rule, written before the first row and never after
 # (every row records its sha256; the runner refuses a row once it changed).
 PREREGISTRATION = "preregistration.md"
+PREREGISTRATION_SHA256 = "preregistration_sha256"  # the row field that records it (None: the study had none)
+# The row field that records what the study file fixed for its rows (arms, budgets, seeds, screen, rule, gates; see
+# running/identity.py): rows compared under one rule are one study's only while these stay as the first row's.
+STUDY_IDENTITY = "study_identity"
 ROW_FIELDS = ("key", "arm", "seed", "eval")  # every row the runner writes has them
 
 

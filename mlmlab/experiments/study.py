@@ -56,6 +56,7 @@ from mlmlab.evaluate import linear_probe, perplexity
 from mlmlab.evaluate.glue_data import TASKS
 from mlmlab.evaluate.glue_settings import GlueSettings, resolve_task_names
 from mlmlab.experiments.screen import SELECTED, Screen, read_screen
+from mlmlab.masking.strategies import refuse_other_strategies_settings
 
 STUDY_DIR = Path(__file__).resolve().parent.parent / "configs" / "studies"
 STUDY_KEYS = (
@@ -419,6 +420,10 @@ def _check_study(study: Study) -> None:
             raise UserError(f"two arms are named {arm.name!r}; arm names must be unique")
         for key in arm.overrides:
             _check_reserved(key, f"arm {arm.name!r}")
+        # An arm's own keys only: the base carries one arm's settings beside the others' (an ADM arm's a_max under a
+        # dynamic arm), which are records of the shared setting, not choices the dynamic arm made.
+        strategy = arm.overrides.get("masking.strategy", study.base["masking"]["strategy"])
+        refuse_other_strategies_settings(strategy, arm.overrides, f"arm {arm.name!r}: ")
     if study.baseline not in names:
         raise UserError(f"baseline {study.baseline!r} is not an arm; arms: {', '.join(names)}")
     if study.gates is not None and study.gates.arm not in names:

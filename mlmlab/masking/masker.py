@@ -27,9 +27,11 @@ order (a strategy pairs each observe with the weights of its own batch by that o
 ``strategy.learn(gather)`` once: ADM's loss tables learn from the whole global batch.
 """
 
+import logging
 from collections.abc import Callable
 
 import torch
+from accelerate import PartialState
 
 from mlmlab.config import MaskingConfig
 from mlmlab.data.mixture import MixedStore
@@ -47,6 +49,8 @@ from mlmlab.masking.select import (
 )
 from mlmlab.masking.strategies import build_strategy, strategy_entry
 
+log = logging.getLogger(__name__)
+
 
 class Masker:
     """Masks a run's training batches and keeps what its strategy learns (checkpointed as its state)."""
@@ -62,9 +66,10 @@ class Masker:
         self.units = entry.units  # span, pmi: selection draws whole units of words
         # (V,) bool: the pieces that continue a word, by the tokenizer's own convention
         self.continuation = continuation_table(tokenizer) if cfg.whole_word or self.units else None
-        ngrams = corpus_ngrams(cfg, corpus, self.continuation, self.info) if entry.ngrams else None
+        # the corpus's n-gram vocabulary (pmi); None: the strategy reads none. The model card says how many it held
+        self.ngrams = run_ngrams(cfg, tokenizer, corpus)
         self.strategy = build_strategy(
-            cfg, info=self.info, vocab_size=len(tokenizer), token_counts=token_counts, ngrams=ngrams
+            cfg, info=self.info, vocab_size=len(tokenizer), token_counts=token_counts, ngrams=self.ngrams
         )
 
     def mask_step(self, micro: list[tuple[int, dict]], model, *, progress: float, step: int) -> list[dict]:
@@ -125,6 +130,13 @@ def ngram_settings(cfg: MaskingConfig) -> NgramSettings:
     return NgramSettings(cfg.pmi_vocab_size, cfg.pmi_min_n, cfg.pmi_max_n, cfg.pmi_min_count)
 
 
+def run_ngrams(cfg: MaskingConfig, tokenizer, corpus) -> list[dict] | None:
+    """The n-gram vocabulary a run of ``cfg`` masks with on ``corpus``; None when its strategy reads none."""
+    if not strategy_entry(cfg.strategy).ngrams:
+        return None
+    return corpus_ngrams(cfg, corpus, continuation_table(tokenizer), token_info_for(tokenizer, cfg.mask_unk))
+
+
 def corpus_ngrams(cfg: MaskingConfig, corpus, continuation: torch.Tensor, info: TokenInfo) -> list[dict]:
     """The PMI n-gram vocabulary of the prepared training data ``corpus`` (a TokenStore), best first."""
     if corpus is None:
@@ -134,4 +146,11 @@ def corpus_ngrams(cfg: MaskingConfig, corpus, continuation: torch.Tensor, info: 
             f"masking.strategy={cfg.strategy} masks the n-grams of one training corpus, and a mixture of corpora "
             "has no n-gram vocabulary yet; train it on one corpus (data.corpus=FILES)"
         )
-    return ngram_vocabulary(corpus, ngram_settings(cfg), continuation.numpy(), info.special_ids)
+    ngrams = ngram_vocabulary(corpus, ngram_settings(cfg), continuation.numpy(), info.special_ids)
+    if not ngrams and PartialState().is_main_process:
+        log.warning(
+            f"mlmlab: warning: masking.strategy={cfg.strategy} found no n-gram of {cfg.pmi_min_n} to "
+            f"{cfg.pmi_max_n} words seen {cfg.pmi_min_count} times or more in {corpus.path}, so every unit is a "
+            "single word (whole-word masking); lower masking.pmi_min_count or train on more text"
+        )
+    return ngrams

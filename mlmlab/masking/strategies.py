@@ -385,6 +385,21 @@ def _adaptive_fsdp_refusal(m: MaskingConfig) -> str | None:
     )
 
 
+# ADM's own keys, its scorers' included (score_chunk, ema_decay, context_buckets belong to one scorer or two)
+ADAPTIVE_SETTINGS = (
+    "scorer",
+    "adapt_schedule",
+    "a_max",
+    "floor",
+    "normalize",
+    "score_every",
+    "score_fraction",
+    "score_chunk",
+    "ema_decay",
+    "context_buckets",
+    "frequency_neutral",
+)
+
 STRATEGY_ENTRIES = {
     entry.name: entry
     for entry in (
@@ -392,6 +407,7 @@ STRATEGY_ENTRIES = {
             choices.STATIC,
             build=_uniform(StaticStrategy),
             card_lines=lambda m: [f"- static masking: {m.dupe_factor} fixed masks per example, cycled over epochs"],
+            settings=("dupe_factor",),
         ),
         StrategyEntry(choices.DYNAMIC, build=_uniform(UniformStrategy)),
         StrategyEntry(
@@ -403,6 +419,7 @@ STRATEGY_ENTRIES = {
             extra_flops=_adaptive_flops,
             state_bytes=lambda m: scorer_entry(m.scorer).state_bytes(m),
             fsdp_refusal=_adaptive_fsdp_refusal,
+            settings=ADAPTIVE_SETTINGS,
         ),
         StrategyEntry(
             choices.SPAN,
@@ -413,6 +430,7 @@ STRATEGY_ENTRIES = {
                 f"{m.span_max_words} words"
             ],
             units=True,
+            settings=("span_p", "span_max_words"),
         ),
         StrategyEntry(
             choices.PMI,
@@ -425,6 +443,7 @@ STRATEGY_ENTRIES = {
             ],
             units=True,
             ngrams=True,
+            settings=("pmi_vocab_size", "pmi_min_n", "pmi_max_n", "pmi_min_count"),
         ),
     )
 }
@@ -439,6 +458,26 @@ def add_strategy(entry: StrategyEntry) -> None:
 def strategy_entry(name: str) -> StrategyEntry:
     """The entry of masking.strategy ``name``."""
     return entry_named(STRATEGY_ENTRIES, name, "masking.strategy")
+
+
+def refuse_other_strategies_settings(strategy: str, named, where: str = "") -> None:
+    """A one-line UserError when ``named`` (dotted keys a user chose) holds a masking.* key that only another
+    strategy reads (its entry's ``settings``): beside this strategy it would change nothing, silently.
+
+    Only named keys, never every key of the config: a study's base carries the ADM arm's a_max beside its dynamic
+    arm, and a run's config.yaml records every key whatever the strategy; both are records, not choices. So the
+    check runs where the named keys are known, not in the config's own validation (which sees only values, and sits
+    below these entries): the Trainer's set-up for pretrain (config.named_keys), and a study's arms for their own
+    keys (experiments/study.py), so that shipped studies load and their run keys stay as they are."""
+    own = set(strategy_entry(strategy).settings)
+    for name, entry in STRATEGY_ENTRIES.items():
+        for key in entry.settings:
+            if f"masking.{key}" in named and key not in own:
+                raise UserError(
+                    f"{where}masking.{key} is read by masking.strategy={name} only, and this run's strategy is "
+                    f"{strategy}: it would change nothing; drop masking.{key}, or set "
+                    f"masking.strategy={name}"
+                )
 
 
 def build_strategy(

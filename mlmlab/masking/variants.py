@@ -122,6 +122,9 @@ class StrategyEntry:
     # it reads the training corpus's PMI n-gram vocabulary (data/ngrams.py): build gets it as ngrams=, a list
     # of data.ngrams' entries, built beside the prepared data the first time
     ngrams: bool = False
+    # the masking.* keys that only it reads (span: span_p, span_max_words): a user who names one beside another
+    # strategy is refused (refuse_other_strategies_settings), as it would change nothing
+    settings: tuple[str, ...] = ()
 
 
 def add_entry(entries: dict, names: list[str], entry, key: str) -> None:

@@ -21,9 +21,10 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from mlmlab.config import Config
 from mlmlab.data.tokenizer import folder_vocab_hash, load_tokenizer, vocab_hash
 from mlmlab.errors import UserError
-from mlmlab.model.architectures import architecture_named, saved_architecture
+from mlmlab.model.architectures import architecture_named, saved_architecture, token_positions
 from mlmlab.model.pretraining import load_weights, weight_shapes
 from mlmlab.utils.jsonio import read_json_file
+from mlmlab.utils.restoring import restoring
 
 CONFIG_JSON = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -54,7 +55,12 @@ def write_model_folder(
     plain.load_state_dict(state_dict, assign=True)
     plain.tie_weights()
     plain.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
+    # The tokenizer saved with the model knows the model's positions (token_positions: the architecture's offset taken
+    # off), so that transformers' readers of the folder (pipeline("fill-mask"), truncation=True) cut inputs where the
+    # positions end, not past them; the running tokenizer is left as it was.
+    positions = token_positions(config.to_dict()) or tokenizer.model_max_length
+    with restoring(lambda: tokenizer.model_max_length, lambda n: setattr(tokenizer, "model_max_length", n), positions):
+        tokenizer.save_pretrained(folder)
     np.save(folder / TOKEN_COUNTS_FILE, token_counts)
 
 
@@ -113,9 +119,10 @@ def saved_weight_shapes(folder: Path, named: str = "") -> dict[str, tuple[int, .
     return weight_shapes(folder / WEIGHTS_FILE)
 
 
-def load_saved_weights(model: nn.Module, folder: Path, allowed_missing: tuple[str, ...] = ()) -> None:
-    """The folder's weights into ``model`` (model.load_weights: any difference is refused but ``allowed_missing``)."""
-    load_weights(model, folder / WEIGHTS_FILE, allowed_missing)
+def load_saved_weights(model: nn.Module, folder: Path, allowed_missing: tuple[str, ...] = (), prefix: str = "") -> None:
+    """The folder's weights into ``model`` (model.load_weights: any difference is refused but ``allowed_missing``;
+    ``prefix`` before every saved name)."""
+    load_weights(model, folder / WEIGHTS_FILE, allowed_missing, prefix)
 
 
 def load_pretrained(folder: Path) -> tuple[PreTrainedModel, object]:

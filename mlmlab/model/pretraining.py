@@ -24,7 +24,7 @@ from transformers import PreTrainedModel
 
 from mlmlab.config import ModelConfig
 from mlmlab.errors import UserError
-from mlmlab.model.architectures import architecture_named, architecture_of
+from mlmlab.model.architectures import ADAPTERS, AnyMaskedLM, architecture_named, architecture_of
 from mlmlab.model.head_loss import linear_cross_entropy
 from mlmlab.utils.restoring import restoring
 
@@ -56,17 +56,18 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> PreTrai
         ) from None
 
 
-def load_weights(model: nn.Module, path: Path, allowed_missing: tuple[str, ...] = ()) -> None:
+def load_weights(model: nn.Module, path: Path, allowed_missing: tuple[str, ...] = (), prefix: str = "") -> None:
     """``path``'s safetensors weights into ``model``; any key or shape difference is a UserError naming the key.
 
     The one weight loader: ``allowed_missing`` lists the key prefixes the file may lack
     (an architecture's ``optional_parts`` when a run starts from it; none for a resume); the file's weights of
     the architecture's ``unused_parts`` are skipped. Names of older checkpoints are read as today's (``current_name``).
+    ``prefix``: put before every saved name (a base-model folder's encoder, ``bert.`` in the model's names).
     """
     expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
     shapes = weight_shapes(path)
     unused = architecture_of(model).unused_parts  # saved parts this architecture's class does not read
-    names = {name: None if name.startswith(unused) and name not in expected else current_name(name) for name in shapes}
+    names = {name: loaded_name(prefix + name, expected, unused) for name in shapes}
     for name, shape in shapes.items():
         current = names[name]
         if current is None:  # a saved buffer, not a weight
@@ -88,6 +89,11 @@ def load_weights(model: nn.Module, path: Path, allowed_missing: tuple[str, ...] 
             f"{path} lacks {absent[0]} ({len(absent)} weights missing); it was saved from another "
             "architecture: load it into that one (its config.json)"
         )
+
+
+def loaded_name(name: str, expected: dict, unused: tuple[str, ...]) -> str | None:
+    """The model's name of a saved weight; None for one the model does not read (an unused part, a saved buffer)."""
+    return None if name.startswith(unused) and name not in expected else current_name(name)
 
 
 # Checkpoints converted from google-research/bert's TensorFlow release name LayerNorm parameters gamma and
@@ -186,14 +192,20 @@ class SparsePretraining(nn.Module):
     """
 
     def __init__(
-        self, model: PreTrainedModel, use_nsp: bool = True, length_multiple: int = 1, fused_head: bool = False
+        self,
+        model: PreTrainedModel,
+        use_nsp: bool = True,
+        length_multiple: int = 1,
+        fused_head: bool = False,
+        architecture=None,
     ):
         """``length_multiple``: pad the encoder's input length up to a multiple of it (COMPILED_LENGTH_MULTIPLE
         for a compiled encoder); the padding is masked out of attention and cut from its output.
-        ``fused_head``: in training, the decoder and its cross-entropy chunk by chunk (head_loss.py)."""
+        ``fused_head``: in training, the decoder and its cross-entropy chunk by chunk (head_loss.py).
+        ``architecture``: the adapter to reach the model through; None: its own (architecture_of)."""
         super().__init__()
         self.model, self.length_multiple, self.fused_head = model, length_multiple, fused_head
-        self.architecture = architecture_of(model)
+        self.architecture = architecture or architecture_of(model)
         self.use_nsp = use_nsp and self.architecture.has_nsp
         # accelerate's default FSDP wrapping (TRANSFORMER_BASED_WRAP) shards per module of these classes.
         self._no_split_modules = [self.architecture.layer_class]
@@ -234,7 +246,7 @@ class SparsePretraining(nn.Module):
             # (M, V) logits cost 1.3% of a mini step (torch.profiler, batch 32 x 128).
             result["mlm_correct"] = (logits.argmax(-1) == targets).sum()
         loss = result["mlm_loss"]
-        if self.use_nsp and next_sentence_label is not None:
+        if self.use_nsp and next_sentence_label is not None and pooled is not None:  # a BertForMaskedLM: no pooler
             nsp_logits = self.architecture.nsp_logits(self.model, pooled)  # (B, 2)
             nsp_sum = F.cross_entropy(nsp_logits.float(), next_sentence_label, reduction="sum")
             result["nsp_loss"] = nsp_sum / (nsp_denominator or len(next_sentence_label))
@@ -253,6 +265,14 @@ class SparsePretraining(nn.Module):
             token_type_ids = None if token_type_ids is None else F.pad(token_type_ids, (0, extra), value=0)
         hidden, pooled = self.architecture.encode(self.model, input_ids, attention_mask, token_type_ids)
         return hidden[:, :length], pooled  # (B, T, H) of (B, T', H)
+
+
+def scoring_module(model: PreTrainedModel, use_nsp: bool = True) -> SparsePretraining:
+    """What held-out evaluation scores a model through: the sparse loss of an architecture mlmlab builds; any other
+    masked LM (DistilBERT, ELECTRA's generator) through its own forward, whose logits of every position the same
+    loss picks the selected ones from."""
+    known = model.config.model_type in ADAPTERS
+    return SparsePretraining(model, use_nsp, architecture=None if known else AnyMaskedLM)
 
 
 def pretraining_loss(model: PreTrainedModel, batch: dict, use_nsp: bool = True) -> dict:

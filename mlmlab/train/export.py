@@ -13,6 +13,7 @@ from pathlib import Path
 from mlmlab.config import Config, from_dict
 from mlmlab.data.resolve import prepare_datasets
 from mlmlab.errors import UserError
+from mlmlab.masking.masker import run_ngrams
 from mlmlab.masking.select import token_info_for
 from mlmlab.model.folder import load_saved_weights
 from mlmlab.model.pretraining import build_model
@@ -46,7 +47,8 @@ def _export(folder: Path, out: Path, evaluator: Callable[..., dict], log) -> Pat
     if evaluation is None and valid is not None:
         evaluation = evaluate_checkpoint(folder, cfg, train, valid, tokenizer, evaluator)
     data = {"train": train.meta if train else None, "valid": valid.meta if valid else None}
-    return export_model_folder(folder, out, cfg, evaluation, data)
+    ngrams = run_ngrams(cfg.masking, tokenizer, train) if train else None
+    return export_model_folder(folder, out, cfg, evaluation, data, ngrams=ngrams)
 
 
 def checkpoint_of(source: Path) -> Path:

@@ -8,16 +8,21 @@ line naming the key:
 - the model: a BERT, RoBERTa, XLM-R or ModernBERT as mlmlab builds it (model type, activation, tied embeddings, ...);
 - the architecture: the model section (model.architecture included) is taken from the checkpoint's
   config.json, so ``--init DIR`` needs no model.* keys; a value the config sets to something other
-  than its default and the checkpoint's is refused (the run's config.yaml records what was taken);
+  than its default and the checkpoint's is refused, and so is one the user named (an override, their
+  config file) even at its default: ``model.architecture=bert`` beside a RoBERTa folder would otherwise
+  train a RoBERTa without a word (the run's config.yaml records what was taken);
 - the positions: data.max_seq_length beyond the checkpoint's max_position_embeddings;
 - the vocabulary: data.tokenizer, when given, must be the checkpoint's (vocab_hash); when
   empty, the checkpoint's own tokenizer is the run's (data/resolve.py), and must be the one
   its config.json records.
 
-A BertForMaskedLM folder has no pooler and no NSP head: they start fresh, and the log says so.
+A BertForMaskedLM folder has no pooler and no NSP head: they start fresh, and the log says so. A base-model folder
+(BertModel, RobertaModel, XLMRobertaModel, ModernBertModel: the encoder alone, its weight names without the
+``bert.``-style prefix) starts its MLM head fresh too, tied to the input embeddings as the architecture ties it.
 """
 
 import dataclasses
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,6 +38,7 @@ from mlmlab.model.architectures import (
     ADAPTERS,
     architecture_of,
     entry_name,
+    refuse_past_positions,
     saved_architecture,
     saved_settings,
     token_positions,
@@ -45,22 +51,29 @@ from mlmlab.model.folder import (
     saved_weight_shapes,
 )
 from mlmlab.model.fused_qkv import fuse_qkv
-from mlmlab.model.pretraining import COMPILED_LENGTH_MULTIPLE, build_model, compile_model, current_name
+from mlmlab.model.pretraining import (
+    COMPILED_LENGTH_MULTIPLE,
+    build_model,
+    compile_model,
+    current_name,
+    padded_vocab_size,
+)
 
 
-def resolve_init(cfg: Config) -> Config:
-    """``cfg`` with its model section taken from train.init's config.json; every check above, before any set-up."""
+def resolve_init(cfg: Config, named: frozenset[str] = frozenset()) -> Config:
+    """``cfg`` with its model section taken from train.init's config.json; every check above, before any set-up.
+    ``named``: the dotted keys the user chose (config.named_keys)."""
     if not cfg.train.init:
         return cfg
     folder = Path(cfg.train.init)
-    named = f"train.init={folder}"
-    saved = read_config(folder, named)
-    saved_weight_shapes(folder, named)  # a missing or damaged weights file, before any slow set-up
+    setting = f"train.init={folder}"
+    saved = read_config(folder, setting)
+    saved_weight_shapes(folder, setting)  # a missing or damaged weights file, before any slow set-up
     _refuse_other_models(folder, saved)
     _check_objective(folder, saved, cfg.data.objective)
     _check_positions(folder, saved, cfg.data.max_seq_length)
     _check_vocabulary(folder, cfg.data.tokenizer)
-    return _with_architecture(cfg, folder, saved)
+    return _with_architecture(cfg, folder, saved, named)
 
 
 def _refuse_other_models(folder: Path, saved: dict) -> None:
@@ -95,13 +108,14 @@ def _check_objective(folder: Path, saved: dict, objective: str) -> None:
 
 def _check_positions(folder: Path, saved: dict, max_seq_length: int) -> None:
     positions = token_positions(saved)
-    if max_seq_length > positions:
-        raise UserError(
-            f"data.max_seq_length={max_seq_length} needs {max_seq_length} positions, but train.init={folder} "
-            f"has max_position_embeddings={positions}; lower data.max_seq_length to {positions}, or train "
-            f"the first phase with model.max_position_embeddings={max_seq_length} (BERT keeps 512 positions "
-            "while it trains at 128)"
-        )
+    refuse_past_positions(
+        f"data.max_seq_length={max_seq_length} packs sequences of",
+        max_seq_length,
+        f"train.init={folder}",
+        positions,
+        f"lower data.max_seq_length to {positions}, or train the first phase with "
+        f"model.max_position_embeddings={max_seq_length} (BERT keeps 512 positions while it trains at 128)",
+    )
 
 
 def _check_vocabulary(folder: Path, tokenizer_setting: str) -> None:
@@ -133,18 +147,19 @@ def _check_padding(folder: Path, tokenizer) -> None:
         )
 
 
-def _with_architecture(cfg: Config, folder: Path, saved: dict) -> Config:
-    """The model section from the checkpoint; a non-default config value that differs is refused, naming the key."""
+def _with_architecture(cfg: Config, folder: Path, saved: dict, named: frozenset[str]) -> Config:
+    """The model section from the checkpoint; a value that differs is refused, naming the key, when the config sets
+    it to other than its default or the user named it."""
     defaults, changes = ModelConfig(), {}
     for name, theirs in saved_settings(saved).items():  # the vocabulary size follows the tokenizer (checked at load)
         ours = getattr(cfg.model, name)
         if theirs is None or ours == theirs:  # None: an entry the folder lacks; the library's default applies
             continue
-        if ours != getattr(defaults, name):
+        if ours != getattr(defaults, name) or f"model.{name}" in named:
+            instead = f"start from a {ours} folder" if name == "architecture" else f"set it to {theirs}"
             raise UserError(
                 f"train.init={folder} has {entry_name(name, saved_architecture(saved))}={theirs}, the "
-                f"config sets model.{name}={ours}; drop model.{name} (the model's own is taken) or set it "
-                f"to {theirs}"
+                f"config sets model.{name}={ours}; drop model.{name} (the model's own is taken) or {instead}"
             )
         changes[name] = theirs
     multiple = cfg.model.pad_vocab_multiple
@@ -158,7 +173,7 @@ def initial_model(cfg: Config, tokenizer, resuming: bool, log: Callable[[str], N
     set_seed(cfg.train.seed)  # weight init and dropout draw from torch's default generator (checkpointer.rng_states)
     model = build_model(cfg.model, len(tokenizer), tokenizer.pad_token_id)
     if cfg.train.init and not resuming:  # a resume loads its checkpoint's weights instead
-        load_init_weights(model, Path(cfg.train.init), log)
+        load_init_weights(model, Path(cfg.train.init), log, len(tokenizer))
     if cfg.train.fused_qkv:
         fused = fuse_qkv(model)
         log(
@@ -175,22 +190,64 @@ def initial_model(cfg: Config, tokenizer, resuming: bool, log: Callable[[str], N
     return model
 
 
-def load_init_weights(model: PreTrainedModel, folder: Path, log: Callable[[str], None]) -> None:
-    """train.init's weights into a freshly built model; a part it may lack (a BERT's pooler, NSP head) stays fresh."""
+def load_init_weights(model: PreTrainedModel, folder: Path, log: Callable[[str], None], tokens: int) -> None:
+    """train.init's weights into a freshly built model of ``tokens`` tokens (padded); a part it may lack (a BERT's
+    pooler, NSP head) stays fresh, and so does the MLM head of a base-model folder (the encoder alone: a BertModel's,
+    as sentence-transformers saves one), its decoder tied to the input embeddings where the architecture ties them."""
     rows = read_config(folder).get("vocab_size")
     if rows != model.config.vocab_size:
         raise UserError(
             f"train.init={folder} has vocab_size={rows} embedding rows, this config builds "
-            f"{model.config.vocab_size} (the tokenizer's tokens padded to a multiple of "
-            "model.pad_vocab_multiple); set model.pad_vocab_multiple so that they match (1: no padding)"
+            f"{model.config.vocab_size} (the tokenizer's {tokens} tokens padded to a multiple of "
+            f"model.pad_vocab_multiple); {_padding_giving(rows, tokens)}"
         )
     names = [current_name(name) or "" for name in saved_weight_shapes(folder)]
+    prefix = base_model_prefix(model, names)
     optional = architecture_of(model).optional_parts
-    fresh = [part for prefix, part in optional.items() if not any(name.startswith(prefix) for name in names)]
-    load_saved_weights(model, folder, allowed_missing=tuple(optional))
-    note = (
-        f"; it has no {' and no '.join(fresh)}: {'they start' if len(fresh) > 1 else 'it starts'} fresh"
-        if fresh
-        else ""
+    heads = head_prefixes(model, prefix) if prefix else ()
+    fresh = [part for start, part in optional.items() if not any((prefix + name).startswith(start) for name in names)]
+    load_saved_weights(model, folder, allowed_missing=(*optional, *heads), prefix=prefix)
+    log(
+        f"starting from the weights of {folder} (weights only: optimizer, step and schedules start fresh)"
+        + (base_model_note(model, folder, fresh) if prefix else fresh_note(fresh))
     )
-    log(f"starting from the weights of {folder} (weights only: optimizer, step and schedules start fresh){note}")
+
+
+def fresh_note(fresh: list[str]) -> str:
+    if not fresh:
+        return ""
+    return f"; it has no {' and no '.join(fresh)}: {'they start' if len(fresh) > 1 else 'it starts'} fresh"
+
+
+def base_model_note(model: PreTrainedModel, folder: Path, fresh: list[str]) -> str:
+    """What a base-model folder leaves fresh, in the words of the log line."""
+    saved_class = (read_config(folder).get("architectures") or ["a base model"])[0]
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    parts = " and ".join(["the MLM head", *(f"the {part}" for part in fresh)])
+    return f"; it holds the encoder alone ({saved_class}): {parts} start fresh" + (
+        ", the decoder tied to the input embeddings" if tied else ""
+    )
+
+
+def base_model_prefix(model: PreTrainedModel, saved_names: list[str]) -> str:
+    """What a base-model folder's weight names lack (``bert.`` for a BertModel's ``embeddings...`` in a
+    BertForPreTraining), when no saved name carries it; "" for a folder of the whole model."""
+    prefix = f"{model.base_model_prefix}."
+    return "" if any(name.startswith(prefix) for name in saved_names) else prefix
+
+
+def head_prefixes(model: PreTrainedModel, prefix: str) -> tuple[str, ...]:
+    """The parts of ``model`` outside its encoder (``prefix``): the heads a base-model folder does not hold."""
+    return tuple(sorted({name.split(".")[0] + "." for name in model.state_dict() if not name.startswith(prefix)}))
+
+
+def _padding_giving(rows, tokens: int) -> str:
+    """What to set so that ``tokens`` padded make ``rows`` embedding rows: the multiples that do, or why none can."""
+    if not isinstance(rows, int) or rows < tokens:
+        return (
+            f"no model.pad_vocab_multiple pads {tokens} tokens to {rows} rows: the weights were trained with another "
+            "tokenizer than the folder's; start from a folder whose tokenizer is its model's"
+        )
+    divisors = {d for i in range(1, math.isqrt(rows) + 1) if rows % i == 0 for d in (i, rows // i)}
+    least = min(m for m in divisors if padded_vocab_size(tokens, m) == rows)  # rows itself always pads to rows
+    return f"set model.pad_vocab_multiple={least} (the least that pads {tokens} tokens to {rows} rows)"

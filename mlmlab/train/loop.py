@@ -33,6 +33,7 @@ from mlmlab.data.loader import iterate_batches
 from mlmlab.data.resolve import prepare_datasets
 from mlmlab.errors import UserError
 from mlmlab.masking.masker import Masker
+from mlmlab.masking.strategies import refuse_other_strategies_settings
 from mlmlab.model.architectures import check_config
 from mlmlab.model.folder import record_held_out_form
 from mlmlab.model.pretraining import COMPILED_LENGTH_MULTIPLE, SparsePretraining
@@ -129,8 +130,12 @@ class Trainer:
         resume: str | None = None,
         show_progress: bool = True,
         on_step_end: Callable[["Trainer"], bool] | None = None,
+        named: frozenset[str] = frozenset(),
     ):
         """A run set up to ``train()``; its folder is this process's until ``train()`` ends (or ``close()``).
+
+        ``named``: the dotted keys the user chose (config.named_keys); one that this run would not read (another
+        strategy's masking key, a model key that train.init's folder decides otherwise) is refused.
 
         ``on_step_end``: called with the trainer on every process after each step (once its logging, evaluation
         and checkpoint are done), outside the training seconds a time budget counts; a true return on any
@@ -138,7 +143,7 @@ class Trainer:
         """
         self._lock, self._stop, self.accelerator, self.on_step_end = None, StopRequest(), None, on_step_end
         try:
-            self._set_up(cfg, evaluator, resume, show_progress)
+            self._set_up(cfg, evaluator, resume, show_progress, named)
         except BaseException:
             self.close()
             raise
@@ -150,11 +155,19 @@ class Trainer:
         if self.accelerator is not None:
             finish_trackers(self.accelerator)
 
-    def _set_up(self, cfg: Config, evaluator: Callable[..., dict] | None, resume: str | None, show_progress: bool):
+    def _set_up(
+        self,
+        cfg: Config,
+        evaluator: Callable[..., dict] | None,
+        resume: str | None,
+        show_progress: bool,
+        named: frozenset[str],
+    ):
         self._started = time.perf_counter()
         check_config(cfg)  # what its architecture asks of the config, before train.init replaces the model section
         refuse_warmup_without_decay(cfg.train)
-        cfg = resolve_init(cfg)  # train.init: checked, and the model section taken from it, before anything else
+        refuse_other_strategies_settings(cfg.masking.strategy, named)
+        cfg = resolve_init(cfg, named)  # train.init: checked, and the model section taken from it, before anything
         self.cfg, self.evaluator, self.show_progress = cfg, evaluator, show_progress
         # This run's precision, resolved once: accelerate's mixed_precision is per process (launch.py).
         self.precision = resolve_precision(cfg.train.precision)
@@ -379,5 +392,7 @@ class Trainer:
         summary = run_summary(self.state, self.peak, self.accelerator, final_eval, self.run_dir)
         self.metrics.write({"step": self.state.step, "eval": final_eval})
         if self.accelerator.is_main_process:
-            write_finished_run(self.run_dir, saved, self.cfg, summary, self.train_store, self.valid_store)
+            write_finished_run(
+                self.run_dir, saved, self.cfg, summary, self.train_store, self.valid_store, self.masker.ngrams
+            )
         return summary

@@ -36,23 +36,25 @@ def export_model_folder(
     data: dict[str, dict | None],
     *,
     replace: bool = False,
+    ngrams: list | None = None,
 ) -> Path:
     """The checkpoint's model/ copied to ``out``, with the model card: staged beside ``out`` and renamed when
     whole, so a full disk leaves ``out`` as it was (``replace``: an existing ``out`` is replaced, else it must be
     new or empty).
 
-    ``data``: {"train": meta, "valid": meta} of the prepared datasets (None where unknown).
+    ``data``: {"train": meta, "valid": meta} of the prepared datasets (None where unknown); ``ngrams``: the n-gram
+    vocabulary a strategy that reads one masked (None where unknown or none).
     """
     kept = f"{out} is left as it was and the checkpoint {checkpoint_dir} is intact"
     with writes_of(f"the model folder {out}", kept), building(out, replace=replace) as staging:
         shutil.copytree(checkpoint_dir / MODEL_DIR, staging, dirs_exist_ok=True)
         state = read_progress(checkpoint_dir)
-        card = card_text(staging, cfg, state, jsonio.finite_or_none(evaluation or {}), data)
+        card = card_text(staging, cfg, state, jsonio.finite_or_none(evaluation or {}), data, ngrams)
         (staging / CARD).write_text(card, encoding="utf-8")
     return out
 
 
-def card_text(folder: Path, cfg: Config, state: dict, evaluation: dict, data: dict) -> str:
+def card_text(folder: Path, cfg: Config, state: dict, evaluation: dict, data: dict, ngrams: list | None = None) -> str:
     model = read_config(folder)
     parameters = sum(math.prod(shape) for shape in saved_weight_shapes(folder).values())
     sections = [
@@ -61,7 +63,7 @@ def card_text(folder: Path, cfg: Config, state: dict, evaluation: dict, data: di
         _architecture(model, parameters),
         _tokenizer(folder, model),
         _data(cfg, data),
-        _masking(cfg),
+        _masking(cfg, ngrams),
         _training(cfg, state),
         _evaluation(cfg, evaluation),
         _provenance(cfg),
@@ -149,6 +151,21 @@ def _data(cfg: Config, data: dict) -> str:
         )
         + (f", documents grouped by {cfg.data.id_column!r}" if cfg.data.id_column else "")
         + "."
+        + _never_drawn(cfg.data.corpus, data.get("train"))
+    )
+
+
+def _never_drawn(corpus, meta: dict | None) -> str:
+    """A mixture's sources whose weight gave them no draw (meta's mixture, in data.corpus's order): named in
+    data.corpus, but not trained on, nor counted in the training row."""
+    sources = (meta or {}).get("mixture") or []
+    never = [source for source, drawn in zip(corpus, sources) if drawn.get("draws") == 0]
+    if not never:
+        return ""
+    return (
+        f" Not trained on, though data.corpus names {'them' if len(never) > 1 else 'it'}: "
+        + ", ".join(f"`{source}`" for source in never)
+        + " (a weight whose share of an epoch rounds to no draw)."
     )
 
 
@@ -165,7 +182,7 @@ def _data_row(name: str, setting: list[str], meta: dict | None) -> str:
     )
 
 
-def _masking(cfg: Config) -> str:
+def _masking(cfg: Config, ngrams: list | None) -> str:
     m, objective = cfg.masking, cfg.data.objective
     kept = 1 - m.mask_prob - m.random_prob
     pairs = (
@@ -181,8 +198,21 @@ def _masking(cfg: Config) -> str:
         f"- mask rate schedule: `{m.rate_schedule}`"
         + (f" from {m.rate_start:.0%}" if m.rate_schedule == choices.LINEAR_DECAY else ""),
         *strategy_entry(m.strategy).card_lines(m),
+        *([_ngrams_line(m, ngrams)] if strategy_entry(m.strategy).ngrams else []),
     ]
     return "## Objective and masking\n\n" + "\n".join(lines)
+
+
+def _ngrams_line(m, ngrams: list | None) -> str:
+    """What the n-gram vocabulary really held: none at all makes every unit a single word."""
+    if ngrams is None:
+        return "- n-grams masked as units: not known (the prepared training data was not at hand)"
+    if not ngrams:
+        return (
+            f"- n-grams masked as units: none (no n-gram was seen {m.pmi_min_count} times or more), so every unit "
+            "was a single word: whole-word masking"
+        )
+    return f"- n-grams masked as units: {len(ngrams):,} found in the training corpus"
 
 
 def _training(cfg: Config, state: dict) -> str:
@@ -264,11 +294,13 @@ def _value(value) -> str:
     return "null" if value is None else str(value)
 
 
-def write_finished_run(run_dir: Path, saved: Path, cfg: Config, summary: dict, train_store, valid_store) -> None:
+def write_finished_run(
+    run_dir: Path, saved: Path, cfg: Config, summary: dict, train_store, valid_store, ngrams: list | None
+) -> None:
     """The final model folder (the last checkpoint's, ``saved``, copied with its model card, which describes how
-    the two token stores were prepared) and summary.json."""
+    the two token stores were prepared and the n-gram vocabulary that was masked) and summary.json."""
     data = {"train": train_store.meta, "valid": valid_store.meta}
-    export_model_folder(saved, run_dir / MODEL_DIR, cfg, summary["eval"], data, replace=True)
+    export_model_folder(saved, run_dir / MODEL_DIR, cfg, summary["eval"], data, replace=True, ngrams=ngrams)
     kept = f"its last checkpoint {saved.name} and model/ are intact"
     with writes_of(f"{run_dir / 'summary.json'}", kept, "rerun the command to write it"):
         write_text_atomically(run_dir / "summary.json", jsonio.dumps(summary, indent=1))

@@ -9,6 +9,7 @@ that ran the baseline's computation again as "identical by construction", not as
 figures compared are in measures.py, the study's decision rule in decision.py, the plots in plots.py.
 """
 
+import json
 import logging
 import math
 from collections import Counter, defaultdict
@@ -52,7 +53,7 @@ from mlmlab.experiments.reporting.statistics import (
     detectable_effect,
     holm,
 )
-from mlmlab.experiments.results import read_rows
+from mlmlab.experiments.results import PREREGISTRATION_SHA256, STUDY_IDENTITY, read_rows
 from mlmlab.masking.strategies import STRATEGY_ENTRIES
 from mlmlab.train.metrics import METRICS_FILE, metrics_lines
 from mlmlab.utils import markdown
@@ -80,6 +81,50 @@ def load_rows(path: Path) -> tuple[list[dict], list[str]]:
     if not latest:
         raise UserError(f"{path} holds no result rows")
     return list(latest.values()), notes
+
+
+def mixed_studies(rows: list[dict]) -> list[str]:
+    """What makes ``rows`` more than one study's, each in words (none: one study's): two studies, two versions of one
+    study file's arms, seeds, budgets, screen, rule or gates, two pre-registrations (a hash beside "none": written
+    after the first rows), two decision rules. Each is compared among the rows that record it; study names only where
+    a row records its study's identity, so rows written before identities were report as they did (a shipped study
+    that took its baseline's rows from another)."""
+    identified = [row for row in rows if row.get(STUDY_IDENTITY)]
+    names = {str(row["study"]) for row in rows if "study" in row} if identified else set()
+    versions = {row[STUDY_IDENTITY]["sha256"] for row in identified}
+    preregistrations = {row[PREREGISTRATION_SHA256] or "none" for row in rows if PREREGISTRATION_SHA256 in row}
+    rules = {json.dumps(row["decision"], sort_keys=True) for row in rows if "decision" in row}
+    described = (
+        (names, f"studies {', '.join(sorted(names))}"),
+        (versions, f"{len(versions)} versions of the study file's arms, seeds, budgets, screen, rule or gates"),
+        (preregistrations, f"pre-registrations {', '.join(sorted(sha[:12] for sha in preregistrations))}"),
+        (rules, f"{len(rules)} decision rules"),
+    )
+    return [words for values, words in described if len(values) > 1]
+
+
+def check_one_study(path: Path, descriptive: bool) -> list[str]:
+    """mixed_studies of every row of ``path`` (before a later row of the same arm and seed hides another study's),
+    refused in one line unless the report is ``descriptive``."""
+    mixed = mixed_studies(read_rows(path)[0])
+    if mixed and not descriptive:
+        raise UserError(
+            f"{path} holds rows of more than one study ({'; '.join(mixed)}): no one rule applies to them, and their "
+            "seeds would be paired across studies; report each study's rows from its own results.jsonl, or pass "
+            "--mixed descriptive to compare them with no rule applied"
+        )
+    return mixed
+
+
+def descriptive_banner(mixed: list[str]) -> list[str]:
+    """The top of a report asked to be descriptive (--mixed descriptive): what it applied (nothing) and why."""
+    rows = f"rows of more than one study ({'; '.join(mixed)})" if mixed else "one study's rows"
+    return [
+        f"**Descriptive only (--mixed descriptive): no decision rule was applied.** These are {rows}; no validity "
+        "gate or decision rule is applied and no call is made, and seeds are paired wherever rows share an arm and "
+        "a seed, whichever study they come from.",
+        "",
+    ]
 
 
 def skipped(note: str) -> str:
@@ -782,9 +827,13 @@ def bucket_example(metrics: list[Metric]) -> str:
     return f" ({first} = the {first.split('_')[1]} most frequent ids)" if first else ""
 
 
-def write_report(results: Path, out: Path) -> Path:
-    """Write report.md and the PNG plots to ``out``; returns the report's path."""
+def write_report(results: Path, out: Path, descriptive: bool = False) -> Path:
+    """Write report.md and the PNG plots to ``out``; returns the report's path. Rows of more than one study
+    (mixed_studies) are refused unless ``descriptive``, which applies no gate and no rule to any rows."""
     rows, notes = load_rows(results)
+    mixtures = check_one_study(results, descriptive)
+    if descriptive:
+        rows = [{**row, "decision": None, "gates": None} for row in rows]
     baseline = choose_baseline(rows)
     groups = group_by_arm(rows, baseline)
     metrics = metrics_of(rows)
@@ -812,6 +861,7 @@ def write_report(results: Path, out: Path) -> Path:
         f"{len(rows)} runs, {len(groups) + len(mixed)} arms, seeds {seeds}; mlmlab "
         f"{', '.join(sorted({str(row.get('mlmlab_version')) for row in rows}))}.",
         "",
+        *(descriptive_banner(mixtures) if descriptive else []),
         *[f"- Warning: {warning}" for warning in warnings],
         *([""] if warnings else []),
     ]

@@ -31,10 +31,19 @@ import torch
 from mlmlab.config import Config, ModelConfig
 from mlmlab.data.resolve import tokenizer_dir_for
 from mlmlab.data.tokenizer import load_tokenizer
-from mlmlab.evaluate.glue import EVAL_BATCH_SIZE, EncodedSplit, encode, load_model, predict, train_model
+from mlmlab.evaluate.glue import (
+    EVAL_BATCH_SIZE,
+    EncodedSplit,
+    encode,
+    glue_lengths,
+    load_model,
+    predict,
+    refuse_inputs_past_positions,
+    train_model,
+)
 from mlmlab.evaluate.glue_data import TASKS, TRAIN_FILE, missing_files, read_labeled
 from mlmlab.evaluate.glue_settings import FineTuneSettings
-from mlmlab.evaluate.linear_probe import RANDOM_INIT, load_encoder, probe_task, read_task, split_features
+from mlmlab.evaluate.linear_probe import RANDOM_INIT, load_encoder, probe_lengths, probe_task, read_task, split_features
 from mlmlab.experiments.running.timing import TIMED_EVAL_BATCHES, WARMUP_STEPS
 from mlmlab.experiments.study import Study
 from mlmlab.model.flops import TRAINING_PASSES, encoder_forward_flops
@@ -92,6 +101,19 @@ def downstream_work(study: Study, tokenizer_setting: str) -> Downstream:
 def glue_settings(study: Study) -> dict[str, FineTuneSettings]:
     """Each GLUE task's fine-tuning settings as the study's runs get them (runner.glue_for)."""
     return study.glue.per_task() if study.glue.tasks else {}
+
+
+def check_positions(study: Study, arm_configs: dict[str, Config]) -> None:
+    """Every arm's model must take the inputs its runs' GLUE tasks and probes will read (the check glue and probe
+    make), before the first run: else each run trains, then fails at GLUE, and every rerun trains it again."""
+    glue, probes = glue_lengths(glue_settings(study)), probe_lengths(study.probe.tasks if study.probe else [])
+    for arm, cfg in arm_configs.items() if glue or probes else ():
+        positions = resolve_init(cfg).model.max_position_embeddings  # train.init's folder's, where it names one
+        model, more = f"arm {arm}'s model", f"give arm {arm} a model of more positions (model.max_position_embeddings)"
+        refuse_inputs_past_positions(glue, model, positions, f"set glue: {{max_length: {positions}}}, or {more}")
+        refuse_inputs_past_positions(
+            probes, model, positions, f"a probe reads its task's GLUE length; {more}, or leave the task out of probe"
+        )
 
 
 def glue_work(study: Study, tokenizer) -> list[TaskWork]:

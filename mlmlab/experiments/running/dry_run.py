@@ -10,7 +10,13 @@ from pathlib import Path
 
 from mlmlab.experiments.budget import ASSUMED_MFU, CPU_FLOPS, H100_PEAK_FLOPS, cpu_hours, gpu_hours
 from mlmlab.experiments.results import RESULTS_FILE
-from mlmlab.experiments.running.downstream import Downstream, downstream_work, glue_settings, timed_downstream
+from mlmlab.experiments.running.downstream import (
+    Downstream,
+    check_positions,
+    downstream_work,
+    glue_settings,
+    timed_downstream,
+)
 from mlmlab.experiments.running.runner import (
     Run,
     finished_rows,
@@ -39,6 +45,7 @@ def dry_run_text(
     timed), each arm's cost timed here too (``show_progress``: bars on stderr). The runs left: this shard's, of those
     ``only`` names."""
     runs = plan_runs(study)
+    check_positions(study, {run.arm.name: run.config for run in runs})  # as a run checks it before the first one
     mine = only_runs(shard_runs(runs, shard, study.gates.arm if study.gates else None), only)
     arm_runs = runs[: len(study.arms)]  # the first seed's runs: one per arm
     work = {setting: downstream_work(study, setting) for setting in {run.config.data.tokenizer for run in arm_runs}}

@@ -1,4 +1,5 @@
-"""What makes two study runs the same run, and what makes finished runs incomparable with new ones.
+"""What makes two study runs the same run, what makes finished runs incomparable with new ones, and what makes
+rows one study's.
 
 A study grows over several sessions while mlmlab changes under it. Its runs are keyed by
 what the study itself fixes: the values of the config keys its preset, base and arm set,
@@ -8,6 +9,11 @@ behaviour) therefore neither changes a key nor reruns a finished run. What could
 mix old and new runs is refused instead of rerun: a finished row whose recorded config
 differs from what the study now resolves to (a changed default the study did not pin), or
 whose prepared data differs (changed data preparation).
+
+A study's rows are compared under its rule, so every row also records the study's identity:
+a hash of each part of the study file that decides what the rows mean (its arms, budget,
+seeds, screen, decision rule and baseline, gates). The runner appends no row whose study
+identity differs from the first row's; it is no part of a run key.
 """
 
 import dataclasses
@@ -29,8 +35,7 @@ def identity_hash(cfg: Config, explicit_keys, datasets: dict, settings: dict) ->
     """12 hex digits over the explicitly set config values, the datasets' hashes and the study's other settings."""
     values = flat_keys(to_dict(cfg))
     chosen = {key: values[key] for key in sorted(set(explicit_keys) | set(STUDY_SET_KEYS)) if key not in NOT_IDENTITY}
-    text = json.dumps({"config": chosen, "datasets": datasets, **settings}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return sha256_of({"config": chosen, "datasets": datasets, **settings})[:12]
 
 
 def config_changes(recorded: dict, planned: dict) -> list[str]:
@@ -50,7 +55,58 @@ def settings_of(study) -> dict:
     return settings if study.probe is None else {**settings, "probe": keyed_fields(study.probe, KEYED_PROBE_FIELDS)}
 
 
-def keyed_fields(settings, always: tuple[str, ...]) -> dict:
-    """The fields of a settings dataclass in a run key: ``always``'s, and any other set off its default."""
-    values, defaults = dataclasses.asdict(settings), dataclasses.asdict(type(settings)())
-    return {key: value for key, value in values.items() if key in always or value != defaults[key]}
+def keyed_fields(settings, always: tuple[str, ...] = ()) -> dict:
+    """The fields of a settings dataclass in a key: ``always``'s and those without a default, and any other set off
+    its default."""
+    values = dataclasses.asdict(settings)
+    return {
+        field.name: values[field.name]
+        for field in dataclasses.fields(settings)
+        if field.name in always or values[field.name] != default_of(field)
+    }
+
+
+def default_of(field: dataclasses.Field):
+    """A dataclass field's default; for a field without one, a value nothing equals."""
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return object()
+
+
+# The parts of a study file that decide what its rows mean, by the words a refusal names each with.
+STUDY_PARTS = {
+    "arms": "arms (their names, order, overrides or budgets)",
+    "budget": "budget",
+    "seeds": "seeds",
+    "screen": "screen: block",
+    "rule": "decision rule or baseline",
+    "gates": "validity gates",
+}
+
+
+def study_identity(study) -> dict:
+    """{"sha256": of the parts, "parts": {part: sha256}}: what a study's rows record of the study file. A field that
+    mlmlab adds to the rule, the gates or the screen later enters only once a study sets it off its default, so
+    adding one changes no study's identity (keyed_fields)."""
+    parts = {
+        "arms": [[arm.name, arm.overrides, arm.budget] for arm in study.arms],
+        "budget": study.budget,
+        "seeds": study.seeds,
+        "screen": study.screen and keyed_fields(study.screen),
+        "rule": {"baseline": study.baseline, "decision": study.decision and keyed_fields(study.decision)},
+        "gates": study.gates and keyed_fields(study.gates),
+    }
+    hashes = {name: sha256_of(value)[:16] for name, value in parts.items()}
+    return {"sha256": sha256_of(hashes)[:16], "parts": hashes}
+
+
+def identity_changes(recorded: dict, current: dict) -> list[str]:
+    """The words of each part of a study's identity that differs between two (STUDY_PARTS)."""
+    return [words for part, words in STUDY_PARTS.items() if recorded["parts"].get(part) != current["parts"][part]]
+
+
+def sha256_of(value) -> str:
+    """The sha256 (hex) of a JSON value, its keys sorted."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()

@@ -34,8 +34,15 @@ from mlmlab.evaluate.perplexity import evaluate_mlm
 from mlmlab.evaluate.recalibrate import recalibrated_loss
 from mlmlab.experiments.budget import apply_budget, run_cost
 from mlmlab.experiments.gates import describe, gate_results
-from mlmlab.experiments.results import PREREGISTRATION, RESULTS_FILE, read_rows
-from mlmlab.experiments.running.identity import config_changes, identity_hash, settings_of
+from mlmlab.experiments.results import PREREGISTRATION, PREREGISTRATION_SHA256, RESULTS_FILE, STUDY_IDENTITY, read_rows
+from mlmlab.experiments.running.downstream import check_positions
+from mlmlab.experiments.running.identity import (
+    config_changes,
+    identity_changes,
+    identity_hash,
+    settings_of,
+    study_identity,
+)
 from mlmlab.experiments.screen import screen_pick
 from mlmlab.experiments.study import Arm, Study
 from mlmlab.model.architectures import check_config
@@ -235,16 +242,59 @@ def refuse_incomparable(runs: list[Run], rows: list[dict]) -> None:
 def preregistration_sha256(study: Study) -> str | None:
     """The sha256 of the study folder's preregistration.md, or None where it has none."""
     path = Path(study.out_dir) / PREREGISTRATION
+    if path.is_dir():  # not "gone", nor absent: a folder stands where the file was
+        raise UserError(
+            f"{path} is a folder, not the pre-registration file; put the file back (git checkout -- {path})"
+        )
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def study_record(study: Study, rows: list[dict]) -> dict:
+    """What the next row records of its study, refused where ``rows`` (those already in results.jsonl) recorded
+    otherwise: the study's identity and its pre-registration's hash."""
+    identity = check_study_identity(study, rows)
+    return {STUDY_IDENTITY: identity, PREREGISTRATION_SHA256: check_preregistration(study, rows)}
+
+
+def check_study_identity(study: Study, rows: list[dict]) -> dict:
+    """The study's identity for the next row (identity.study_identity), refused where the rows are another study's
+    or recorded another identity: rows are compared under one rule only while the arms, seeds, budgets, screen,
+    rule and gates they were made under stay as they were. Compared with the rows that record it (rows of an mlmlab
+    from before it was recorded stand beside later ones)."""
+    results = Path(study.out_dir) / RESULTS_FILE
+    other = next((row["study"] for row in rows if row.get("study", study.name) != study.name), None)
+    if other is not None:
+        raise UserError(
+            f"{results} holds rows of study {other!r}, not of {study.name!r} (the study file's name:, or its file's "
+            "name): two studies' rows would be compared as one; give this study its own folder (--out), or name it "
+            "as its rows do"
+        )
+    current = study_identity(study)
+    recorded = next((row[STUDY_IDENTITY] for row in rows if row.get(STUDY_IDENTITY)), None)
+    if recorded is not None and recorded["sha256"] != current["sha256"]:
+        raise UserError(
+            f"the study file's {' and '.join(identity_changes(recorded, current))} changed since the first row of "
+            f"{results} was made: its rows are one study's only while these stay as they were; restore them "
+            f"(git diff {study.source}) and write afterthoughts in the study's README.md, or start a new study with "
+            "--out"
+        )
+    return current
 
 
 def check_preregistration(study: Study, rows: list[dict]) -> str | None:
     """The pre-registration's hash for the next row, refused once it differs from the first row's: a rule written
-    before the runs is only that while it cannot move under them (corrections go in the study's README.md)."""
+    before the runs is only that while it cannot move under them (corrections go in the study's README.md). A
+    pre-registration that appears after rows that recorded none is refused too: it was written after results."""
     current = preregistration_sha256(study)
-    recorded = next((row["preregistration_sha256"] for row in rows if row.get("preregistration_sha256")), None)
+    recorded = next((row[PREREGISTRATION_SHA256] for row in rows if row.get(PREREGISTRATION_SHA256)), None)
+    path = Path(study.out_dir) / PREREGISTRATION
+    if recorded is None and current is not None and rows:
+        raise UserError(
+            f"{path} appeared after the study's first rows, which record no pre-registration: a rule written after "
+            "results is not a pre-registration; move it into the study's README.md as an afterthought, or start a "
+            "new study with --out whose pre-registration comes before its first row"
+        )
     if recorded is not None and current != recorded:
-        path = Path(study.out_dir) / PREREGISTRATION
         now = "is gone" if current is None else f"hashes to {current[:12]}"
         raise UserError(
             f"{path} {now}, not {recorded[:12]} as the study's first row recorded: a pre-registration "
@@ -335,12 +385,14 @@ def make_row(
     scorer_seconds: float,
     evaluations: dict,
     evaluation_seconds: float,
-    preregistration: str | None = None,
+    record: dict,
 ) -> dict:
+    """The run's row; ``record``: what it records of its study (study_record)."""
     cfg = run.config
     return {
         "key": run.key,
         "study": study.name,
+        STUDY_IDENTITY: record[STUDY_IDENTITY],
         "study_source": study.source,
         "out_dir": study.out_dir,
         "arm": run.arm.name,
@@ -364,7 +416,7 @@ def make_row(
         "datasets": run.datasets,
         "gates": {"arm": study.gates.arm, "min": study.gates.minimum} if study.gates else None,
         "decision": dataclasses.asdict(study.decision) if study.decision else None,  # the report applies it
-        "preregistration_sha256": preregistration,  # of preregistration.md as the run ended (check_preregistration)
+        PREREGISTRATION_SHA256: record[PREREGISTRATION_SHA256],  # of preregistration.md as the run ended
         "config": to_dict(cfg),
         "mlmlab_version": mlmlab.__version__,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -379,9 +431,9 @@ def execute(run: Run, study: Study, results: Path, show_progress: bool) -> dict:
     summary, scorer_seconds, refit_seconds = train_run(run.config, show_progress)
     trained = time.perf_counter()
     evaluations = {key: measure(run, study, show_progress) for key, measure in MEASUREMENTS.items()}
-    preregistration = check_preregistration(study, finished_rows(results))  # it may have moved while this run trained
+    record = study_record(study, finished_rows(results))  # the rows may have moved while this run trained
     evaluation_seconds = refit_seconds + time.perf_counter() - trained
-    row = make_row(run, study, summary, scorer_seconds, evaluations, evaluation_seconds, preregistration)
+    row = make_row(run, study, summary, scorer_seconds, evaluations, evaluation_seconds, record)
     append_row(results, row)
     return row
 
@@ -407,7 +459,7 @@ def complete_row(run: Run, study: Study, results: Path, row: dict, lacking: list
     row: the last row of a key is the one that counts (results.read_rows)."""
     started = time.perf_counter()
     evaluations = {key: MEASUREMENTS[key](run, study, show_progress) for key in lacking}
-    check_preregistration(study, finished_rows(results))
+    study_record(study, finished_rows(results))
     completed = {
         **row,
         **evaluations,
@@ -481,7 +533,7 @@ def _run_shard(
         if done is not None and not lacking:
             log(f"{label}: already in {results}, skipped")
             continue
-        check_preregistration(study, finished)
+        study_record(study, finished)
         release_freed_memory()  # what the runs before this one freed: the tuned heap would keep it (allocator.py)
         model = Path(run.config.train.out_dir) / "model"
         if lacking and is_model_folder(model):
@@ -562,6 +614,7 @@ def expected_seconds(run: Run, rows: list[dict]) -> tuple[float, str] | None:
 def check_study_inputs(study: Study, planned: list[Run]) -> None:
     """Every file the study names (GLUE and probe tasks' train and dev files, further held-out sets), before any
     training: a row lacking one of its measurements would count as finished, and a rerun would never add it."""
+    check_positions(study, {run.arm.name: run.config for run in planned})
     for what, tasks, drop in (
         ("fine-tunes on", resolve_task_names(study.glue.tasks) if study.glue.tasks else [], "glue: {tasks: []}"),
         ("probes", study.probe.tasks if study.probe else [], "drop probe:"),

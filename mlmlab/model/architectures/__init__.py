@@ -7,7 +7,10 @@ registers one from outside the package.
 """
 
 import importlib
+import inspect
 import pkgutil
+
+import torch
 
 from mlmlab import choices
 from mlmlab.config import Config
@@ -32,6 +35,27 @@ def _modules_here() -> dict[str, Architecture]:
 
 
 ADAPTERS = _modules_here()  # by model.architecture (model_type)
+
+
+class AnyMaskedLM:
+    """Any other transformers masked LM (DistilBERT, ELECTRA's generator, ...), for held-out scoring only: mlmlab
+    does not know where its encoder ends and its head begins, so its own forward projects every position and the
+    sparse loss picks the selected ones from those logits. Never trained, never an ADAPTERS entry."""
+
+    label = "masked LM"
+    layer_class = None
+    has_nsp = False
+
+    @staticmethod
+    def encode(model, input_ids, attention_mask, token_type_ids=None, inputs_embeds=None) -> tuple:
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None and "token_type_ids" in inspect.signature(model.forward).parameters:
+            inputs["token_type_ids"] = token_type_ids  # DistilBERT's and ModernBERT's forwards take none
+        return model(**inputs).logits, None  # (B, T, V) in the place of hidden states; no pooler
+
+    @staticmethod
+    def predict(model, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden  # encode's output is the logits already: (..., V)
 
 
 def add_architecture(adapter: Architecture) -> None:
@@ -90,9 +114,24 @@ def saved_settings(saved: dict) -> dict:
     return {"architecture": architecture.name, **settings}
 
 
-def token_positions(saved: dict) -> int:
-    """The tokens a config.json's model takes at most: its position rows less the architecture's offset."""
-    return (saved.get("max_position_embeddings") or 0) - saved_architecture(saved).position_offset(saved)
+def token_positions(saved: dict) -> int | None:
+    """The tokens a config.json's model takes at most: its position rows less the architecture's offset (RoBERTa's
+    ids start past the padding id: 66 rows take 64 tokens). A model type mlmlab does not train (GLUE and
+    evaluate_masked_lm take any) is counted without an offset, an upper bound; None where it names no position rows."""
+    rows = saved.get("max_position_embeddings")
+    if not isinstance(rows, int) or isinstance(rows, bool):
+        return None
+    return rows - ADAPTERS.get(saved.get("model_type", choices.BERT), ADAPTERS[choices.BERT]).position_offset(saved)
+
+
+def refuse_past_positions(what: str, length: int, model: str, positions: int | None, remedy: str) -> None:
+    """The one check of an input length against a model's positions, whichever command would feed the model
+    (evaluate, glue, probe, train.init, a study before its first run): ``what`` (e.g. "GLUE RTE reads inputs of up
+    to") ``length`` tokens, where ``model`` takes ``positions`` (token_positions, or a config's
+    model.max_position_embeddings: mlmlab's setting counts tokens; None: not known), refused in one line with
+    ``remedy``, before any work, not as an embedding's "index out of bounds" minutes in."""
+    if positions is not None and length > positions:
+        raise UserError(f"{what} {length} tokens, but {model} takes at most {positions}; {remedy}")
 
 
 def config_entry(saved: dict, key):
