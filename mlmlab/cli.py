@@ -30,8 +30,9 @@ from mlmlab.config import (
     preset_names,
 )
 from mlmlab.config import number_argument as number
+from mlmlab.data.records import Columns
 from mlmlab.errors import UserError, write_refusal
-from mlmlab.evaluate.glue_settings import GlueSettings
+from mlmlab.evaluate.glue_settings import FineTuneSettings, GlueSettings
 from mlmlab.utils import jsonio
 from mlmlab.utils.allocator import reexec_with_malloc_tuning
 from mlmlab.utils.signals import exit_code, sigterm_unwinds
@@ -39,8 +40,6 @@ from mlmlab.utils.signals import exit_code, sigterm_unwinds
 
 def columns_of(args):
     """--text-column / --id-column as the readers take them."""
-    from mlmlab.data.records import Columns
-
     return Columns(args.text_column, args.id_column)
 
 
@@ -83,7 +82,7 @@ def refuse_ignored_tokenizer_options(args) -> None:
         "--corpus": args.corpus,
         "--kind": args.kind,
         "--vocab-size": args.vocab_size,
-        "--text-column": args.text_column != "text",
+        "--text-column": args.text_column != Columns.text,
         "--id-column": args.id_column,
     }
     trains = [option for option, value in given.items() if value]
@@ -352,7 +351,11 @@ run's figures in its row under probe, e.g. probe.tasks.SST-2.gain and probe.aver
 
 
 def add_column_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--text-column", default="text", help="JSONL and tables: the field holding the text (default: text)")
+    p.add_argument(
+        "--text-column",
+        default=Columns.text,
+        help="JSONL and tables: the field holding the text (default: %(default)s)",
+    )
     p.add_argument(
         "--id-column",
         default="",
@@ -542,7 +545,9 @@ def add_mask_parser(sub) -> None:
 def add_pretrain_parser(sub) -> None:
     p = sub.add_parser("pretrain", help="pretrain a BERT (MLM + NSP) or ModernBERT (MLM) encoder")
     p.add_argument(
-        "--config", default="tiny", help=f"preset name ({', '.join(preset_names())}) or YAML file (default: tiny)"
+        "--config",
+        default="tiny",
+        help=f"preset name ({', '.join(preset_names())}) or YAML file (default: %(default)s)",
     )
     p.add_argument("--resume", default=None, help="'auto' (newest intact checkpoint of the run) or a checkpoint folder")
     p.add_argument(
@@ -666,9 +671,10 @@ def add_glue_parser(sub) -> None:
     )
     p.add_argument(
         "--dropout",
-        type=number("--dropout", float, BELOW_ONE, 0.1),
+        type=number("--dropout", float, BELOW_ONE, FineTuneSettings.dropout),
         default=glue.dropout,
-        help="hidden and attention dropout while fine-tuning (default 0.1, BERT's, whatever the pretraining's)",
+        help=f"hidden and attention dropout while fine-tuning (default {FineTuneSettings.dropout:g}, BERT's, whatever "
+        "the pretraining's)",
     )
     p.add_argument(
         "--max-train-examples",
