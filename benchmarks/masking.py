@@ -41,7 +41,7 @@ from mlmlab.masking.masker import Masker  # noqa: E402
 from mlmlab.masking.scorers import scorer_names  # noqa: E402
 from mlmlab.masking.select import Corruption, mask_batch, token_info_for  # noqa: E402
 from mlmlab.masking.variants import READS_LOSSES, READS_MODEL  # noqa: E402
-from mlmlab.model import build_model, pretraining_loss  # noqa: E402
+from mlmlab.model.pretraining import build_model, pretraining_loss  # noqa: E402
 
 VOCAB = ROOT.parent / "shared" / "data" / "bert_vocab" / "bert-base-uncased-vocab.txt"
 SAMPLE = ROOT / "mlmlab" / "resources" / "sample"
@@ -173,7 +173,7 @@ from reference import naive_entropy_scores
 from mlmlab.config import ModelConfig
 from mlmlab.masking import scorers
 from mlmlab.masking.select import eligible_positions
-from mlmlab.model import build_model
+from mlmlab.model.pretraining import build_model
 V, B, T = 30522, 64, 128
 model = build_model(ModelConfig(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024), V, 0)
 g = torch.Generator().manual_seed(0)

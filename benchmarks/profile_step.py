@@ -30,7 +30,7 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler_util import EventList
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from mlmlab.train.launch import matmul_dtype
+from mlmlab.train.launch import Precision
 from mlmlab.train.mfu import peak_matmul_flops
 from mlmlab.utils.allocator import reexec_with_malloc_tuning
 from mlmlab.utils.devices import clock
@@ -121,10 +121,10 @@ def measured_peaks(device: torch.device) -> dict:
     }
 
 
-def speed_line(totals: list, precision: str, peaks: dict) -> str:
+def speed_line(totals: list, precision: Precision, peaks: dict) -> str:
     """An arm's tokens/s and MFU over its timed steps, of the peak of the dtype its matmuls run in."""
     tokens, _, flops, seconds = totals
-    dtype = matmul_dtype(precision)
+    dtype = precision.dtype
     return (
         f"  {tokens / seconds:.0f} tokens/s, {dtype_name(precision)}: MFU {flops / seconds / peaks[dtype]:.1%} of "
         f"the measured {dtype_name(precision)} matmul peak ({flops / seconds / 1e12:.3f} of {peaks[dtype] / 1e12:.2f} "

@@ -60,11 +60,11 @@ from torch._dynamo.utils import counters
 from transformers import BertForMaskedLM, DataCollatorForLanguageModeling, ModernBertForMaskedLM
 
 from mlmlab import choices
-from mlmlab.architectures import architecture_of
 from mlmlab.config import load_config
 from mlmlab.data.loader import epoch_plans
-from mlmlab.model import IGNORE_INDEX, encode, predict
-from mlmlab.train.launch import matmul_dtype
+from mlmlab.model.architectures import architecture_of
+from mlmlab.model.pretraining import IGNORE_INDEX, encode, predict
+from mlmlab.train.launch import Precision
 from mlmlab.train.loop import Trainer
 from mlmlab.train.mfu import peak_matmul_flops, peak_matmul_size, training_flops
 from mlmlab.train.stable_adamw import StableAdamW
@@ -291,7 +291,7 @@ def benchmark_preset(preset: str, args) -> dict:
         precisions = {name: trainer.precision for name, trainer in trainers.items()}
         # Longer than training's start-up timing and up to the largest size: the benchmark can afford it.
         peaks = {
-            precision: peak_matmul_flops(device, matmul_dtype(precision), seconds=PEAK_SECONDS, big_enough=0.1)
+            precision: peak_matmul_flops(device, precision.dtype, seconds=PEAK_SECONDS, big_enough=0.1)
             for precision in set(precisions.values())
         }
         settings = {name: describe_settings(trainer) for name, trainer in trainers.items()}
@@ -320,9 +320,9 @@ def describe_settings(trainer: Trainer) -> str:
     return f"dropout {'/'.join(f'{d:g}' for d in dropouts)}, {dtype_name(trainer.precision)}"
 
 
-def dtype_name(precision: str) -> str:
-    """accelerate's precision name ("no", "bf16") as the dtype the matmuls run in ("float32", "bfloat16")."""
-    return str(matmul_dtype(precision)).removeprefix("torch.")
+def dtype_name(precision: Precision) -> str:
+    """A run's precision as the dtype the matmuls run in ("float32", "bfloat16")."""
+    return str(precision.dtype).removeprefix("torch.")
 
 
 def print_preset(result: dict) -> None:

@@ -82,8 +82,8 @@ from mlmlab.errors import UserError
 from mlmlab.evaluate.perplexity import evaluate_mlm, evaluated_batches, fixed_mask_batches
 from mlmlab.masking.evaluation import EVAL_RATE, EVAL_SEED
 from mlmlab.masking.select import token_info_for
-from mlmlab.model import padded_vocab_size
-from mlmlab.train.launch import matmul_dtype, release_other_precision, resolve_precision
+from mlmlab.model.pretraining import padded_vocab_size
+from mlmlab.train.launch import PRECISIONS, Precision, release_other_precision, resolve_precision
 from mlmlab.train.loop import Trainer
 from mlmlab.train.optim import lr_factor
 from mlmlab.utils.allocator import reexec_with_malloc_tuning
@@ -341,7 +341,8 @@ def run_anchor(cfg: Config, tokenizer, held_out: HeldOut, args, folder: Path) ->
         lr_lambda=TimeBudgetLR(t, curve, budget),
     )
     trainer.remove_callback(PrinterCallback)  # its end-of-training dict on stdout, before the table
-    trained_in = precision_name(trainer.accelerator.mixed_precision)  # read now: the next Accelerator's changes it
+    # read now: the next Accelerator's changes it
+    trained_in = precision_name(next(p for p in PRECISIONS if p.accelerate == trainer.accelerator.mixed_precision))
     trainer.train()
     return summary(curve, trained_in, trainer.state.global_step)
 
@@ -366,9 +367,9 @@ def run_mlmlab(cfg: Config, held_out: HeldOut, every_seconds: float, target: flo
     return summary(curve, precision_name(trainer.precision), trainer.state.step)
 
 
-def precision_name(mixed_precision: str) -> str:
-    """The dtype an arm's matmuls ran in under accelerate's ``mixed_precision``: "float32" or "bfloat16"."""
-    return str(matmul_dtype(mixed_precision)).removeprefix("torch.")
+def precision_name(precision: Precision) -> str:
+    """The dtype an arm's matmuls ran in under ``precision`` (a Trainer's, resolved): "float32" or "bfloat16"."""
+    return str(precision.dtype).removeprefix("torch.")
 
 
 def summary(curve: Curve, precision: str, steps: int) -> dict:

@@ -6,12 +6,13 @@ objective is added here first; a new masking strategy or scorer also needs its e
 (masking/strategies.py, masking/scorers.py).
 """
 
-# model.architecture: each is transformers' model_type of the class it builds (a saved config.json says which)
+# model.architecture: each is transformers' model_type of the class it builds (a saved config.json says which);
+# what each one is lives in its module of model/architectures/, whose add_architecture appends a new one's name
 BERT = "bert"  # the seed's: BertForPreTraining, post-LayerNorm, learned positions, MLM + NSP heads
 MODERNBERT = "modernbert"  # ModernBertForMaskedLM: pre-norm, RoPE, GeGLU, no biases, local/global attention; MLM only
 ROBERTA = "roberta"  # RobertaForMaskedLM: BERT's encoder, positions past the padding id, one token type; MLM only
 XLM_ROBERTA = "xlm-roberta"  # XLMRobertaForMaskedLM: RoBERTa's architecture under XLM-R's class names; MLM only
-ARCHITECTURES = (BERT, ROBERTA, XLM_ROBERTA, MODERNBERT)
+ARCHITECTURES = [BERT, ROBERTA, XLM_ROBERTA, MODERNBERT]  # model/architectures/: one module each
 
 # mlmlab tokenizer --kind: the tokenizers library's models, each saved so that AutoTokenizer loads it
 WORDPIECE = "wordpiece"  # BERT's: "##" marks a word's continuation pieces; [CLS] [SEP] [PAD] [UNK] [MASK]

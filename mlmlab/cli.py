@@ -5,6 +5,7 @@ mistyped option then answer without first importing torch and transformers (seco
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -18,8 +19,8 @@ from mlmlab.config import (
     NON_NEGATIVE,
     POSITIVE,
     PROBABILITY,
-    RATE,
     SEEDS,
+    DataConfig,
     MaskingConfig,
     at_least,
     config_listing,
@@ -29,8 +30,9 @@ from mlmlab.config import (
     preset_names,
 )
 from mlmlab.config import number_argument as number
+from mlmlab.data.records import Columns
 from mlmlab.errors import UserError, write_refusal
-from mlmlab.evaluate.glue_settings import GlueSettings
+from mlmlab.evaluate.glue_settings import FineTuneSettings, GlueSettings
 from mlmlab.utils import jsonio
 from mlmlab.utils.allocator import reexec_with_malloc_tuning
 from mlmlab.utils.signals import exit_code, sigterm_unwinds
@@ -38,8 +40,6 @@ from mlmlab.utils.signals import exit_code, sigterm_unwinds
 
 def columns_of(args):
     """--text-column / --id-column as the readers take them."""
-    from mlmlab.data.records import Columns
-
     return Columns(args.text_column, args.id_column)
 
 
@@ -82,7 +82,7 @@ def refuse_ignored_tokenizer_options(args) -> None:
         "--corpus": args.corpus,
         "--kind": args.kind,
         "--vocab-size": args.vocab_size,
-        "--text-column": args.text_column != "text",
+        "--text-column": args.text_column != Columns.text,
         "--id-column": args.id_column,
     }
     trains = [option for option, value in given.items() if value]
@@ -115,55 +115,64 @@ def cmd_prepare(args) -> None:
     print(f"{len(store)} instances in {out}" + (f" ({use})" if (use := token_use(store.meta)) else ""))
 
 
+def masking_of(args, first: tuple[str, ...] = ()) -> MaskingConfig:
+    """The masking section of --config with ``first``, any old masking option (each said to be its setting) and
+    the overrides, in that order, read as pretrain reads its own."""
+    settings = []
+    for flag, name in OLD_MASKING_FLAGS.items():
+        if hasattr(args, f"old_{name}"):
+            value = getattr(args, f"old_{name}")
+            setting = f"masking.{name}={'true' if value is True else value}"
+            print(
+                f"mlmlab: note: {flag} is {setting} now, as pretrain takes it; {flag} goes in the next release",
+                file=sys.stderr,
+            )
+            settings.append(setting)
+    return load_config(args.config, [*first, *settings, *args.overrides]).masking
+
+
 def cmd_dump(args) -> None:
     from mlmlab.show import dump_instances, top_ngrams
 
-    if args.ngrams:
-        for record in top_ngrams(args.data, args.ngrams, pmi_vocab_size=args.pmi_vocab_size):
+    if args.ngrams:  # PMI's vocabulary: its masking.pmi_* settings, whatever strategy the config names
+        masking = masking_of(args, first=(f"masking.strategy={choices.PMI}",))
+        for record in top_ngrams(args.data, args.ngrams, masking):
             print(json.dumps(record, ensure_ascii=False))
         return
-    for record in dump_instances(
+    masking = masking_of(args)
+    shown = dump_instances(
         args.data,
         args.n,
+        masking,
         start=args.start,
         masked=args.masked,
-        seed=args.mask_seed,
         epoch=args.epoch,
-        strategy=args.strategy,
-        dupe_factor=args.dupe_factor,
-        whole_word=args.whole_word,
-        pmi_vocab_size=args.pmi_vocab_size,
-    ):
+        progress=args.training_progress,
+    )
+    for record in shown:
         print(json.dumps(record, ensure_ascii=False))
 
 
 def cmd_mask(args) -> None:
     from mlmlab.show import mask_sentence
 
-    print(
-        mask_sentence(
-            args.text,
-            tokenizer=args.tokenizer,
-            data=args.data,
-            model=args.model,
-            progress=args.training_progress,
-            seed=args.mask_seed,
-            epoch=args.epoch,
-            rate=args.rate,
-            strategy=args.strategy,
-            dupe_factor=args.dupe_factor,
-            whole_word=args.whole_word,
-            scorer=args.scorer,
-            frequency_neutral=args.frequency_neutral,
-            pmi_vocab_size=args.pmi_vocab_size,
-        )
+    shown = mask_sentence(
+        args.text,
+        masking_of(args),
+        tokenizer=args.tokenizer,
+        data=args.data,
+        model=args.model,
+        progress=args.training_progress,
+        epoch=args.epoch,
     )
+    print(shown)
 
 
 def cmd_pretrain(args) -> None:
     from accelerate import PartialState
 
     from mlmlab.evaluate.perplexity import evaluate_mlm
+    from mlmlab.model.architectures import check_config
     from mlmlab.show import pretrain_summary
     from mlmlab.train.loop import Trainer
     from mlmlab.utils.files import require_output, write_text_atomically
@@ -172,6 +181,7 @@ def cmd_pretrain(args) -> None:
         require_output(Path(args.json), "--json", folder=False)
     init = [f"train.init={json.dumps(args.init)}"] if args.init else []  # quoted: a folder named 007 stays text
     cfg = load_config(args.config, [*args.overrides, *init])
+    check_config(cfg)  # before --processes starts any
     if args.processes > 1:
         from mlmlab.train.launch import over_processes
         from mlmlab.utils.progress import say
@@ -298,7 +308,11 @@ def cmd_config(args) -> None:
     preset, overrides = (
         (None, [args.preset, *args.overrides]) if args.preset and "=" in args.preset else (args.preset, args.overrides)
     )
-    print(config_listing(load_config(preset, overrides)))
+    from mlmlab.model.architectures import check_config
+
+    cfg = load_config(preset, overrides)
+    check_config(cfg)
+    print(config_listing(cfg))
 
 
 def cmd_report(args) -> None:
@@ -337,7 +351,11 @@ run's figures in its row under probe, e.g. probe.tasks.SST-2.gain and probe.aver
 
 
 def add_column_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--text-column", default="text", help="JSONL and tables: the field holding the text (default: text)")
+    p.add_argument(
+        "--text-column",
+        default=Columns.text,
+        help="JSONL and tables: the field holding the text (default: %(default)s)",
+    )
     p.add_argument(
         "--id-column",
         default="",
@@ -351,22 +369,90 @@ def add_progress_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars or progress lines on stderr")
 
 
-def add_pmi_option(p: argparse.ArgumentParser) -> None:
-    """masking.pmi_vocab_size for the commands that show PMI masking: the setting a smaller corpus changes."""
+def add_number_option(p: argparse.ArgumentParser, option: str, kind: type, allowed, default, **options) -> None:
+    """A numeric option, range-checked as a config key is; its default is also the value a refusal suggests."""
+    p.add_argument(option, type=number(option, kind, allowed, default), default=default, **options)
+
+
+def add_epoch_option(p: argparse.ArgumentParser) -> None:
+    """Which epoch's masks mask and dump show: static masking's key cycles over masking.dupe_factor of them."""
+    add_number_option(p, "--epoch", int, at_least(0), 0, help="the epoch whose masks to show (default: %(default)s)")
+
+
+def add_progress_share_option(p: argparse.ArgumentParser, default: float, which: str) -> None:
+    """The point of training whose step mask and dump show: ADM's a and a rate schedule's rate depend on it."""
+    add_number_option(
+        p,
+        "--training-progress",
+        float,
+        PROBABILITY,
+        default,
+        metavar="SHARE",
+        help=f"the share of training done, in [0, 1], at which the step masks (default: %(default)s, {which})",
+    )
+
+
+def add_masking_settings(p: argparse.ArgumentParser, which: str) -> None:
+    """--config and dotted overrides, as pretrain takes them: the masks shown are a training step's under them."""
     p.add_argument(
-        "--pmi-vocab-size",
-        type=int,
-        default=MaskingConfig.pmi_vocab_size,
-        help="pmi: masking.pmi_vocab_size, the n-grams in the vocabulary (default: the paper's 800000)",
+        "--config",
+        default=None,
+        help=f"preset name ({', '.join(preset_names())}) or YAML file whose masking section masks (default: the "
+        "defaults, = tiny)",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help=f"section.key=value as pretrain takes them, e.g. masking.strategy=span masking.span_p=0.3; {which}",
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="mlmlab", description="Pretrain BERT-style encoders and compare masking strategies."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+# The options mask and dump took for masking settings before they took --config and overrides: for one more
+# release, each is read as its masking.* setting (checked as its field's range, named as the option) with a note
+# naming that setting.
+OLD_MASKING_FLAGS = {
+    "--mask-seed": "seed",
+    "--rate": "rate",
+    "--strategy": "strategy",
+    "--dupe-factor": "dupe_factor",
+    "--whole-word": "whole_word",
+    "--pmi-vocab-size": "pmi_vocab_size",
+    "--scorer": "scorer",
+    "--frequency-neutral": "frequency_neutral",
+}
+DUMP_OLD_FLAGS = ("--mask-seed", "--strategy", "--dupe-factor", "--whole-word", "--pmi-vocab-size")
+MASK_OLD_FLAGS = tuple(OLD_MASKING_FLAGS)
 
+
+def add_old_masking_flags(p: argparse.ArgumentParser, flags: tuple[str, ...]) -> None:
+    """``flags`` (of OLD_MASKING_FLAGS), each read as its MaskingConfig field; hidden from --help."""
+    for flag in flags:
+        field = field_of(MaskingConfig, OLD_MASKING_FLAGS[flag])
+        read = reading_of(flag, field)
+        p.add_argument(flag, dest=f"old_{field.name}", default=argparse.SUPPRESS, help=argparse.SUPPRESS, **read)
+
+
+def field_of(section: type, name: str) -> dataclasses.Field:
+    return next(field for field in dataclasses.fields(section) if field.name == name)
+
+
+def reading_of(option: str, field: dataclasses.Field) -> dict:
+    """How argparse reads ``option``, which sets config ``field``: a switch for a bool, a number range-checked as
+    the key is (a bad value named as the option), else text for the config to check."""
+    if field.type is bool:
+        return {"action": "store_const", "const": True}
+    if "range" in field.metadata:
+        return {"type": number(option, field.type, *field.metadata["range"])}
+    return {}
+
+
+def add_field_option(p: argparse.ArgumentParser, option: str, section: type, name: str, **options) -> None:
+    """An option that sets config field ``section.name``, generated from it: its reading, range and default."""
+    field = field_of(section, name)
+    p.add_argument(option, default=field.default, **reading_of(option, field), **options)
+
+
+def add_tokenizer_parser(sub) -> None:
     p = sub.add_parser("tokenizer", help="train a WordPiece, byte-level BPE or Unigram tokenizer, or adopt a vocab.txt")
     p.add_argument("--corpus", nargs="+", help=CORPUS_HELP)
     add_column_options(p)
@@ -389,19 +475,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_option(p)
     p.set_defaults(func=cmd_tokenizer)
 
+
+def add_prepare_parser(sub) -> None:
     p = sub.add_parser("prepare", help="turn raw text into NSP instances / packed blocks (memory-mapped shards)")
     p.add_argument("--corpus", nargs="+", required=True, help=CORPUS_HELP)
     add_column_options(p)
     p.add_argument("--tokenizer", required=True, help="a tokenizer folder (see `mlmlab tokenizer`)")
-    p.add_argument("--max-seq-length", type=number("--max-seq-length", int, at_least(8), 128), default=128)
-    p.add_argument("--objective", choices=choices.OBJECTIVES, default=choices.NSP)
-    p.add_argument("--short-seq-prob", type=number("--short-seq-prob", float, PROBABILITY, 0.1), default=0.1)
-    p.add_argument(
-        "--seed",
-        type=number("--seed", int, SEEDS, 12345),
-        default=12345,
-        help="the NSP pairing draws (data.prepare_seed)",
-    )
+    add_field_option(p, "--max-seq-length", DataConfig, "max_seq_length")
+    p.add_argument("--objective", choices=choices.OBJECTIVES, default=DataConfig.objective)
+    add_field_option(p, "--short-seq-prob", DataConfig, "short_seq_prob")
+    add_field_option(p, "--seed", DataConfig, "prepare_seed", help="the NSP pairing draws (data.prepare_seed)")
     p.add_argument(
         "--workers",
         type=number("--workers", int, at_least(0), 2),
@@ -412,83 +495,59 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_option(p)
     p.set_defaults(func=cmd_prepare)
 
-    p = sub.add_parser("dump", help="print prepared instances as JSON lines (optionally masked)")
+
+def add_dump_parser(sub) -> None:
+    p = sub.add_parser(
+        "dump",
+        help="print prepared instances as JSON lines (optionally masked as a training step masks them)",
+        epilog="e.g. mlmlab dump --data DIR --masked masking.strategy=span masking.span_p=0.3",
+    )
     p.add_argument("--data", required=True)
-    p.add_argument("-n", type=number("-n", int, at_least(1), 5), default=5)
-    p.add_argument("--start", type=number("--start", int, at_least(0), 0), default=0)
+    add_number_option(p, "-n", int, at_least(1), 5)
+    add_number_option(p, "--start", int, at_least(0), 0)
     p.add_argument("--masked", action="store_true", help="add masked input_ids and labels as training makes them")
-    p.add_argument(
-        "--mask-seed",
-        type=number("--mask-seed", int, SEEDS, 0),
-        default=0,
-        help="masking.seed (prepare's --seed made the instances)",
-    )
-    p.add_argument("--epoch", type=number("--epoch", int, at_least(0), 0), default=0)
-    p.add_argument(
-        "--strategy",
-        choices=choices.STRATEGIES,
-        default=choices.DYNAMIC,
-        help="one that needs no scorer (adaptive's are shown on a sentence by mlmlab mask)",
-    )
-    p.add_argument(
-        "--dupe-factor",
-        type=number("--dupe-factor", int, at_least(1), 10),
-        default=10,
-        help="static: distinct masks per example",
-    )
-    p.add_argument("--whole-word", action="store_true", help="masking.whole_word: select whole words")
-    add_pmi_option(p)
+    add_epoch_option(p)
+    add_progress_share_option(p, 0.0, "the start")
     p.add_argument(
         "--ngrams",
         type=int,
         default=0,
         metavar="N",
-        help="print the N best n-grams of the dataset's PMI vocabulary instead (built beside it the first time)",
+        help="print the N best n-grams of the dataset's PMI vocabulary instead (built beside it the first time), "
+        "under the masking.pmi_* settings",
     )
+    add_masking_settings(p, "one whose strategy needs no scorer (adaptive's are shown on a sentence by mlmlab mask)")
+    add_old_masking_flags(p, DUMP_OLD_FLAGS)
     p.set_defaults(func=cmd_dump)
 
-    p = sub.add_parser("mask", help="show how one sentence is masked")
+
+def add_mask_parser(sub) -> None:
+    p = sub.add_parser(
+        "mask",
+        help="show how one sentence is masked",
+        epilog='e.g. mlmlab mask "The prime minister flew to New York." masking.strategy=span masking.span_p=0.3',
+    )
     p.add_argument("text")
     p.add_argument("--tokenizer", default="", help="tokenizer folder or vocab.txt (default: bundled uncased vocab)")
-    p.add_argument("--mask-seed", type=number("--mask-seed", int, SEEDS, 0), default=0, help="masking.seed")
-    p.add_argument("--epoch", type=number("--epoch", int, at_least(0), 0), default=0)
-    p.add_argument("--rate", type=number("--rate", float, RATE, 0.15), default=0.15)
-    p.add_argument("--strategy", choices=choices.STRATEGIES, default=choices.DYNAMIC)
-    p.add_argument(
-        "--dupe-factor",
-        type=number("--dupe-factor", int, at_least(1), 10),
-        default=10,
-        help="static: distinct masks per example",
-    )
-    p.add_argument("--whole-word", action="store_true", help="masking.whole_word: select whole words")
+    add_epoch_option(p)
     p.add_argument("--model", help="model folder: its tokenizer, and for adaptive its uncertainty scores")
     p.add_argument(
         "--data",
         help="prepared dataset: its tokenizer, the corpus counts that the frequency scorer "
-        "and --frequency-neutral read, and the n-grams that --strategy pmi masks",
+        "and masking.frequency_neutral read, and the n-grams that masking.strategy=pmi masks",
     )
-    add_pmi_option(p)
-    p.add_argument(
-        "--scorer",
-        choices=choices.SCORERS,
-        default=choices.ENTROPY,
-        help="adaptive: entropy, max_prob and grad_norm need --model; frequency needs --data",
-    )
-    p.add_argument(
-        "--frequency-neutral", action="store_true", help="adaptive: masking.frequency_neutral (needs --data)"
-    )
-    p.add_argument(
-        "--training-progress",
-        type=number("--training-progress", float, PROBABILITY, 1),
-        default=1.0,
-        metavar="SHARE",
-        help="adaptive: the share of training done, in [0, 1], whose a to use (default: 1, the end)",
-    )
+    add_progress_share_option(p, 1.0, "the end")
+    add_masking_settings(p, "scorers: entropy, max_prob and grad_norm need --model; frequency needs --data")
+    add_old_masking_flags(p, MASK_OLD_FLAGS)
     p.set_defaults(func=cmd_mask)
 
+
+def add_pretrain_parser(sub) -> None:
     p = sub.add_parser("pretrain", help="pretrain a BERT (MLM + NSP) or ModernBERT (MLM) encoder")
     p.add_argument(
-        "--config", default="tiny", help=f"preset name ({', '.join(preset_names())}) or YAML file (default: tiny)"
+        "--config",
+        default="tiny",
+        help=f"preset name ({', '.join(preset_names())}) or YAML file (default: %(default)s)",
     )
     p.add_argument("--resume", default=None, help="'auto' (newest intact checkpoint of the run) or a checkpoint folder")
     p.add_argument(
@@ -519,6 +578,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.max_steps=100")
     p.set_defaults(func=cmd_pretrain)
 
+
+def add_export_parser(sub) -> None:
     p = sub.add_parser(
         "export", help="a checkpoint's model folder with its model card (what pretrain leaves in model/)"
     )
@@ -526,6 +587,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="a new folder for the model")
     p.set_defaults(func=cmd_export)
 
+
+def add_evaluate_parser(sub) -> None:
     p = sub.add_parser("evaluate", help="held-out MLM perplexity (fixed uniform masks) and NSP accuracy")
     p.add_argument("--model", required=True, help="a model folder written by mlmlab")
     p.add_argument(
@@ -567,6 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_option(p)
     p.set_defaults(func=cmd_evaluate)
 
+
+def add_glue_parser(sub) -> None:
     glue = GlueSettings()  # the defaults, shared with a study's glue block
     p = sub.add_parser("glue", help="fine-tune on GLUE tasks and report the standard metrics")
     p.add_argument("--model", required=True, help="a model folder written by mlmlab")
@@ -606,9 +671,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--dropout",
-        type=number("--dropout", float, BELOW_ONE, 0.1),
+        type=number("--dropout", float, BELOW_ONE, FineTuneSettings.dropout),
         default=glue.dropout,
-        help="hidden and attention dropout while fine-tuning (default 0.1, BERT's, whatever the pretraining's)",
+        help=f"hidden and attention dropout while fine-tuning (default {FineTuneSettings.dropout:g}, BERT's, whatever "
+        "the pretraining's)",
     )
     p.add_argument(
         "--max-train-examples",
@@ -626,6 +692,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_option(p)
     p.set_defaults(func=cmd_glue)
 
+
+def add_probe_parser(sub) -> None:
     p = sub.add_parser(
         "probe",
         help="frozen linear probes on GLUE tasks, each beside a random-init baseline",
@@ -648,11 +716,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=list(choices.POOLINGS),
         help="features: mean over the real tokens and/or the [CLS] state (default: both, one forward pass)",
     )
-    p.add_argument(
-        "--seed",
-        type=number("--seed", int, SEEDS, 0),
-        default=0,
-        help="the random-init baseline's weights and the training rows held out to choose C",
+    add_number_option(
+        p, "--seed", int, SEEDS, 0, help="the random-init baseline's weights and the training rows held out to choose C"
     )
     p.add_argument(
         "--random-inits",
@@ -666,6 +731,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
     p.set_defaults(func=cmd_probe)
 
+
+def add_study_parser(sub) -> None:
     # "experiment": its name before 2026-12-02, in the commands of reports written then
     p = sub.add_parser(
         "study",
@@ -708,6 +775,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_option(p)
     p.set_defaults(func=cmd_study)
 
+
+def add_config_parser(sub) -> None:
     p = sub.add_parser(
         "config",
         help="print a resolved config: every key with its value, its default where it differs, and what it is for",
@@ -721,6 +790,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.lr=2e-3")
     p.set_defaults(func=cmd_config)
 
+
+def add_report_parser(sub) -> None:
     p = sub.add_parser("report", help="report.md and PNG plots from a study's results.jsonl")
     p.add_argument("results", help="a results.jsonl (shards' files may be concatenated)")
     p.add_argument(
@@ -734,6 +805,28 @@ def build_parser() -> argparse.ArgumentParser:
         "them anyway, applying no gate and no rule (the report says so at its top)",
     )
     p.set_defaults(func=cmd_report)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlmlab", description="Pretrain BERT-style encoders and compare masking strategies."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add_command in (
+        add_tokenizer_parser,
+        add_prepare_parser,
+        add_dump_parser,
+        add_mask_parser,
+        add_pretrain_parser,
+        add_export_parser,
+        add_evaluate_parser,
+        add_glue_parser,
+        add_probe_parser,
+        add_study_parser,
+        add_config_parser,
+        add_report_parser,
+    ):
+        add_command(sub)
     return parser
 
 

@@ -291,13 +291,13 @@ class TrainConfig:
     # "auto": bf16 autocast on CUDA and on CPUs whose bf16 matmuls time clearly faster, else fp32 (train/launch.py)
     precision: str = choices.AUTO
     compile: bool = False  # torch.compile the encoder (static shapes) and MLM head; 0.97-1.05x on a 2-core CPU
-    # The MLM decoder and its cross-entropy chunk by chunk, gradients in the forward (mlmlab/head_loss.py): the
+    # The MLM decoder and its cross-entropy chunk by chunk, gradients in the forward (mlmlab/model/head_loss.py): the
     # same loss to float tolerance without the (M, V) logits in memory three times. null (auto): off. Its CPU wins
     # were glibc's page faults on the eager head's (M, V) blocks; with those gone the eager head is 1.03-1.11x faster
     # there (docs/benchmarks.md). On an H200: 0.94x the eager head (one run)
     fused_head: bool | None = None
-    # BERT's attention projects Q, K and V with one matmul over its three weights, concatenated (mlmlab/fused_qkv.py):
-    # the same weights and checkpoints; ModernBERT's is fused already
+    # BERT's attention projects Q, K and V with one matmul over its three weights, concatenated
+    # (mlmlab/model/fused_qkv.py): the same weights and checkpoints; ModernBERT's is fused already
     fused_qkv: bool = False
     # torch's deterministic kernels (torch.use_deterministic_algorithms): on a GPU float atomics otherwise vary the last
     # bits from run to run, so a resume ends close to, not equal to, the uninterrupted run. CPU kernels are already
@@ -361,7 +361,9 @@ def validate(cfg: Config) -> None:
         raise UserError(
             f"model.hidden_size={cfg.model.hidden_size} is not divisible by model.num_heads={cfg.model.num_heads}"
         )
-    _check_architecture(cfg)
+    # What each architecture asks of a config beyond its name is on its adapter: model/architectures/check_config,
+    # which the commands, the Trainer and a study's arms call (the model code sits above the config).
+    _check_choice("model.architecture", cfg.model.architecture, choices.ARCHITECTURES)
     _check_choice("train.precision", cfg.train.precision, choices.PRECISIONS)
     _check_choice("train.lr_schedule", cfg.train.lr_schedule, choices.LR_SCHEDULES)
     _check_choice("train.optimizer", cfg.train.optimizer, choices.OPTIMIZERS)
@@ -385,15 +387,6 @@ def _check_batch_warmup(t: "TrainConfig") -> None:
             f"the batch would never reach its full size; set e.g. train.batch_warmup_steps="
             f"{t.max_steps // 10}, or raise train.max_steps"
         )
-
-
-def _check_architecture(cfg: Config) -> None:
-    _check_choice("model.architecture", cfg.model.architecture, choices.ARCHITECTURES)
-    # What each architecture asks of a config is on its adapter. Imported here, not at the top, so that reading a
-    # config does not load transformers' model classes until one is checked.
-    from mlmlab.architectures import check_config
-
-    check_config(cfg)
 
 
 def _check_held_out(data: DataConfig) -> None:

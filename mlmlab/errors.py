@@ -28,7 +28,7 @@ def write_error_of(err: BaseException) -> OSError | None:
     shutil.copytree gathers its failures in one ``shutil.Error`` (an OSError without an errno) whose
     entries are (source, destination, message); safetensors' Rust writer raises ``SafetensorError``
     ending in "(os error 28)", and tokenizers' a plain ``Exception`` ending the same way. torch's writer
-    loses the errno altogether: ``checkpoint.save_torch`` keeps it.
+    loses the errno altogether: ``run_folder.save_torch`` keeps it.
     """
     if isinstance(err, shutil.Error):
         entries = err.args[0] if err.args and isinstance(err.args[0], list) else []

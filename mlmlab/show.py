@@ -1,5 +1,6 @@
 """What people read: prepared instances and masked sentences as the model sees them, and the end of a run."""
 
+import dataclasses
 import shlex
 
 import torch
@@ -18,8 +19,8 @@ from mlmlab.masking.scorers import scorer_entry, scorer_names
 from mlmlab.masking.select import token_info_for
 from mlmlab.masking.strategies import strategy_entry
 from mlmlab.masking.variants import READS_COUNTS, READS_LOSSES, READS_MODEL
-from mlmlab.model import IGNORE_INDEX
-from mlmlab.model_folder import load_pretrained
+from mlmlab.model.folder import load_pretrained
+from mlmlab.model.pretraining import IGNORE_INDEX
 
 INSTANCE_KEYS = ("next_sentence_label", "doc_a", "doc_b")
 
@@ -27,32 +28,26 @@ INSTANCE_KEYS = ("next_sentence_label", "doc_a", "doc_b")
 def dump_instances(
     data_dir,
     n: int,
+    masking: MaskingConfig | None = None,
     *,
     start: int = 0,
     masked: bool = False,
-    seed: int = 0,
     epoch: int = 0,
-    strategy: str = choices.DYNAMIC,
-    dupe_factor: int = 10,
-    whole_word: bool = False,
-    pmi_vocab_size: int = MaskingConfig.pmi_vocab_size,
+    progress: float = 0.0,
 ):
-    """Yield instances start..start+n-1 as dicts; with ``masked``, as the training step masks them."""
+    """Yield instances start..start+n-1 as dicts; with ``masked``, as a training step under ``masking`` (default: the
+    defaults) masks them in ``epoch`` at ``progress``."""
     store = TokenStore(data_dir)
     if not 0 <= start < len(store):
         raise UserError(
             f"--start {start} is past the end: {data_dir} holds {len(store)} instances (0 to {len(store) - 1})"
         )
     tokenizer = load_tokenizer(store.tokenizer_dir)
-    cfg = Config(
-        masking=MaskingConfig(
-            strategy=strategy, dupe_factor=dupe_factor, seed=seed, whole_word=whole_word, pmi_vocab_size=pmi_vocab_size
-        )
-    ).masking  # validated
-    if masked and strategy_entry(strategy).scored:
+    cfg = Config(masking=masking or MaskingConfig()).masking  # validated
+    if masked and strategy_entry(cfg.strategy).scored:
         raise UserError(
-            f"--strategy {strategy} weights by a scorer, which a dump does not run; show it on a "
-            f"sentence with mlmlab mask --strategy {strategy}"
+            f"masking.strategy={cfg.strategy} weights by a scorer, which a dump does not run; show it on a "
+            f'sentence with mlmlab mask "..." masking.strategy={cfg.strategy}'
         )
     masker = Masker(cfg, tokenizer, store.token_counts, corpus=store)
     for index in range(start, min(start + n, len(store))):
@@ -66,19 +61,19 @@ def dump_instances(
         }
         if masked:
             one = collate([example], [index], tokenizer.pad_token_id)
-            batch, _ = masker.mask(one, epoch, None, progress=0.0, step=1)
+            batch, _ = masker.mask(one, epoch, None, progress=progress, step=1)
             record["masked_input_ids"] = batch["input_ids"][0].tolist()
             record["masked_tokens"] = tokenizer.convert_ids_to_tokens(record["masked_input_ids"])
             record["labels"] = batch["labels"][0].tolist()
         yield record
 
 
-def top_ngrams(data_dir, n: int, **masking) -> list[dict]:
-    """The ``n`` best n-grams of the PMI vocabulary of the prepared dataset ``data_dir`` under ``masking`` (the
-    masking.pmi_* keys), built beside it the first time: {"rank", "ngram", "words", "count", "pmi_n"} each."""
+def top_ngrams(data_dir, n: int, masking: MaskingConfig) -> list[dict]:
+    """The ``n`` best n-grams of the PMI vocabulary of the prepared dataset ``data_dir`` under ``masking``'s
+    masking.pmi_* settings, built beside it the first time: {"rank", "ngram", "words", "count", "pmi_n"} each."""
     store = TokenStore(data_dir)
     tokenizer = load_tokenizer(store.tokenizer_dir)
-    cfg = Config(masking=MaskingConfig(strategy=choices.PMI, **masking)).masking  # validated
+    cfg = Config(masking=dataclasses.replace(masking, strategy=choices.PMI)).masking  # validated
     vocabulary = run_ngrams(cfg, tokenizer, store)
     return [
         {
@@ -94,22 +89,22 @@ def top_ngrams(data_dir, n: int, **masking) -> list[dict]:
 
 def mask_sentence(
     text: str,
+    masking: MaskingConfig | None = None,
     *,
     tokenizer: str = "",
     data: str | None = None,
     model: str | None = None,
     progress: float = 1.0,
-    **masking,
+    epoch: int = 0,
 ) -> str:
     """A table: each token, its masking weight, whether it was selected, what the model sees, the label.
 
-    ``masking``: MaskingConfig's keys (strategy, rate, seed, dupe_factor, whole_word, scorer, frequency_neutral,
-    ...) and ``epoch``; the sentence is masked as a training step at ``progress`` masks it. An adaptive scorer
-    that runs the model scores with the one in ``model``; the frequency scorer and frequency_neutral read the
-    corpus counts of the prepared dataset ``data``; the loss-table scorers need a training run's state.
+    The sentence is masked as a training step under ``masking`` (default: the defaults) masks it in ``epoch`` at
+    ``progress``. An adaptive scorer that runs the model scores with the one in ``model``; the frequency scorer
+    and frequency_neutral read the corpus counts of the prepared dataset ``data``; the loss-table scorers need a
+    training run's state.
     """
-    epoch = masking.pop("epoch", 0)
-    cfg = Config(masking=MaskingConfig(**masking)).masking  # validated
+    cfg = Config(masking=masking or MaskingConfig()).masking  # validated
     tok, pretrained, store = _mask_inputs(cfg, tokenizer, data, model)
     ids = torch.tensor([tok(text)["input_ids"]])  # (1, T)
     batch = {
@@ -132,20 +127,21 @@ def _mask_inputs(cfg: MaskingConfig, tokenizer: str, data: str | None, model: st
     reads = scorer_entry(cfg.scorer).reads if strategy_entry(cfg.strategy).scored else None
     if reads == READS_LOSSES:
         raise UserError(
-            f"--scorer {cfg.scorer} reads loss tables a training run learns, which a sentence does not "
+            f"masking.scorer={cfg.scorer} reads loss tables a training run learns, which a sentence does not "
             f"have; show {choices.listed(scorer_names(READS_MODEL))} with --model DIR, or "
             f"{choices.listed(scorer_names(READS_COUNTS))} with --data DIR"
         )
     if reads == READS_MODEL and model is None:
-        raise UserError(f"--scorer {cfg.scorer} scores with a model: add --model DIR (a model folder)")
+        raise UserError(f"masking.scorer={cfg.scorer} scores with a model: add --model DIR (a model folder)")
     if (cfg.frequency_neutral or reads == READS_COUNTS) and data is None:
         raise UserError(
-            "the frequency scorer and --frequency-neutral read the training corpus's token counts: add "
+            "the frequency scorer and masking.frequency_neutral read the training corpus's token counts: add "
             "--data DIR (a prepared dataset)"
         )
     if strategy_entry(cfg.strategy).ngrams and data is None:
         raise UserError(
-            f"--strategy {cfg.strategy} masks the n-grams of a training corpus: add --data DIR (a prepared dataset)"
+            f"masking.strategy={cfg.strategy} masks the n-grams of a training corpus: add --data DIR (a prepared "
+            "dataset)"
         )
     if data is not None and tokenizer:
         raise UserError("--data brings the tokenizer the dataset was prepared with; drop --tokenizer")

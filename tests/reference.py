@@ -3,7 +3,7 @@
 import torch
 
 from mlmlab.masking.scorers import unwrap
-from mlmlab.model import encode, eval_mode
+from mlmlab.model.pretraining import encode, eval_mode
 
 
 def naive_entropy_scores(model, batch, eligible, vocab_size: int) -> torch.Tensor:

@@ -14,10 +14,10 @@ import torch
 from conftest import ROOT, SAMPLE, tiny_encoder
 
 import mlmlab
-from mlmlab.architectures import AnyMaskedLM
 from mlmlab.cli import main
 from mlmlab.errors import UserError
-from mlmlab.model import SparsePretraining
+from mlmlab.model.architectures import AnyMaskedLM
+from mlmlab.model.pretraining import SparsePretraining
 
 CORPUS = SAMPLE / "valid.txt.gz"
 TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64"]

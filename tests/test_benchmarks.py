@@ -17,10 +17,11 @@ from conftest import ROOT, SAMPLE
 from test_experiments import first_documents
 from transformers import BertForMaskedLM, BertForPreTraining, ModernBertForMaskedLM, RobertaForMaskedLM
 
-from mlmlab.architectures import architecture_of, attention_dropout, saved_settings
 from mlmlab.data.resolve import tokenizer_dir_for
 from mlmlab.data.tokenizer import load_tokenizer
-from mlmlab.model import IGNORE_INDEX, build_model, pretraining_loss
+from mlmlab.model.architecture import attention_dropout
+from mlmlab.model.architectures import architecture_of, saved_settings
+from mlmlab.model.pretraining import IGNORE_INDEX, build_model, pretraining_loss
 
 TINY_RUN = ["--batch-size", "2", "--seq", "32", "--warmup", "1"]
 

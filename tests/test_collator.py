@@ -17,7 +17,7 @@ from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.errors import UserError
 from mlmlab.masking.collator import MaskingCallback, MaskingCollator
 from mlmlab.masking.masker import Masker
-from mlmlab.model import IGNORE_INDEX
+from mlmlab.model.pretraining import IGNORE_INDEX
 from mlmlab.train.loop import Trainer
 
 STEPS = 2

@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 
 from mlmlab.config import load_config
 from mlmlab.errors import UserError
-from mlmlab.train import checkpoint
-from mlmlab.train.checkpoint import load_torch
+from mlmlab.train import run_folder
 from mlmlab.train.launch import over_processes
+from mlmlab.train.run_folder import load_torch
 
 COMMON = [
     "--no-progress",
@@ -364,7 +364,7 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(tmp
         os.killpg(launcher.pid, signal.SIGKILL)
         raise AssertionError("the processes did not stop together: the launch hung") from None
     assert launcher.returncode != 0 and "SIGTERM: saving a checkpoint" in output, output[-3000:]
-    saved = checkpoint.latest(tmp_path)
+    saved = run_folder.latest(tmp_path)
     step = json.loads((saved / "trainer_state.json").read_text())["step"]
     assert step == max(record[0] for record in losses(tmp_path)) >= 1
 
@@ -400,6 +400,7 @@ def test_processes_wait_for_each_other_longer_than_nccls_ten_minutes():
     """The others wait at a barrier while the main process prepares the corpus (launch.PROCESS_GROUP_TIMEOUT)."""
     from mlmlab.train import launch
 
-    accelerator = launch.make_accelerator(load_config("tiny", ["train.precision=fp32"]))
+    cfg = load_config("tiny", ["train.precision=fp32"])
+    accelerator = launch.make_accelerator(cfg, launch.resolve_precision(cfg.train.precision))
     assert accelerator.init_handler.timeout == launch.PROCESS_GROUP_TIMEOUT
     assert launch.PROCESS_GROUP_TIMEOUT.total_seconds() > 600

@@ -10,8 +10,8 @@ import torch
 from test_schedules_train import small_trainer
 
 from mlmlab.config import ModelConfig
-from mlmlab.fused_qkv import fuse_qkv
-from mlmlab.model import build_model, pretraining_loss
+from mlmlab.model.fused_qkv import fuse_qkv
+from mlmlab.model.pretraining import build_model, pretraining_loss
 from mlmlab.train.launch import fused_head_on
 
 
@@ -73,8 +73,8 @@ def test_modernbert_has_nothing_to_fuse():
 MODERNBERT = ("model.architecture=modernbert", "data.objective=mlm")
 # What each lever's path calls: (module, function), counted to show the run took it.
 CALLED = {
-    "train.fused_head": ("mlmlab.model", "linear_cross_entropy"),
-    "train.fused_qkv": ("mlmlab.fused_qkv", "fused_qkv_forward"),
+    "train.fused_head": ("mlmlab.model.pretraining", "linear_cross_entropy"),
+    "train.fused_qkv": ("mlmlab.model.fused_qkv", "fused_qkv_forward"),
 }
 
 

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mlmlab.head_loss import linear_cross_entropy
+from mlmlab.model.head_loss import linear_cross_entropy
 
 
 def eager_and_fused(rows: int, autocast: bool = False) -> tuple[list, list]:

@@ -27,7 +27,7 @@ from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.masking.collator import MaskingCallback, MaskingCollator
 from mlmlab.masking.schedules import rate_at
 from mlmlab.masking.select import continuation_table, token_info_for
-from mlmlab.model import IGNORE_INDEX
+from mlmlab.model.pretraining import IGNORE_INDEX
 
 EXAMPLES, BATCH, STEPS, SAVED_AT = 24, 8, 6, 4  # 3 steps an epoch: the resumed run starts in the second epoch
 

@@ -37,7 +37,7 @@ from mlmlab.data.resolve import _cached_folder
 from mlmlab.data.store import TokenStore
 from mlmlab.experiments.running import runner
 from mlmlab.experiments.study import load_study
-from mlmlab.train import checkpoint
+from mlmlab.train import run_folder
 from mlmlab.train.loop import Trainer
 from mlmlab.utils.files import staging_folder
 
@@ -214,15 +214,15 @@ def checkpoint_lacking_a_weight(w: World, tmp: Path) -> list[str]:
     from safetensors.torch import load_file, save_file
 
     run = copy_of(w.run, tmp)
-    saved = checkpoint.latest(run)
+    saved = run_folder.latest(run)
     weights = load_file(saved / "model" / "model.safetensors")
     save_file(
         {k: v for k, v in weights.items() if not k.startswith("cls.seq_relationship.")},
         saved / "model" / "model.safetensors",
         metadata={"format": "pt"},
     )
-    (saved / checkpoint.MANIFEST).unlink()
-    checkpoint._write_manifest(saved)
+    (saved / run_folder.MANIFEST).unlink()
+    run_folder._write_manifest(saved)
     return pretrain_argv(run, "--resume", "auto")
 
 
@@ -359,7 +359,7 @@ def run_with(w: World, tmp: Path, name: str, text: str) -> Path:
 
 
 def newest_checkpoint_file(w: World, name: str) -> str:
-    return str(checkpoint.latest(w.run).relative_to(w.run) / name)
+    return str(run_folder.latest(w.run).relative_to(w.run) / name)
 
 
 def config_json_with(text: str) -> Callable[[Path], None]:
@@ -932,7 +932,7 @@ CASES = [
         lambda w, t: pretrain_argv(
             t / "r",
             "--resume",
-            str(run_with(w, t, newest_checkpoint_file(w, checkpoint.MANIFEST), "[]") / newest_checkpoint_file(w, "")),
+            str(run_with(w, t, newest_checkpoint_file(w, run_folder.MANIFEST), "[]") / newest_checkpoint_file(w, "")),
         ),
         ("manifest.json",),
     ),
@@ -1290,10 +1290,10 @@ def test_a_cut_last_metrics_line_does_not_block_resuming(world, tmp_path, capsys
 
 
 def test_resume_into_a_new_folder_records_where_it_came_from(world, tmp_path, capsys):
-    source = checkpoint.latest(world.run)
+    source = run_folder.latest(world.run)
     new = tmp_path / "b"
     assert main(pretrain_argv(new, "train.max_steps=5", "--resume", str(source))) == 0
-    assert checkpoint.latest(new).name == "ckpt-00000005" and (new / "model").is_dir()
+    assert run_folder.latest(new).name == "ckpt-00000005" and (new / "model").is_dir()
     (line,) = (new / "config_history.jsonl").read_text().splitlines()
     record = json.loads(line)
     assert record["step"] == 4 and record["resumed_from"] == str(source)
@@ -1317,7 +1317,7 @@ def test_following_the_advice_for_a_damaged_config_yaml_resumes_the_run(world, t
     assert main(pretrain_argv(run, "train.max_steps=5")) == 2
     assert "--resume auto" in capsys.readouterr().err
     assert main(pretrain_argv(run, "train.max_steps=5", "--resume", "auto")) == 0
-    assert checkpoint.latest(run).name == "ckpt-00000005" and "max_steps: 5" in (run / "config.yaml").read_text()
+    assert run_folder.latest(run).name == "ckpt-00000005" and "max_steps: 5" in (run / "config.yaml").read_text()
     (line,) = (run / "config_history.jsonl").read_text().splitlines()
     assert json.loads(line)["changes"] is None  # what the damaged file held is unknown
 
@@ -1370,8 +1370,8 @@ def test_sigterm_leaves_a_resumable_checkpoint(tmp_path, during):
             assert stop.code == 143
     finally:
         signal.signal(signal.SIGTERM, previous)
-    saved = checkpoint.latest(tmp_path)
-    assert saved is not None and checkpoint.verify(saved) is None
+    saved = run_folder.latest(tmp_path)
+    assert saved is not None and run_folder.verify(saved) is None
     state = json.loads((saved / "trainer_state.json").read_text())
     assert state["elapsed"] > state["seconds"] > 0  # set-up and evaluations count in the run's wall-clock
     resumed = Trainer(cfg, evaluator=lambda *a, **k: {}, show_progress=False)
@@ -1458,9 +1458,9 @@ def test_one_weight_loader_allows_only_the_listed_missing_keys(tmp_path):
     """Starting from a BertForMaskedLM leaves the pooler and NSP head fresh; nothing else may be missing."""
     from transformers import BertConfig, BertForMaskedLM, BertForPreTraining
 
-    from mlmlab.architectures import Bert
     from mlmlab.errors import UserError
-    from mlmlab.model import load_weights
+    from mlmlab.model.architectures.bert import Bert
+    from mlmlab.model.pretraining import load_weights
 
     config = BertConfig(vocab_size=64, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16)
     BertForMaskedLM(config).save_pretrained(tmp_path)

@@ -10,6 +10,7 @@ import json
 from itertools import islice
 from pathlib import Path
 
+import datasets
 import pytest
 from conftest import SAMPLE
 
@@ -22,8 +23,6 @@ from mlmlab.data.resolve import dataset_hashes
 from mlmlab.data.store import TokenStore
 from mlmlab.data.tokenizer import adopt_vocab
 from mlmlab.errors import UserError
-
-datasets = pytest.importorskip("datasets")
 
 NUM_DOCS = 60
 SETTINGS = dict(max_seq_length=64, num_workers=1, docs_per_shard=20)  # 3 shards, so shard boundaries are compared too

@@ -14,9 +14,9 @@ PACKAGE = ROOT / "mlmlab"
 # function-local imports included.
 LAYERS = [
     ("mlmlab.errors", "mlmlab.choices", "mlmlab.utils", "mlmlab"),
-    ("mlmlab.config", "mlmlab.architectures"),  # config validation asks the architecture's adapter
+    ("mlmlab.config",),
     ("mlmlab.data",),
-    ("mlmlab.model", "mlmlab.model_folder", "mlmlab.flops", "mlmlab.head_loss", "mlmlab.fused_qkv"),
+    ("mlmlab.model",),
     ("mlmlab.masking",),
     ("mlmlab.train",),
     ("mlmlab.evaluate",),
@@ -61,9 +61,13 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
-    """(line, module) of every mlmlab import anywhere in the file; ``from mlmlab import x`` names mlmlab.x."""
-    found, type_only = [], type_checking_imports(tree)
+def imported_modules(
+    tree: ast.AST, annotations_too: bool = False, modules: frozenset[str] = frozenset()
+) -> list[tuple[int, str]]:
+    """(line, module) of every mlmlab import anywhere in the file; ``from mlmlab import x`` names mlmlab.x, and so
+    does ``from mlmlab.p import x`` where ``modules`` holds mlmlab.p.x (a module, not a name the package defines).
+    Those under ``if TYPE_CHECKING:`` only with ``annotations_too``."""
+    found, type_only = [], set() if annotations_too else type_checking_imports(tree)
     for node in ast.walk(tree):
         if node in type_only:
             continue
@@ -73,7 +77,10 @@ def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
             if node.module == "mlmlab":
                 found += [(node.lineno, f"mlmlab.{alias.name}") for alias in node.names]
             else:
-                found.append((node.lineno, node.module))
+                named = [f"{node.module}.{alias.name}" for alias in node.names]
+                found += [(node.lineno, name) for name in named if name in modules]
+                if not all(name in modules for name in named):  # a name the package itself defines
+                    found.append((node.lineno, node.module))
     return found
 
 
@@ -156,14 +163,31 @@ def modules_in_cycles(imports: dict[str, set[str]]) -> list[str]:
 
 
 def test_no_module_imports_itself_back():
-    """Within one layer imports may point either way, but never round in a circle (function-local ones included):
-    a cycle means two modules are one concept split in two, or a third module belongs above both."""
+    """Within one layer imports may point either way, but never round in a circle (function-local ones and those for
+    annotations only included): a cycle means two modules are one concept split in two, or a third module belongs
+    above both."""
     names = {module_name(path): path for path in SOURCES}
     imports = {
-        name: {target for _, target in imported_modules(ast.parse(path.read_text())) if target in names}
+        name: {
+            target
+            for _, target in imported_modules(ast.parse(path.read_text()), annotations_too=True, modules=set(names))
+            if target in names
+        }
         for name, path in names.items()
     }
     assert not modules_in_cycles(imports), f"import cycle through {modules_in_cycles(imports)}"
+
+
+def test_the_cycle_check_reads_a_module_imported_from_its_package():
+    """``from mlmlab.train import run_folder`` imports mlmlab.train.run_folder, not only mlmlab/train/__init__.py."""
+    tree = ast.parse("from mlmlab.train import run_folder\nfrom mlmlab.model.pretraining import build_model\n")
+    modules = frozenset({"mlmlab.train", "mlmlab.train.run_folder", "mlmlab.model.pretraining"})
+    assert imported_modules(tree, modules=modules) == [(1, "mlmlab.train.run_folder"), (2, "mlmlab.model.pretraining")]
+
+
+def test_the_cycle_check_counts_imports_for_annotations_only():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mlmlab.config import Config\n")
+    assert imported_modules(tree) == [] and imported_modules(tree, annotations_too=True) == [(3, "mlmlab.config")]
 
 
 def test_the_cycle_check_sees_a_cycle_through_a_third_module():

@@ -96,12 +96,12 @@ def test_a_position_of_another_global_batch_resumes_at_the_same_share_of_the_epo
 
 
 def test_dump_masks_equal_the_training_step():
-    from mlmlab.config import load_config
+    from mlmlab.config import MaskingConfig, load_config
     from mlmlab.data.resolve import prepare_datasets
 
     train, _, tokenizer = prepare_datasets(load_config("tiny").data)
     info = token_info_for(tokenizer)
-    records = list(dump_instances(train.path, 4, start=10, masked=True, seed=5, epoch=2))
+    records = list(dump_instances(train.path, 4, MaskingConfig(seed=5), start=10, masked=True, epoch=2))
     batch = next(iterate_batches(train, batch_size=16, seed=0, start=LoaderPosition(), pad_id=0))[1]
     batch["example_ids"][:4] = torch.arange(10, 14)  # the dumped examples, at other places in a batch
     for row, index in enumerate(range(10, 14)):

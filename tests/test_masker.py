@@ -8,7 +8,7 @@ from mlmlab.masking import scorers
 from mlmlab.masking.masker import Masker
 from mlmlab.masking.select import IGNORE_INDEX, eligible_positions
 from mlmlab.masking.strategies import normalise
-from mlmlab.model import build_model, pretraining_loss
+from mlmlab.model.pretraining import build_model, pretraining_loss
 
 TINY = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, dropout=0.0)
 SCORE_KEYS = ("mask_score_selected", "mask_score_eligible", "mask_scored_steps")

@@ -18,7 +18,7 @@ from mlmlab.masking.select import (
     select_and_corrupt,
     token_info_for,
 )
-from mlmlab.model import SparsePretraining, build_model
+from mlmlab.model.pretraining import SparsePretraining, build_model
 
 SEQ = 128
 

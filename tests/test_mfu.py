@@ -60,7 +60,8 @@ def test_no_speed_note_where_bf16_is_faster_or_in_fp32(monkeypatch, capsys):
     for speedup, precision in ((6.3, "bf16"), (1.2, "bf16"), (0.01, "fp32")):
         monkeypatch.setattr(launch, "cpu_bf16_speedup", lambda s=speedup: s)
         cfg = load_config("tiny", [f"train.precision={precision}"])
-        launch.say_precision(launch.make_accelerator(cfg), cfg)
+        used = launch.resolve_precision(precision)
+        launch.say_precision(launch.make_accelerator(cfg, used), cfg, used)
         said = capsys.readouterr().err
         assert f"precision {precision} (train.precision={precision})" in said and "bf16 matmuls ran at" not in said
 

@@ -26,12 +26,12 @@ from transformers import (
 )
 
 from mlmlab import choices
-from mlmlab.architectures import local_attention_pairs
 from mlmlab.cli import main
 from mlmlab.config import ModelConfig, load_config
 from mlmlab.evaluate.perplexity import evaluate_mlm
-from mlmlab.flops import encoder_forward_flops
-from mlmlab.model import IGNORE_INDEX, SparsePretraining, build_model
+from mlmlab.model.architectures.modernbert import local_attention_pairs
+from mlmlab.model.flops import encoder_forward_flops
+from mlmlab.model.pretraining import IGNORE_INDEX, SparsePretraining, build_model
 from mlmlab.train.loop import Trainer
 from mlmlab.train.optim import parameter_groups
 

@@ -19,8 +19,8 @@ from mlmlab.cli import main
 from mlmlab.config import load_config
 from mlmlab.data.tokenizer import adopt_vocab
 from mlmlab.evaluate.perplexity import evaluate_mlm
-from mlmlab.model import encode
-from mlmlab.train import checkpoint
+from mlmlab.model.pretraining import encode
+from mlmlab.train import run_folder
 from mlmlab.train.loop import Trainer
 
 TRAIN_STEPS = 600
@@ -84,7 +84,7 @@ def test_run_folder_has_config_metrics_and_checkpoint(trained):
         "perplexity_freq_0_1000",
         "perplexity_freq_1000_rest",
     ]
-    assert checkpoint.latest(run).name == f"ckpt-{TRAIN_STEPS:08d}"
+    assert run_folder.latest(run).name == f"ckpt-{TRAIN_STEPS:08d}"
     summary = json.loads((run / "summary.json").read_text())
     # Model FLOPs over the matmul peak measured at start-up: a utilisation, so in (0, 1] over the run (tiny
     # reaches ~0.1-0.5 on CPU). Single log windows are only checked positive: on a shared machine one can
@@ -181,7 +181,7 @@ def _command(out_dir, steps):
 
 
 def _newest_step(run_dir):
-    found = checkpoint.complete_checkpoints(run_dir, check=False)
+    found = run_folder.complete_checkpoints(run_dir, check=False)
     return int(found[-1].name.split("-")[1]) if found else 0
 
 
@@ -219,7 +219,7 @@ def test_sigterm_saves_a_checkpoint(tmp_path):
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=120)
     assert proc.returncode != 0
-    saved = checkpoint.latest(tmp_path)
+    saved = run_folder.latest(tmp_path)
     assert saved is not None
     assert json.loads((saved / "trainer_state.json").read_text())["step"] >= 1
 
@@ -251,20 +251,20 @@ def _damage(folder):
 
 def test_corrupt_checkpoint_is_skipped(tmp_path, four_steps, capsys):
     _copy(four_steps, tmp_path)
-    _damage(checkpoint.latest(tmp_path))
-    assert checkpoint.latest(tmp_path).name == "ckpt-00000002"
+    _damage(run_folder.latest(tmp_path))
+    assert run_folder.latest(tmp_path).name == "ckpt-00000002"
     assert "does not match its checksum" in capsys.readouterr().err
 
 
 def test_a_run_whose_checkpoints_are_all_damaged_is_refused_not_restarted(tmp_path, four_steps, capsys):
     _copy(four_steps, tmp_path)
-    for folder in checkpoint.complete_checkpoints(tmp_path, check=False):
+    for folder in run_folder.complete_checkpoints(tmp_path, check=False):
         _damage(folder)
     metrics = (tmp_path / "metrics.jsonl").read_text()
     code, err = _pretrain_here(capsys, tmp_path, 4)
     assert code != 0 and "every checkpoint" in err.strip().splitlines()[-1]
     assert (tmp_path / "metrics.jsonl").read_text() == metrics  # starting over would have erased them
-    assert len(checkpoint.complete_checkpoints(tmp_path, check=False)) == 2
+    assert len(run_folder.complete_checkpoints(tmp_path, check=False)) == 2
 
 
 def test_a_later_damaged_checkpoint_does_not_make_pruning_delete_the_new_one(tmp_path, four_steps, capsys):
@@ -274,7 +274,7 @@ def test_a_later_damaged_checkpoint_does_not_make_pruning_delete_the_new_one(tmp
     assert code == 0, err[-2000:]
     assert "resuming from" in err and "ckpt-00000002" in err
     # Steps 3 and 4 saved again: ckpt-3 survived the pruning after it, and ckpt-4 was rewritten intact.
-    assert [folder.name for folder in checkpoint.complete_checkpoints(tmp_path)] == ["ckpt-00000003", "ckpt-00000004"]
+    assert [folder.name for folder in run_folder.complete_checkpoints(tmp_path)] == ["ckpt-00000003", "ckpt-00000004"]
 
 
 def test_resuming_an_earlier_checkpoint_inside_its_own_run_is_refused(tmp_path, four_steps, capsys):
@@ -284,14 +284,14 @@ def test_resuming_an_earlier_checkpoint_inside_its_own_run_is_refused(tmp_path, 
     assert code != 0 and "ckpt-00000004" in err.strip().splitlines()[-1]
     code, err = _pretrain_here(capsys, tmp_path / "branch", 4, "--resume", str(earlier))
     assert code == 0, err[-2000:]
-    assert [folder.name for folder in checkpoint.complete_checkpoints(tmp_path)] == ["ckpt-00000002", "ckpt-00000004"]
+    assert [folder.name for folder in run_folder.complete_checkpoints(tmp_path)] == ["ckpt-00000002", "ckpt-00000004"]
 
 
 def test_optimizer_state_in_another_format_is_refused_in_one_line(tmp_path, four_steps, capsys):
     """A checkpoint whose optimizer state is keyed by index (torch's own format, and mlmlab's before FSDP)."""
     _copy(four_steps, tmp_path)
-    saved = checkpoint.latest(tmp_path)  # the rerun below resumes from it
-    states = checkpoint.load_torch(saved / "training_state.pt")
+    saved = run_folder.latest(tmp_path)  # the rerun below resumes from it
+    states = run_folder.load_torch(saved / "training_state.pt")
     by_name = states["optimizer"]
     index = {name: i for i, name in enumerate(by_name["state"])}
     states["optimizer"] = {
@@ -300,8 +300,8 @@ def test_optimizer_state_in_another_format_is_refused_in_one_line(tmp_path, four
             {**group, "params": [index.get(n, -1) for n in group["params"]]} for group in by_name["param_groups"]
         ],
     }
-    checkpoint.save_torch(states, saved / "training_state.pt")
-    (saved / checkpoint.MANIFEST).unlink()
-    checkpoint._write_manifest(saved)  # a complete checkpoint, not a corrupt one
+    run_folder.save_torch(states, saved / "training_state.pt")
+    (saved / run_folder.MANIFEST).unlink()
+    run_folder._write_manifest(saved)  # a complete checkpoint, not a corrupt one
     code, err = _pretrain_here(capsys, tmp_path, 4)
     assert code != 0 and "optimizer state" in err.strip().splitlines()[-1]

@@ -12,7 +12,7 @@ from mlmlab.config import Config, declared_ranges, load_config, preset_names
 from mlmlab.errors import UserError
 from mlmlab.experiments.running.runner import arm_config
 from mlmlab.experiments.study import STUDY_DIR, load_study
-from mlmlab.model import build_model
+from mlmlab.model.pretraining import build_model
 from mlmlab.train.memory import GB, parameter_count, training_bytes
 
 BERT_VOCAB = 30522  # the largest vocabulary shipped (studies on 8k vocabularies need less)

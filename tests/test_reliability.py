@@ -36,7 +36,7 @@ from test_hostile_inputs import (  # noqa: F401 (world: a fixture)
 from mlmlab.cli import main
 from mlmlab.errors import UserError
 from mlmlab.experiments.running.runner import results_lock
-from mlmlab.train import checkpoint
+from mlmlab.train import run_folder
 from mlmlab.train.metrics import MetricsWriter
 from mlmlab.utils import files
 from mlmlab.utils.files import lock_beside, lock_folder, refuse_results_of_another_model, staging_folder
@@ -102,9 +102,9 @@ def test_a_stop_signal_to_the_process_group_saves_the_step_reached_and_resumes_b
     os.killpg(job.pid, signum)
     _, err = job.communicate(timeout=120)
     assert job.returncode == 128 + signum and "Traceback" not in err, err[-3000:]
-    saved = checkpoint.latest(run)
+    saved = run_folder.latest(run)
     assert saved is not None and not (run / "model").exists(), "no checkpoint, or the run finished before the signal"
-    assert checkpoint.step_of(saved) == last_step(run) >= 2  # the step reached: none lost
+    assert run_folder.step_of(saved) == last_step(run) >= 2  # the step reached: none lost
     resumed = subprocess.run(command(run, *STOPPABLE), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     weights = load_file(run / "model" / "model.safetensors")
@@ -229,13 +229,13 @@ def test_two_pretrains_on_one_folder_one_trains_and_the_other_is_refused(tmp_pat
     assert f"the run folder {run} is being written" in refusal and f"(pid {jobs[winner].pid} on host " in refusal
     assert [record["step"] for record in records(run) if "loss" in record] == list(range(1, 21))
     assert json.loads((run / "summary.json").read_text())["steps"] == 20
-    assert checkpoint.verify(checkpoint.latest(run)) is None
+    assert run_folder.verify(run_folder.latest(run)) is None
 
 
 # Each: the command line of a second writer, and the lock a first writer holds.
 def busy_run(world, tmp):
     run = moved_run(world, tmp)
-    return pretrain_argv(run), checkpoint.lock_run(run)
+    return pretrain_argv(run), run_folder.lock_run(run)
 
 
 def busy_glue_out(world, tmp):
@@ -300,11 +300,11 @@ def test_a_checkpoint_the_disk_refuses_part_way_leaves_the_last_one_and_the_reru
     assert main(argv) == 2
     refusal = one_error_line(capsys.readouterr().err.strip().splitlines()[-1])
     assert "ckpt-00000004 is kept intact" in refusal and "free space" in refusal
-    assert checkpoint.latest(run).name == "ckpt-00000004" and not staged_leftovers(run)
+    assert run_folder.latest(run).name == "ckpt-00000004" and not staged_leftovers(run)
     monkeypatch.undo()  # space freed
     assert main(argv) == 0
     assert (
-        checkpoint.latest(run).name == "ckpt-00000006" and json.loads((run / "summary.json").read_text())["steps"] == 6
+        run_folder.latest(run).name == "ckpt-00000006" and json.loads((run / "summary.json").read_text())["steps"] == 6
     )
 
 
@@ -436,12 +436,12 @@ def fill_leaving(disk: Path, free: int) -> Path:
 
 
 def checkpoint_sizes(run: Path) -> dict[str, int]:
-    saved = checkpoint.latest(run)
+    saved = run_folder.latest(run)
     model = sum(path.stat().st_size for path in (saved / "model").rglob("*") if path.is_file())
     return {
         "weights": (saved / "model" / "model.safetensors").stat().st_size,
         "model": model,
-        "state": (saved / checkpoint.STATE_TENSORS_FILE).stat().st_size,
+        "state": (saved / run_folder.STATE_TENSORS_FILE).stat().st_size,
     }
 
 
@@ -469,7 +469,7 @@ def test_a_real_full_disk_is_one_line_keeps_what_was_written_and_the_rerun_finis
     assert what in refusal and "No space left on device" in refusal and "free space" in refusal
     assert not staged_leftovers(leftovers_in) and not (small_disk / "exported").exists()
     if not fills.startswith("export"):
-        assert "ckpt-00000004 is kept intact" in refusal and checkpoint.latest(run).name == "ckpt-00000004"
+        assert "ckpt-00000004 is kept intact" in refusal and run_folder.latest(run).name == "ckpt-00000004"
     filler.unlink()  # space freed: the same command finishes
     assert main(argv) == 0
 

@@ -19,8 +19,8 @@ from mlmlab import choices
 from mlmlab.cli import main
 from mlmlab.config import ModelConfig, load_config
 from mlmlab.evaluate.perplexity import evaluate_mlm
-from mlmlab.fused_qkv import fuse_qkv
-from mlmlab.model import IGNORE_INDEX, SparsePretraining, build_model, pretraining_loss
+from mlmlab.model.fused_qkv import fuse_qkv
+from mlmlab.model.pretraining import IGNORE_INDEX, SparsePretraining, build_model, pretraining_loss
 from mlmlab.train.loop import Trainer
 
 CORPUS = SAMPLE / "valid.txt.gz"
@@ -409,7 +409,7 @@ def test_init_of_an_unsupported_architecture_is_refused_listing_the_supported(bp
         ],
         capsys,
     )
-    assert "model_type='electra'" in err and "'bert', 'roberta', 'xlm-roberta' or 'modernbert'" in err
+    assert "model_type='electra'" in err and choices.listed(repr(name) for name in choices.ARCHITECTURES) in err
 
 
 def test_init_whose_tokenizer_pads_with_another_id_than_its_weights_is_refused(bpe_tokenizer, tmp_path, capsys):

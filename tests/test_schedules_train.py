@@ -42,7 +42,7 @@ def test_decay_never_starts_before_warmup_ends():
 
 def test_no_weight_decay_on_bias_and_layernorm():
     from mlmlab.config import ModelConfig
-    from mlmlab.model import build_model
+    from mlmlab.model.pretraining import build_model
 
     model = build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), 100, 0)
     decay, no_decay = parameter_groups(model, 0.01)
@@ -74,7 +74,7 @@ def test_compiled_training_follows_the_eager_one_in_a_few_graphs(tmp_path):
     import torch
     from torch._dynamo.utils import counters
 
-    from mlmlab.model import eval_mode
+    from mlmlab.model.pretraining import eval_mode
 
     def run(compile_flag: bool) -> list[dict]:
         trainer = small_trainer(
@@ -161,7 +161,7 @@ def small_trainer(tmp_path, name: str, *overrides: str, on_step_end=None):
 def test_on_step_end_sees_every_step_and_a_true_return_ends_the_run_there(tmp_path):
     """A caller's on_step_end (a benchmark evaluating at wall-clock intervals) is called with the trainer after each
     step; a true return ends the run after that step, finished as a spent budget is (final checkpoint and model)."""
-    from mlmlab.train.checkpoint import MODEL_DIR, PREFIX, complete_checkpoints
+    from mlmlab.train.run_folder import MODEL_DIR, PREFIX, complete_checkpoints
 
     seen = []
 
@@ -222,7 +222,7 @@ def test_runs_of_different_precisions_train_side_by_side_in_one_process(tmp_path
     assert matmul_dtypes(bf16) == {torch.bfloat16}  # ... and so does this one
     assert all(p.dtype == torch.float32 for p in bf16.model.parameters())  # autocast: fp32 weights
     assert matmul_dtypes(later_fp32) == {torch.float32}
-    assert (fp32.precision, bf16.precision, later_fp32.precision) == ("no", "bf16", "no")
+    assert (fp32.precision.name, bf16.precision.name, later_fp32.precision.name) == ("fp32", "bf16", "fp32")
 
 
 @pytest.mark.parametrize("scorer", ["entropy", "grad_norm"])
@@ -307,7 +307,9 @@ def test_a_cuda_run_uses_tf32_unless_it_asks_for_fp32(monkeypatch):
     before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
         for precision, tf32 in (("fp32", False), ("auto", True), ("fp32", False)):
-            launch.make_accelerator(load_config("tiny", [f"train.precision={precision}"]))
+            launch.make_accelerator(
+                load_config("tiny", [f"train.precision={precision}"]), launch.resolve_precision(precision)
+            )
             assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (tf32, tf32), precision
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
@@ -330,7 +332,7 @@ def test_auto_precision_is_bf16_where_bf16_matmuls_measure_clearly_faster(tmp_pa
         )
     monkeypatch.setattr(launch, "cpu_bf16_speedup", lambda: 7.0)
     on_fast = small_trainer(tmp_path, "fast", "train.precision=auto")
-    assert on_fast.precision == "bf16" and matmul_dtypes(on_fast) == {torch.bfloat16}
+    assert on_fast.precision.name == "bf16" and matmul_dtypes(on_fast) == {torch.bfloat16}
     assert "precision bf16 (train.precision=auto: bf16 matmuls 7x fp32's on one core here" in capsys.readouterr().err
 
 

@@ -34,7 +34,7 @@ from mlmlab.masking.select import (
     token_info_for,
 )
 from mlmlab.masking.strategies import blend, build_strategy, normalise
-from mlmlab.model import build_model, pretraining_loss
+from mlmlab.model.pretraining import build_model, pretraining_loss
 from mlmlab.train.launch import check_fsdp
 
 V = 300  # small vocabulary: ids 0-4 special, the rest ordinary

@@ -23,7 +23,7 @@ from mlmlab.data.store import TokenStore
 from mlmlab.data.tokenizer import load_tokenizer, ordinary_token_ids
 from mlmlab.errors import UserError
 from mlmlab.masking.select import Corruption, continuation_table, mask_batch, token_info_for, word_starts
-from mlmlab.model import IGNORE_INDEX
+from mlmlab.model.pretraining import IGNORE_INDEX
 from mlmlab.train.loop import Trainer
 
 CORPUS = SAMPLE / "valid.txt.gz"

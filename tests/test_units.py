@@ -20,7 +20,7 @@ from mlmlab.errors import UserError
 from mlmlab.masking.masker import Masker, corpus_ngrams
 from mlmlab.masking.select import continuation_table, eligible_positions, token_info_for, word_starts
 from mlmlab.masking.units import span_length_cdf
-from mlmlab.model import IGNORE_INDEX
+from mlmlab.model.pretraining import IGNORE_INDEX
 from mlmlab.train.loop import Trainer
 
 pytestmark = pytest.mark.usefixtures("no_progress_bars")
@@ -209,14 +209,14 @@ def test_bad_unit_settings_are_refused_in_one_line(bad, says, tmp_path, capsys):
 
 def test_mask_shows_span_and_pmi_and_pmi_without_data_is_refused(sample_store, capsys):
     text = "The prime minister of the United States flew from New York to Hong Kong on a Tuesday."
-    assert main(["mask", text, "--strategy", "span", "--rate", "0.3"]) == 0
+    assert main(["mask", text, "masking.strategy=span", "masking.rate=0.3", "masking.span_p=0.3"]) == 0
     assert "span masking" in capsys.readouterr().out
-    data = ["--data", str(sample_store.path), "--pmi-vocab-size", str(PMI_TEST_VOCAB)]
-    assert main(["mask", text, "--strategy", "pmi", "--rate", "0.3", *data]) == 0
+    data = ["--data", str(sample_store.path), f"masking.pmi_vocab_size={PMI_TEST_VOCAB}"]
+    assert main(["mask", text, "masking.strategy=pmi", "masking.rate=0.3", *data]) == 0
     out = capsys.readouterr().out
     selected, _, eligible = out.splitlines()[-1].split()[:3]
     assert out.startswith("pmi masking") and int(selected) == round(0.3 * int(eligible)), out
-    assert main(["mask", text, "--strategy", "pmi"]) == 2
+    assert main(["mask", text, "masking.strategy=pmi"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "add --data DIR" in err
     assert main(["dump", "--ngrams", "3", *data]) == 0

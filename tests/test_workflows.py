@@ -20,7 +20,7 @@ from mlmlab import choices
 from mlmlab.cli import main
 from mlmlab.config import config_text, load_config
 from mlmlab.evaluate.perplexity import evaluate_mlm
-from mlmlab.train import checkpoint
+from mlmlab.train import run_folder
 from mlmlab.train.loop import Trainer
 
 CORPUS = SAMPLE / "valid.txt.gz"
@@ -178,7 +178,7 @@ REFUSALS = [
     (
         "a DeBERTa checkpoint",
         lambda run, t: ["--init", str(model_variant(run, t / "m", edit_config(model_type="deberta")))],
-        ("model_type='deberta'", "'bert', 'roberta', 'xlm-roberta' or 'modernbert'"),
+        ("model_type='deberta'", choices.listed(repr(name) for name in choices.ARCHITECTURES)),
     ),
     (
         "untied output embeddings",
@@ -211,7 +211,7 @@ def test_init_refusals_are_one_line(source, tmp_path, capsys, case):
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("mlmlab: error: ") and err.count("\n") == 1, err
     assert all(word in err for word in words), err
-    assert not checkpoint.complete_checkpoints(tmp_path / "run", check=False)
+    assert not run_folder.complete_checkpoints(tmp_path / "run", check=False)
 
 
 # ----- --init of a base-model folder (the encoder alone) ----------------------------------------------
@@ -480,7 +480,7 @@ def test_a_run_recorded_before_the_new_settings_existed_resumes(source, tmp_path
 
 
 def test_a_damaged_config_history_leaves_the_config_as_it_is_with_a_note(tmp_path):
-    from mlmlab.train.checkpoint import config_tree_at
+    from mlmlab.train.run_folder import config_tree_at
 
     (tmp_path / "config.yaml").write_text(config_text(load_config(None, ["train.lr=1e-3"])))
     lines = ['{"step": 10, "changes": {"train.lr": [0.003, 0.001]}}', '{"step": 20, "changes": "cut sh']

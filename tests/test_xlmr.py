@@ -26,7 +26,7 @@ from mlmlab.config import load_config
 from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.evaluate.held_out import evaluate_model
 from mlmlab.evaluate.perplexity import evaluate_mlm
-from mlmlab.model import IGNORE_INDEX
+from mlmlab.model.pretraining import IGNORE_INDEX
 from mlmlab.train.loop import Trainer
 
 CONTINUE = [*COMMON, "data.objective=mlm", "masking.whole_word=true", "train.max_steps=20", "train.warmup_steps=0"]

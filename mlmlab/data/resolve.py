@@ -100,8 +100,8 @@ def held_out_store(
     """A prepared dataset folder as is; a corpus (WikiText detokenised first) prepared with the model's tokenizer
     (``tokenizer_dir``: standalone_tokenizer's folder of a model, or saved_tokenizer's).
 
-    ``form``: the data.* settings (keys as model_folder.held_out_form_of has them) the text becomes sequences by: the
-    model's own objective (NSP pairs or packed blocks), length and pair sampling."""
+    ``form``: the data.* settings (keys as model/folder.py's held_out_form_of has them) the text becomes sequences by:
+    the model's own objective (NSP pairs or packed blocks), length and pair sampling."""
     paths = [Path(p) for p in data]
     if folder := prepared_folder(paths):
         store = TokenStore(folder)

@@ -22,7 +22,6 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
-from mlmlab.architectures import ADAPTERS, Bert, refuse_past_positions, token_positions
 from mlmlab.errors import UserError, writes_of
 from mlmlab.evaluate.glue_data import (
     TASKS,
@@ -34,7 +33,9 @@ from mlmlab.evaluate.glue_data import (
     read_unlabeled,
 )
 from mlmlab.evaluate.glue_settings import FineTuneSettings, GlueSettings
-from mlmlab.model_folder import load_any_tokenizer, read_config, saved_weight_shapes
+from mlmlab.model.architectures import ADAPTERS, refuse_past_positions, token_positions
+from mlmlab.model.architectures.bert import Bert
+from mlmlab.model.folder import load_any_tokenizer, read_config, saved_weight_shapes
 from mlmlab.train.optim import parameter_groups
 from mlmlab.utils import jsonio, markdown
 from mlmlab.utils.devices import compute_device

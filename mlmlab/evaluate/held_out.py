@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 
 from mlmlab import choices
-from mlmlab.architectures import refuse_past_positions, saved_architecture, token_positions
 from mlmlab.config import Config, from_dict, read_yaml
 from mlmlab.data.records import Columns
 from mlmlab.data.resolve import held_out_store, require_vocab, saved_tokenizer, standalone_tokenizer
@@ -23,7 +22,8 @@ from mlmlab.errors import UserError
 from mlmlab.evaluate.perplexity import DEFAULT_BUCKETS, evaluate_mlm
 from mlmlab.evaluate.recalibrate import recalibrated_loss
 from mlmlab.masking.select import token_info_for
-from mlmlab.model_folder import (
+from mlmlab.model.architectures import refuse_past_positions, saved_architecture, token_positions
+from mlmlab.model.folder import (
     HELD_OUT_FORM_KEY,
     held_out_form_of,
     load_pretrained,
@@ -32,7 +32,7 @@ from mlmlab.model_folder import (
     saved_token_counts,
     saved_vocab_hash,
 )
-from mlmlab.train.checkpoint import CONFIG_FILE, MODEL_DIR, PREFIX
+from mlmlab.train.run_folder import CONFIG_FILE, MODEL_DIR, PREFIX
 from mlmlab.utils.devices import compute_device
 
 
@@ -230,7 +230,7 @@ def held_out_inputs(data, columns: Columns) -> Iterator[list]:
 
 
 def held_out_form(model_dir: Path) -> dict:
-    """How the model's run built and measured its held-out set (model_folder.held_out_form_of): recorded in the
+    """How the model's run built and measured its held-out set (held_out_form_of in model/folder.py): recorded in the
     folder; for a folder written before that, its run's config.yaml (a run's model/ or a checkpoint's); else the
     defaults, with the objective the architecture trains (MLM only without an NSP head)."""
     recorded = saved_held_out_form(model_dir)

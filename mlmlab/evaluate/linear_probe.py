@@ -58,7 +58,6 @@ from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
 from mlmlab import choices
-from mlmlab.architectures import token_positions
 from mlmlab.config import SEEDS, check_range
 from mlmlab.errors import UserError, writes_of
 from mlmlab.evaluate.glue import (
@@ -76,7 +75,8 @@ from mlmlab.evaluate.glue import (
 )
 from mlmlab.evaluate.glue_data import TASKS, TRAIN_FILE, GlueTask, missing_files, read_labeled
 from mlmlab.evaluate.glue_settings import TASK_SETTINGS, resolve_task_names
-from mlmlab.model_folder import load_any_tokenizer, read_config
+from mlmlab.model.architectures import token_positions
+from mlmlab.model.folder import load_any_tokenizer, read_config
 from mlmlab.utils import jsonio, markdown
 from mlmlab.utils.devices import compute_device
 from mlmlab.utils.files import lock_folder, refuse_results_of_another_model, write_text_atomically

@@ -18,7 +18,7 @@ from mlmlab.config import MaskingConfig
 from mlmlab.data.loader import LoaderPosition, iterate_batches
 from mlmlab.masking.buckets import frequency_buckets
 from mlmlab.masking.evaluation import eval_masks
-from mlmlab.model import eval_mode, scoring_module
+from mlmlab.model.pretraining import eval_mode, scoring_module
 from mlmlab.utils.progress import progress_bar
 
 DEFAULT_BUCKETS = MaskingConfig().freq_cuts  # the same as training's

@@ -18,7 +18,7 @@ import torch
 
 from mlmlab.evaluate.perplexity import fixed_mask_batches
 from mlmlab.masking.buckets import frequency_buckets
-from mlmlab.model import eval_mode, scoring_module
+from mlmlab.model.pretraining import eval_mode, scoring_module
 
 ROWS_PER_CHUNK = 2048  # logits are computed this many targets at a time: (2048, V), never (M, V)
 

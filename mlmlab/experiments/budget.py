@@ -1,6 +1,6 @@
 """Training budgets of a study: FLOPs per step from the model config, and matching arms.
 
-FLOPs are mlmlab/flops.py's model of the matmuls:
+FLOPs are mlmlab/model/flops.py's model of the matmuls:
 
 - a training step: 3x the forward (backward = 2x forward) of the encoder + the sparse head on the
   ~rate * T selected positions (mean rate over training, so a 30%->15% decay costs more)
@@ -23,11 +23,11 @@ from mlmlab import choices
 from mlmlab.config import Config
 from mlmlab.data.resolve import tokenizer_dir_for
 from mlmlab.data.tokenizer import load_tokenizer
-from mlmlab.flops import TRAINING_PASSES, encoder_forward_flops, head_flops
 from mlmlab.masking.evaluation import EVAL_RATE
 from mlmlab.masking.schedules import rate_at
 from mlmlab.masking.strategies import strategy_entry
-from mlmlab.model import padded_vocab_size
+from mlmlab.model.flops import TRAINING_PASSES, encoder_forward_flops, head_flops
+from mlmlab.model.pretraining import padded_vocab_size
 from mlmlab.train.optim import full_batches_until, micro_batches_at
 
 # Dry-run cost assumption: an H100 SXM's dense bf16 peak is ~989 TFLOP/s; 40% model-FLOPs

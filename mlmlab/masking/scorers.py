@@ -56,11 +56,11 @@ import torch.nn.functional as F
 
 from mlmlab import choices
 from mlmlab.config import Config, MaskingConfig
-from mlmlab.flops import TRAINING_PASSES, head_flops
 from mlmlab.masking import seeding
 from mlmlab.masking.select import Corruption, select_and_corrupt
 from mlmlab.masking.variants import READS_COUNTS, READS_LOSSES, READS_MODEL, ScorerEntry, add_entry, entry_named
-from mlmlab.model import IGNORE_INDEX, SparsePretraining, encode, eval_mode, predict
+from mlmlab.model.flops import TRAINING_PASSES, head_flops
+from mlmlab.model.pretraining import IGNORE_INDEX, SparsePretraining, encode, eval_mode, predict
 
 GRAD_NORM_RATE = 0.15  # mask rate of the copy whose loss grad_norm differentiates
 CONTEXT_BYTES_PER_BUCKET = 12  # the context table's float32 value + int64 count

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from mlmlab.data.tokenizer import ordinary_token_ids, special_ids, word_marker
 from mlmlab.masking import seeding
-from mlmlab.model import IGNORE_INDEX
+from mlmlab.model.pretraining import IGNORE_INDEX
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from mlmlab.masking.seeding import STREAM_SCORED_ROWS, row_uniforms
 from mlmlab.masking.select import TokenInfo, eligible_positions
 from mlmlab.masking.units import NgramTable, drawn_span_lengths, unit_starts
 from mlmlab.masking.variants import StrategyEntry, add_entry, entry_named
-from mlmlab.model import IGNORE_INDEX
+from mlmlab.model.pretraining import IGNORE_INDEX
 from mlmlab.utils.devices import clock
 
 LEGACY_STEP_KEY = "step"  # in the masking state of checkpoints made before the optimizer step drove scoring

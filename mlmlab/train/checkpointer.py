@@ -3,7 +3,7 @@
 strategy's state, torch's random generators (every process's), the fp16 loss scale and the trainer's progress.
 
 The files themselves (where they go, how they are written atomically and verified, how a resume finds
-them) are ``checkpoint.py``'s.
+them) are ``run_folder.py``'s.
 """
 
 from dataclasses import dataclass
@@ -20,7 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from mlmlab.config import TrainConfig
 from mlmlab.data.loader import LoaderPosition
 from mlmlab.errors import UserError
-from mlmlab.train import checkpoint
+from mlmlab.train import run_folder
 from mlmlab.train.optim import resume_lr_note
 
 # Checkpoints hold the whole model and optimizer state, keyed by parameter name, whatever the
@@ -71,15 +71,15 @@ class Checkpointer:
         if not self.accelerator.is_main_process:
             return None
         weights = {name.removeprefix("model."): tensor for name, tensor in weights.items()}
-        return checkpoint.save_run_state(
+        return run_folder.save_run_state(
             self.run_dir, step, self.model.config, weights, states, self.tokenizer, self.token_counts, self.keep_last
         )
 
     def load(self, folder: Path) -> None:
         """Everything of checkpoint ``folder`` but its weights, once accelerate has prepared the run (FSDP shards
         the optimizer state as it loads); the weights went into the model before, by
-        ``checkpoint.load_resumed_weights``."""
-        self.load_state_dict(checkpoint.read_training_state(folder))
+        ``run_folder.load_resumed_weights``."""
+        self.load_state_dict(run_folder.read_training_state(folder))
 
 
 def rng_states(accelerator) -> dict:
@@ -153,7 +153,7 @@ def load_optimizer_state(module, optimizer, state: dict) -> None:
 def resume_notes(run_dir: Path, folder: Path, cfg: TrainConfig, state, global_batch: int) -> list[str]:
     """Lines for a resume from checkpoint ``folder`` into ``run_dir`` that changes the global batch (``global_batch``
     examples now) or the LR schedule (train section ``cfg``); ``state``: the trainer's, restored."""
-    previous = checkpoint.parsed_config(checkpoint.previous_config_text(run_dir, folder))
+    previous = run_folder.parsed_config(run_folder.previous_config_text(run_dir, folder))
     notes = [global_batch_note(state.position, global_batch), resume_lr_note(previous and previous.train, cfg, state)]
     return [note for note in notes if note]
 

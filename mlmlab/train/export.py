@@ -15,11 +15,11 @@ from mlmlab.data.resolve import prepare_datasets
 from mlmlab.errors import UserError
 from mlmlab.masking.masker import run_ngrams
 from mlmlab.masking.select import token_info_for
-from mlmlab.model import build_model
-from mlmlab.model_folder import load_saved_weights
-from mlmlab.train.checkpoint import CONFIG_FILE, MANIFEST, MODEL_DIR, config_tree_at, latest, read_progress, verify
+from mlmlab.model.folder import load_saved_weights
+from mlmlab.model.pretraining import build_model
 from mlmlab.train.metrics import metrics_records
 from mlmlab.train.model_card import export_model_folder
+from mlmlab.train.run_folder import CONFIG_FILE, MANIFEST, MODEL_DIR, config_tree_at, latest, read_progress, verify
 from mlmlab.utils.devices import compute_device
 from mlmlab.utils.files import lock_beside
 

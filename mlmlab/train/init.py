@@ -30,7 +30,11 @@ from accelerate.utils import set_seed
 from transformers import PreTrainedModel
 
 from mlmlab import choices
-from mlmlab.architectures import (
+from mlmlab.config import Config, ModelConfig
+from mlmlab.data.resolve import standalone_tokenizer, tokenizer_dir_for
+from mlmlab.data.tokenizer import load_tokenizer
+from mlmlab.errors import UserError
+from mlmlab.model.architectures import (
     ADAPTERS,
     architecture_of,
     entry_name,
@@ -39,18 +43,20 @@ from mlmlab.architectures import (
     saved_settings,
     token_positions,
 )
-from mlmlab.config import Config, ModelConfig
-from mlmlab.data.resolve import standalone_tokenizer, tokenizer_dir_for
-from mlmlab.data.tokenizer import load_tokenizer
-from mlmlab.errors import UserError
-from mlmlab.fused_qkv import fuse_qkv
-from mlmlab.model import COMPILED_LENGTH_MULTIPLE, build_model, compile_model, current_name, padded_vocab_size
-from mlmlab.model_folder import (
+from mlmlab.model.folder import (
     check_own_tokenizer,
     load_saved_weights,
     read_config,
     refuse_other_vocabulary,
     saved_weight_shapes,
+)
+from mlmlab.model.fused_qkv import fuse_qkv
+from mlmlab.model.pretraining import (
+    COMPILED_LENGTH_MULTIPLE,
+    build_model,
+    compile_model,
+    current_name,
+    padded_vocab_size,
 )
 
 

@@ -20,8 +20,8 @@ from mlmlab import choices
 from mlmlab.config import Config
 from mlmlab.errors import UserError
 from mlmlab.masking.strategies import strategy_entry
-from mlmlab.train.checkpoint import run_dir_for
 from mlmlab.train.mfu import peak_matmul_flops
+from mlmlab.train.run_folder import run_dir_for
 from mlmlab.train.trackers import accelerate_trackers
 from mlmlab.utils.devices import available_cores, describe_cpu
 from mlmlab.utils.progress import say_once
@@ -47,16 +47,6 @@ def resolve_precision(setting: str) -> Precision:
     """train.precision's Precision, "auto" resolved by ``auto_precision``."""
     name = auto_precision() if setting == choices.AUTO else setting
     return next(precision for precision in PRECISIONS if precision.name == name)
-
-
-def accelerated(mixed_precision: str) -> Precision:
-    """The Precision of accelerate's ``mixed_precision`` ("no", "bf16", "fp16")."""
-    return next(precision for precision in PRECISIONS if precision.accelerate == mixed_precision)
-
-
-def matmul_dtype(mixed_precision: str) -> torch.dtype:
-    """The dtype the matmuls run in under accelerate's ``mixed_precision`` (a Trainer's ``precision``)."""
-    return accelerated(mixed_precision).dtype
 
 
 def auto_precision() -> str:
@@ -110,13 +100,13 @@ cpu_bf16_speedup = functools.cache(time_bf16_speedup)  # once per process: a hos
 PROCESS_GROUP_TIMEOUT = timedelta(hours=2)
 
 
-def make_accelerator(cfg: Config) -> Accelerator:
+def make_accelerator(cfg: Config, precision: Precision) -> Accelerator:
+    """The run's accelerator, training in ``precision`` (train.precision resolved: a Trainer's ``precision``)."""
     refuse_deepspeed()
     refuse_fp16_without_cuda(cfg.train.precision)
     # The mlm objective leaves the NSP head without gradients, which DDP must be told about.
     ddp_kwargs = DistributedDataParallelKwargs(find_unused_parameters=cfg.data.objective == choices.MLM)
     # cpu=True is what makes accelerate run several CPU processes (gloo) under torchrun.
-    precision = resolve_precision(cfg.train.precision)
     release_other_precision(precision.accelerate)
     handlers = [ddp_kwargs, InitProcessGroupKwargs(timeout=PROCESS_GROUP_TIMEOUT)]
     accelerator = Accelerator(
@@ -159,11 +149,11 @@ def use_tf32(allowed: bool) -> None:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = allowed
 
 
-def say_precision(accelerator: Accelerator, cfg: Config) -> None:
+def say_precision(accelerator: Accelerator, cfg: Config, precision: Precision) -> None:
     """Which precision this run trains in on which device (hosts of one machine type differ in bf16 units),
     and what bf16 costs on a CPU that has none. Said once the run's refusals are past, so a refusal stays
     the one line on stderr."""
-    used = accelerated(accelerator.mixed_precision).name
+    used = precision.name
     on_gpu = accelerator.device.type == "cuda"
     where = (
         (

@@ -6,9 +6,10 @@ whole global batch (all micro-batches, all ranks): the gradient then equals that
 one big batch, whatever the split.
 
 The Trainer only trains. What it calls owns its own part, torchtitan-style: the masking
-(``masking/masker.py``: one call masks a step's micro-batches, one learns from their results), the launch
+(``masking/masker.py``: one call masks a step's micro-batches, one learns from their results), a step's forwards,
+backwards and the sums the processes agree on (``step.py``), the launch
 (``launch.py``), what a checkpoint holds and how a resume restores it (``checkpointer.py``), the run
-folder and the checkpoint files (``checkpoint.py``), the start from another model's weights (``init.py``),
+folder and the checkpoint files (``run_folder.py``), the start from another model's weights (``init.py``),
 the final model folder and its card (``model_card.py``), the metrics files (``metrics.py``), the LR
 schedule (``optim.py``), stop signals (``utils/signals.py``), and held-out evaluation,
 which the caller hands over as ``evaluator`` (a function with the signature of
@@ -20,37 +21,36 @@ hands over ``on_step_end`` instead of driving the steps itself.
 import math
 import time
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
 import torch
 from accelerate.utils import DistributedType
-from torch.distributed.tensor import DTensor
 
 from mlmlab import choices
-from mlmlab.config import Config, ModelConfig, TrainConfig, report_targets
+from mlmlab.config import Config, TrainConfig, report_targets
 from mlmlab.data.loader import iterate_batches
 from mlmlab.data.resolve import prepare_datasets
 from mlmlab.errors import UserError
 from mlmlab.masking.masker import Masker
 from mlmlab.masking.strategies import refuse_other_strategies_settings
-from mlmlab.model import COMPILED_LENGTH_MULTIPLE, IGNORE_INDEX, SparsePretraining
-from mlmlab.model_folder import record_held_out_form
-from mlmlab.train import checkpoint
+from mlmlab.model.architectures import check_config
+from mlmlab.model.folder import record_held_out_form
+from mlmlab.model.pretraining import COMPILED_LENGTH_MULTIPLE, SparsePretraining
+from mlmlab.train import run_folder
 from mlmlab.train.checkpointer import Checkpointer, resume_notes
 from mlmlab.train.init import initial_model, resolve_init
 from mlmlab.train.launch import (
     concat_over_processes,
     fused_head_on,
     make_accelerator,
-    matmul_dtype,
+    resolve_precision,
     say_precision,
     sum_over_processes,
 )
 from mlmlab.train.memory import refuse_unfitting
 from mlmlab.train.metrics import MetricsWriter, run_summary
-from mlmlab.train.mfu import MeasuredPeak, SpeedWindow, training_flops
+from mlmlab.train.mfu import MeasuredPeak, SpeedWindow
 from mlmlab.train.model_card import write_finished_run
 from mlmlab.train.optim import (
     build_optimizer,
@@ -62,6 +62,7 @@ from mlmlab.train.optim import (
     work_done,
 )
 from mlmlab.train.run_state import TrainerState
+from mlmlab.train.step import StepSums, forwards_and_backwards, full_norm
 from mlmlab.train.trackers import finish_trackers, start_trackers
 from mlmlab.utils.progress import Pace, progress_bar, say, say_once
 from mlmlab.utils.signals import StopRequest
@@ -79,87 +80,9 @@ def progress_line(cfg: TrainConfig, step: int, progress: float, loss: float, eva
     return f"step {step}{budget} ({progress:.0%}): loss {loss:.3f}{held_out}{time_left}"
 
 
-def global_denominators(accelerator, micro: list[dict]) -> tuple[float, float]:
-    """Masked tokens and examples over the global batch, divided by the process count.
-
-    DDP averages gradients over processes, so each process divides its sum by
-    global count / processes to make the average equal the global-batch mean.
-    """
-    local = torch.tensor(
-        [sum(int((m["labels"] != IGNORE_INDEX).sum()) for m in micro), sum(len(m["input_ids"]) for m in micro)],
-        device=accelerator.device,
-        dtype=torch.float64,
-    )
-    total = accelerator.reduce(local, reduction="sum")
-    return (total[0] / accelerator.num_processes).item(), (total[1] / accelerator.num_processes).item()
-
-
-class _StepSums:
-    """This process's sums over a step's micro-batches, float64: each loss, real tokens, token slots, model FLOPs."""
-
-    def __init__(self, objective: str, model_cfg: ModelConfig, vocab_size: int, device):
-        self.keys = ("loss", "mlm_loss", "nsp_loss") if objective == choices.NSP else ("loss", "mlm_loss")
-        self.model_cfg, self.vocab_size = model_cfg, vocab_size
-        self.values = torch.zeros(len(self.keys) + 3, dtype=torch.float64, device=device)
-
-    def add(self, batch: dict, result: dict) -> None:
-        """One micro-batch and its forward's result."""
-        mask = batch["attention_mask"]  # (B, T): real tokens, of B * T slots padding included
-        # The forward already counted the positions its head projected (mlm_count, on the CPU).
-        flops = training_flops(self.model_cfg, self.vocab_size, mask, int(result["mlm_count"]))
-        self.values += torch.stack(
-            [
-                *(result[key].detach().double() for key in self.keys),
-                mask.sum().double(),
-                torch.tensor(float(mask.numel()), dtype=torch.float64, device=mask.device),
-                flops.double(),
-            ]
-        )
-
-    def agreed(self, accelerator, clock: float, stop_requested: bool) -> dict:
-        """The global batch's losses (means over processes), tokens, slots and FLOPs, the main process's ``clock``
-        (0 elsewhere) and whether any process was asked to stop, all from the step's one collective.
-
-        The clock and any process's SIGTERM ride on it so that every process takes the same time-budget
-        decisions (LR, masking rate, when to stop) and stops at the same step: one acting alone would
-        wait forever in a collective the others never join.
-        """
-        agreed = torch.tensor([clock, float(stop_requested)], dtype=torch.float64, device=self.values.device)
-        totals = accelerator.reduce(torch.cat([self.values, agreed]), reduction="sum").tolist()
-        tokens, slots, flops, clock, stops = totals[-5:]
-        return {
-            "losses": {key: value / accelerator.num_processes for key, value in zip(self.keys, totals)},
-            "tokens": int(tokens),
-            "flops": flops,
-            "slots": int(slots),
-            "clock": clock,
-            "stop": stops > 0,
-        }
-
-
-def forwards_and_backwards(accelerator, module, micro: list[dict], sums: _StepSums) -> list[dict]:
-    """Each masked micro-batch's forward and backward, gradients summed over them (synchronised over processes
-    on the last); every one's result, in order. The losses are normalised over the whole global batch."""
-    mlm_denominator, nsp_denominator = global_denominators(accelerator, micro)
-    results = []
-    for i, batch in enumerate(micro):
-        sync = nullcontext() if i == len(micro) - 1 else accelerator.no_sync(module)
-        with sync, accelerator.autocast():
-            result = module(**batch, mlm_denominator=mlm_denominator, nsp_denominator=nsp_denominator)
-            accelerator.backward(result["loss"])
-        sums.add(batch, result)
-        results.append(result)
-    return results
-
-
-def full_norm(grad_norm) -> float:
-    """clip_grad_norm_'s total norm as a number; under FSDP it is a DTensor of sharded gradients."""
-    return float(grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm)
-
-
 def non_finite_stop(state: TrainerState, run_dir: Path) -> str:
     """Why training stopped on non-finite losses, what it can be and what is kept: only what is true of this run."""
-    saved = checkpoint.complete_checkpoints(run_dir, check=False)
+    saved = run_folder.complete_checkpoints(run_dir, check=False)
     kept = f"its checkpoints are kept, the newest {saved[-1]}" if saved else f"{run_dir} holds no checkpoint of it"
     cause = (
         "lower train.lr (or set train.max_grad_norm), or look for a damaged batch in the data"
@@ -191,7 +114,7 @@ def prepared_model(cfg: Config, tokenizer, accelerator, folder: Path | None) -> 
     if folder is not None:
         say_once(accelerator, f"resuming from {folder}")
         # Every process, before FSDP (if any) shards the model; another architecture or vocabulary is refused.
-        checkpoint.load_resumed_weights(model, folder, tokenizer)
+        run_folder.load_resumed_weights(model, folder, tokenizer)
     module, optimizer = accelerator.prepare(module, optimizer)
     return model, module, optimizer
 
@@ -241,18 +164,18 @@ class Trainer:
         named: frozenset[str],
     ):
         self._started = time.perf_counter()
+        check_config(cfg)  # what its architecture asks of the config, before train.init replaces the model section
         refuse_warmup_without_decay(cfg.train)
         refuse_other_strategies_settings(cfg.masking.strategy, named)
         cfg = resolve_init(cfg, named)  # train.init: checked, and the model section taken from it, before anything
         self.cfg, self.evaluator, self.show_progress = cfg, evaluator, show_progress
-        self.accelerator = make_accelerator(cfg)
-        self.precision = (
-            self.accelerator.mixed_precision
-        )  # this run's; accelerate's property is per process (launch.py)
-        self.run_dir = checkpoint.run_dir_for(cfg)
+        # This run's precision, resolved once: accelerate's mixed_precision is per process (launch.py).
+        self.precision = resolve_precision(cfg.train.precision)
+        self.accelerator = make_accelerator(cfg, self.precision)
+        self.run_dir = run_folder.run_dir_for(cfg)
         # Before the slow set-up: an unwritable or busy run folder, or a refused resume, stops here.
-        self._lock = checkpoint.lock_run(self.run_dir) if self.accelerator.is_main_process else None
-        folder = checkpoint.open_run(self.run_dir, cfg, resume, self.accelerator.is_main_process)
+        self._lock = run_folder.lock_run(self.run_dir) if self.accelerator.is_main_process else None
+        folder = run_folder.open_run(self.run_dir, cfg, resume, self.accelerator.is_main_process)
         self.metrics = MetricsWriter(
             self.run_dir,
             enabled=self.accelerator.is_main_process,
@@ -263,13 +186,14 @@ class Trainer:
             self.train_store, self.valid_store, self.tokenizer = prepare_datasets(
                 cfg.data, cfg.train.init, show_progress=show_progress and self.accelerator.is_main_process
             )
-        refuse_unfitting(cfg, len(self.tokenizer), self.accelerator)  # before allocating any of it (ADM's tables too)
-        say_precision(self.accelerator, cfg)
+        # before allocating any of it (ADM's tables too)
+        refuse_unfitting(cfg, len(self.tokenizer), self.accelerator, self.precision)
+        say_precision(self.accelerator, cfg, self.precision)
         with self.accelerator.main_process_first():  # pmi: the first run on a corpus builds its n-gram vocabulary
             self.masker = Masker(cfg.masking, self.tokenizer, self.train_store.token_counts, corpus=self.train_store)
         self.model, self.module, self.optimizer = prepared_model(cfg, self.tokenizer, self.accelerator, folder)
         # MFU denominator of every process together (~0.25 s; timed again as the run goes, mfu.MeasuredPeak).
-        self.peak = MeasuredPeak(self.accelerator.device, matmul_dtype(self.precision), self.accelerator.num_processes)
+        self.peak = MeasuredPeak(self.accelerator.device, self.precision.dtype, self.accelerator.num_processes)
         self.state = TrainerState()
         self.checkpointer = Checkpointer(
             self.run_dir,
@@ -292,7 +216,7 @@ class Trainer:
         self._clock_base = self.state.seconds  # the training seconds before the step that runs next (main process)
         with self._stop:  # from the first rewrite on, a stop signal waits for the step boundary
             if self.accelerator.is_main_process:  # only now: a refused resume leaves the run folder as it was
-                checkpoint.record_config(self.run_dir, cfg, folder, self.state.step)
+                run_folder.record_config(self.run_dir, cfg, folder, self.state.step)
             start_trackers(self.accelerator, self.run_dir, cfg)
             # Steps after the checkpoint are redone, and so is the final evaluation of a finished run rerun.
             self.metrics.drop_after(self.state.step, evaluation_too=self.progress() >= 1.0)
@@ -345,7 +269,7 @@ class Trainer:
         micro = self._next_micro_batches(batches)
         with self.accelerator.autocast():  # ADM's scoring forward in the precision the step trains in
             micro = self.masker.mask_step(micro, self.model, progress=self.progress(), step=self.state.step + 1)
-        sums = _StepSums(self.cfg.data.objective, self.cfg.model, self.model.config.vocab_size, self.accelerator.device)
+        sums = StepSums(self.cfg.data.objective, self.cfg.model, self.model.config.vocab_size, self.accelerator.device)
         results = forwards_and_backwards(self.accelerator, self.module, micro, sums)
         self.masker.learn_step(micro, results, partial(concat_over_processes, self.accelerator))
         clock = self._clock_base + time.perf_counter() - started if self.accelerator.is_main_process else 0.0

@@ -30,8 +30,8 @@ from mlmlab.config import Config, ModelConfig
 from mlmlab.errors import UserError
 from mlmlab.masking.schedules import rate_at
 from mlmlab.masking.strategies import strategy_entry
-from mlmlab.model import build_model, padded_vocab_size
-from mlmlab.train.launch import accelerated
+from mlmlab.model.pretraining import build_model, padded_vocab_size
+from mlmlab.train.launch import Precision
 from mlmlab.utils.devices import memory_capacity
 
 OPTIMIZER_BYTES_PER_PARAMETER = 16  # fp32 weight, gradient, exp_avg, exp_avg_sq
@@ -64,14 +64,15 @@ def parameter_count(cfg: ModelConfig, vocab_size: int) -> int:
     return sum(parameter.numel() for parameter in model.parameters())
 
 
-def refuse_unfitting(cfg: Config, vocab_size: int, accelerator: Accelerator) -> None:
-    """A one-line UserError, with the estimate and the limit, when the run cannot fit on the accelerator's device."""
+def refuse_unfitting(cfg: Config, vocab_size: int, accelerator: Accelerator, precision: Precision) -> None:
+    """A one-line UserError, with the estimate and the limit, when the run cannot fit on the accelerator's device
+    training in ``precision``."""
     capacity = memory_capacity(accelerator.device)
     if capacity is None:  # a device whose memory torch does not report: nothing to compare with
         return
     limit, where = capacity
     sharded = accelerator.distributed_type == DistributedType.FSDP
-    value_bytes = accelerated(accelerator.mixed_precision).dtype.itemsize  # 2 under bf16/fp16 autocast, else 4
+    value_bytes = precision.dtype.itemsize  # 2 under bf16/fp16 autocast, else 4
     parts = training_bytes(
         cfg, vocab_size, bytes_per_value=value_bytes, weight_shards=accelerator.num_processes if sharded else 1
     )

@@ -1,6 +1,6 @@
 """Model FLOPs utilisation: the matmul FLOPs training needs, over what this device can do.
 
-The numerator counts only the model's own work (mlmlab/flops.py's FLOP model on the
+The numerator counts only the model's own work (mlmlab/model/flops.py's FLOP model on the
 real, unpadded tokens and the positions the MLM head projects); padding, the ADM scorer's
 extra passes and recomputation are not model FLOPs. The denominator is measured, not taken
 from a spec sheet: the best dense-matmul rate of this device at the training precision,
@@ -14,7 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mlmlab.config import ModelConfig
-from mlmlab.flops import TRAINING_PASSES, encoder_forward_flops, head_flops
+from mlmlab.model.flops import TRAINING_PASSES, encoder_forward_flops, head_flops
 from mlmlab.utils.devices import clock
 
 

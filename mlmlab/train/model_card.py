@@ -14,14 +14,14 @@ import shutil
 from pathlib import Path
 
 from mlmlab import choices
-from mlmlab.architectures import saved_architecture
 from mlmlab.config import Config, flat_keys, to_dict
 from mlmlab.data.tokenizer import folder_vocab_size
 from mlmlab.errors import writes_of
 from mlmlab.masking.evaluation import EVAL_RATE
 from mlmlab.masking.strategies import strategy_entry
-from mlmlab.model_folder import VOCAB_HASH_KEY, read_config, saved_weight_shapes
-from mlmlab.train.checkpoint import MODEL_DIR, read_progress
+from mlmlab.model.architectures import saved_architecture
+from mlmlab.model.folder import VOCAB_HASH_KEY, read_config, saved_weight_shapes
+from mlmlab.train.run_folder import MODEL_DIR, read_progress
 from mlmlab.utils import jsonio
 from mlmlab.utils.files import building, write_text_atomically
 

@@ -46,8 +46,8 @@ from mlmlab.evaluate.glue_settings import FineTuneSettings
 from mlmlab.evaluate.linear_probe import RANDOM_INIT, load_encoder, probe_lengths, probe_task, read_task, split_features
 from mlmlab.experiments.running.timing import TIMED_EVAL_BATCHES, WARMUP_STEPS
 from mlmlab.experiments.study import Study
-from mlmlab.flops import TRAINING_PASSES, encoder_forward_flops
-from mlmlab.model import build_model
+from mlmlab.model.flops import TRAINING_PASSES, encoder_forward_flops
+from mlmlab.model.pretraining import build_model
 from mlmlab.train.init import resolve_init
 from mlmlab.utils.devices import clock, compute_device
 from mlmlab.utils.progress import progress_bar

@@ -29,8 +29,8 @@ from mlmlab.experiments.running.runner import (
 )
 from mlmlab.experiments.running.timing import WARMUP_STEPS, run_minutes, timed_run
 from mlmlab.experiments.study import Study
-from mlmlab.train.checkpoint import complete_checkpoints, step_of
 from mlmlab.train.metrics import metrics_records
+from mlmlab.train.run_folder import complete_checkpoints, step_of
 from mlmlab.utils.files import live_holder
 
 

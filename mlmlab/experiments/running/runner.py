@@ -45,10 +45,11 @@ from mlmlab.experiments.running.identity import (
 )
 from mlmlab.experiments.screen import screen_pick
 from mlmlab.experiments.study import Arm, Study
-from mlmlab.model_folder import is_model_folder, load_pretrained
-from mlmlab.train.checkpoint import complete_checkpoints, step_of
+from mlmlab.model.architectures import check_config
+from mlmlab.model.folder import is_model_folder, load_pretrained
 from mlmlab.train.loop import Trainer
 from mlmlab.train.optim import refuse_warmup_without_decay
+from mlmlab.train.run_folder import complete_checkpoints, step_of
 from mlmlab.utils import jsonio
 from mlmlab.utils.allocator import release_freed_memory
 from mlmlab.utils.files import WriterLock
@@ -73,7 +74,9 @@ def arm_config(study: Study, arm: Arm) -> Config:
     try:
         for key, value in arm.overrides.items():
             set_dotted(tree, key, value)
-        return from_dict(tree)
+        cfg = from_dict(tree)
+        check_config(cfg)
+        return cfg
     except UserError as err:
         raise UserError(f"arm {arm.name!r}: {err}") from None
 

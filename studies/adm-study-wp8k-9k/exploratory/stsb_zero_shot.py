@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModel
 from mlmlab.evaluate.glue import collate, encode, quiet_transformers
 from mlmlab.evaluate.glue_data import TASKS, GlueSplit, read_labeled
 from mlmlab.experiments.results import RESULTS_FILE, read_rows
-from mlmlab.model_folder import load_any_tokenizer
+from mlmlab.model.folder import load_any_tokenizer
 
 STUDY = Path(__file__).resolve().parents[1]
 BATCH = 64

@@ -35,7 +35,7 @@ from mlmlab.masking.buckets import frequency_buckets
 from mlmlab.masking.scorers import entropy_scores
 from mlmlab.masking.select import Corruption, eligible_positions, token_info_for
 from mlmlab.masking.strategies import mask_batch
-from mlmlab.model import SparsePretraining, eval_mode
+from mlmlab.model.pretraining import SparsePretraining, eval_mode
 
 RUNS = Path("studies/dropout-wp8k/runs")
 # Both arms trained 9,000 steps with uniform dynamic masking. With hidden dropout 0.1 the models were still

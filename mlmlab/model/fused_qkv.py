@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 from transformers.models.bert.modeling_bert import ALL_ATTENTION_FUNCTIONS, eager_attention_forward
 
-from mlmlab.architectures import architecture_of
+from mlmlab.model.architectures import architecture_of
 
 
 def fuse_qkv(model: PreTrainedModel) -> int:

@@ -3,13 +3,13 @@
 2 FLOPs per multiply-add of every matmul; embeddings, LayerNorm, softmax and the NSP head
 are negligible and left out. Per sequence of T tokens, H hidden, V (padded) vocabulary:
 
-- encoder forward: its architecture's (``forward_flops`` on each adapter in architectures.py)
+- encoder forward: its architecture's (``forward_flops`` on each adapter in architectures/)
 - MLM head on one position: 2 H^2 + 2 H V  (the transform dense, then the vocabulary projection)
 - training = 3x the forward (backward = 2x forward)
 """
 
-from mlmlab.architectures import architecture_named
 from mlmlab.config import ModelConfig
+from mlmlab.model.architectures import architecture_named
 
 TRAINING_PASSES = 3  # forward + backward, the backward costing two forwards
 

@@ -18,11 +18,11 @@ import torch
 from torch import nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
-from mlmlab.architectures import architecture_named, saved_architecture, token_positions
 from mlmlab.config import Config
 from mlmlab.data.tokenizer import folder_vocab_hash, load_tokenizer, vocab_hash
 from mlmlab.errors import UserError
-from mlmlab.model import load_weights, weight_shapes
+from mlmlab.model.architectures import architecture_named, saved_architecture, token_positions
+from mlmlab.model.pretraining import load_weights, weight_shapes
 from mlmlab.utils.jsonio import read_json_file
 from mlmlab.utils.restoring import restoring
 

@@ -1,7 +1,7 @@
 """A transformers encoder (BERT, RoBERTa or ModernBERT), trained with the MLM head on selected positions only.
 
 The model is the library's own class (``BertForPreTraining``, ``RobertaForMaskedLM``, ``ModernBertForMaskedLM``:
-architectures.py) so that every checkpoint loads with the Auto classes. Training and held-out
+architectures/) so that every checkpoint loads with the Auto classes. Training and held-out
 evaluation do not call its forward: that projects all B*T positions onto the vocabulary,
 while only ~15% carry a label. Gathering the selected hidden states first ("sparse
 prediction", as google-research/bert, fairseq, cramming and MosaicBERT do) gives the same
@@ -22,10 +22,10 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import PreTrainedModel
 
-from mlmlab.architectures import ADAPTERS, AnyMaskedLM, architecture_named, architecture_of
 from mlmlab.config import ModelConfig
 from mlmlab.errors import UserError
-from mlmlab.head_loss import linear_cross_entropy
+from mlmlab.model.architectures import ADAPTERS, AnyMaskedLM, architecture_named, architecture_of
+from mlmlab.model.head_loss import linear_cross_entropy
 from mlmlab.utils.restoring import restoring
 
 IGNORE_INDEX = -100  # the label of every position that is not predicted (HF convention)

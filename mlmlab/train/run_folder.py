@@ -7,7 +7,7 @@ checkpoint and every changed key), ``metrics.jsonl``, checkpoints ``ckpt-<step>`
 end ``model/``, and ``.lock``, which the one process writing the run holds (``lock_run``; a
 second is refused). A checkpoint folder holds:
 
-- ``model/``: a model folder (model_folder.py: safetensors weights, config, tokenizer, the
+- ``model/``: a model folder (model/folder.py: safetensors weights, config, tokenizer, the
   pretraining corpus's ``token_counts.npy``) that the Auto classes load;
 - ``training_state.pt`` (``STATE_TENSORS_FILE``): optimizer state (keyed by parameter name),
   masking strategy state, RNG states and the fp16 loss scale (``torch.save``, read back with
@@ -32,10 +32,10 @@ import torch
 import yaml
 from transformers import PreTrainedConfig, PreTrainedModel
 
-from mlmlab.architectures import entry_name, saved_architecture, saved_settings
 from mlmlab.config import Config, config_hash, config_text, flat_keys, from_dict, read_yaml, what_it_computes
 from mlmlab.errors import UserError, writes_of
-from mlmlab.model_folder import (
+from mlmlab.model.architectures import entry_name, saved_architecture, saved_settings
+from mlmlab.model.folder import (
     is_model_folder,
     load_saved_weights,
     read_config,
