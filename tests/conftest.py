@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The suite checks the CPU path, to the bit where it promises bits, on any machine: on a GPU host
