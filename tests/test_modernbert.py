@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import SAMPLE, corpus_folders
+from conftest import SAMPLE, assert_killed_run_resumes_bitwise, corpus_folders
 from safetensors.torch import load_file
 from test_hostile_inputs import write_glue_task
-from test_pretrain import assert_killed_run_resumes_bitwise
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import (
     AutoModelForMaskedLM,

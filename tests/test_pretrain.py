@@ -4,15 +4,12 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from conftest import SHARED_DATA
-from safetensors.torch import load_file
+from conftest import SHARED_DATA, assert_killed_run_resumes_bitwise, pretrain_command
 from transformers import AutoModelForMaskedLM, AutoTokenizer, BertForPreTraining
 
 from mlmlab.cli import main
@@ -161,12 +158,8 @@ def test_a_held_out_set_smaller_than_a_batch_is_evaluated_whole(trained):
 
 
 def _command(out_dir, steps):
-    return [
-        sys.executable,
-        "-m",
-        "mlmlab.cli",
-        "pretrain",
-        "--no-progress",
+    """The tiny preset on the bundled sample, as a command (other test files start it too)."""
+    return pretrain_command(
         f"train.out_dir={out_dir}",
         f"train.max_steps={steps}",
         "train.save_every=2",
@@ -176,40 +169,12 @@ def _command(out_dir, steps):
         "train.warmup_steps=1",
         "data.loader_workers=0",
         "train.log_every=1",
-        "model.dropout=0.1",
-    ]  # dropout on, so a bitwise resume must restore its generator too
-
-
-def _newest_step(run_dir):
-    found = run_folder.complete_checkpoints(run_dir, check=False)
-    return int(found[-1].name.split("-")[1]) if found else 0
-
-
-def _weights(run_dir):
-    return load_file(str(run_dir / "model" / "model.safetensors"))
+        "model.dropout=0.1",  # dropout on, so a bitwise resume must restore its generator too
+    )
 
 
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     assert_killed_run_resumes_bitwise(tmp_path, _command)
-
-
-def assert_killed_run_resumes_bitwise(tmp_path, command, steps: int = 10) -> None:
-    """command(out_dir, steps) trained straight, and again SIGKILLed after a random checkpoint then
-    resumed, ends in the same weights bit for bit (the architecture tests reuse it)."""
-    subprocess.run(command(tmp_path / "straight", steps), check=True, capture_output=True)
-    killed_dir = tmp_path / "killed"
-    kill_at = int(np.random.default_rng().integers(2, steps - 2) // 2 * 2) or 2
-    proc = subprocess.Popen(command(killed_dir, steps), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while _newest_step(killed_dir) < kill_at and proc.poll() is None:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (killed_dir / "model").exists(), "the run finished before it was killed"
-    resumed = subprocess.run(command(killed_dir, steps), capture_output=True, text=True)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "resuming from" in resumed.stdout + resumed.stderr
-    straight, again = _weights(tmp_path / "straight"), _weights(killed_dir)
-    assert straight.keys() == again.keys() and all(torch.equal(straight[name], again[name]) for name in straight)
 
 
 def test_sigterm_saves_a_checkpoint(tmp_path):

@@ -10,9 +10,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import PMI_TEST_VOCAB, SAMPLE, tiny_encoder
+from conftest import PMI_TEST_VOCAB, SAMPLE, assert_killed_run_resumes_bitwise, tiny_encoder
 from safetensors.torch import load_file
-from test_pretrain import assert_killed_run_resumes_bitwise
 from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification, RobertaForMaskedLM, pipeline
 
 from mlmlab import choices

@@ -1,7 +1,8 @@
 """Tokenizers of every kind (WordPiece, byte-level BPE, Unigram): trained with the tokenizers library, loaded with
 AutoTokenizer, their own special tokens and word boundaries used by masking, packing and pairs; adopted folders.
 
-The tokenizers are trained once per session on the bundled validation sample (2,000 tokens: a second each).
+The tokenizers are conftest's trained_tokenizers: trained once per session on the bundled validation sample (2,000
+tokens: a second each).
 """
 
 import json
@@ -10,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import PMI_TEST_VOCAB, SAMPLE
+from conftest import CORPUS, PMI_TEST_VOCAB
 from transformers import AutoTokenizer, RobertaTokenizerFast
 
 from mlmlab import choices
@@ -26,7 +27,6 @@ from mlmlab.masking.select import Corruption, continuation_table, mask_batch, to
 from mlmlab.model.pretraining import IGNORE_INDEX
 from mlmlab.train.loop import Trainer
 
-CORPUS = SAMPLE / "valid.txt.gz"
 NAMES = {
     choices.WORDPIECE: ("[CLS]", "[SEP]", "[PAD]", "[MASK]"),
     choices.BPE: ("<s>", "</s>", "<pad>", "<mask>"),
@@ -36,35 +36,10 @@ NAMES = {
 pytestmark = pytest.mark.usefixtures("no_progress_bars")
 
 
-@pytest.fixture(scope="session")
-def trained(tmp_path_factory):
-    """{kind: tokenizer folder}, each trained on the bundled validation sample through the command."""
-    root = tmp_path_factory.mktemp("tokenizers")
-    for kind in choices.TOKENIZER_KINDS:
-        assert (
-            main(
-                [
-                    "tokenizer",
-                    "--kind",
-                    kind,
-                    "--corpus",
-                    str(CORPUS),
-                    "--vocab-size",
-                    "2000",
-                    "--out",
-                    str(root / kind),
-                    "--no-progress",
-                ]
-            )
-            == 0
-        )
-    return {kind: root / kind for kind in choices.TOKENIZER_KINDS}
-
-
 # ----- what each kind is -----------------------------------------------------------------------
 @pytest.mark.parametrize("kind", choices.TOKENIZER_KINDS)
-def test_each_kind_loads_with_autotokenizer_and_its_own_special_tokens(trained, kind):
-    folder = trained[kind]
+def test_each_kind_loads_with_autotokenizer_and_its_own_special_tokens(trained_tokenizers, kind):
+    folder = trained_tokenizers[kind]
     ours, auto = load_tokenizer(folder), AutoTokenizer.from_pretrained(folder)
     assert len(auto) == len(ours) == 2000
     model_type = json.loads((folder / "tokenizer.json").read_text())["model"]["type"]
@@ -83,8 +58,8 @@ def test_each_kind_loads_with_autotokenizer_and_its_own_special_tokens(trained, 
 
 
 @pytest.mark.parametrize("kind", choices.TOKENIZER_KINDS)
-def test_random_replacements_and_selection_avoid_the_tokenizers_special_ids(trained, kind):
-    tokenizer = load_tokenizer(trained[kind])
+def test_random_replacements_and_selection_avoid_the_tokenizers_special_ids(trained_tokenizers, kind):
+    tokenizer = load_tokenizer(trained_tokenizers[kind])
     info = token_info_for(tokenizer)
     texts = ["The quick brown fox jumps over the lazy dog near the river bank today."] * 64
     ids = [tokenizer(text)["input_ids"] for text in texts]
@@ -118,8 +93,8 @@ def reference_word_starts(encoding, text: str, kind: str) -> list[bool]:
 
 
 @pytest.mark.parametrize("kind", choices.TOKENIZER_KINDS)
-def test_the_begins_a_word_table_agrees_with_word_ids_on_real_text(trained, kind, sample_paragraphs):
-    tokenizer = load_tokenizer(trained[kind])
+def test_the_begins_a_word_table_agrees_with_word_ids_on_real_text(trained_tokenizers, kind, sample_paragraphs):
+    tokenizer = load_tokenizer(trained_tokenizers[kind])
     table = continuation_table(tokenizer)  # from the tokenizer's own convention: "##", "Ġ", "▁"
     info = token_info_for(tokenizer)
     checked = 0
@@ -140,7 +115,7 @@ def test_the_begins_a_word_table_agrees_with_word_ids_on_real_text(trained, kind
 
 
 # ----- training with each kind ---------------------------------------------------------------
-# a model and run small enough to train 20 steps in seconds (test_units.py trains it too)
+# a model and run small enough to train 20 steps in seconds
 SMALL_RUN = [
     "model.hidden_size=32",
     "model.num_layers=1",
@@ -197,10 +172,11 @@ def test_every_masking_strategy_is_among_those_trained_with_each_kind():
 
 @pytest.mark.parametrize("model,strategy", CASES, ids=[f"{model}-{strategy}" for model, strategy in CASES])
 @pytest.mark.parametrize("kind", [choices.BPE, choices.UNIGRAM])
-def test_every_architecture_trains_with_each_kind(trained, tmp_path, kind, model, strategy):
+def test_every_architecture_trains_with_each_kind(trained_tokenizers, tmp_path, kind, model, strategy):
     masking = {**STRATEGIES, **UNIT_STRATEGIES}[strategy]
     cfg = load_config(
-        None, [*MODELS[model], *SMALL, *masking, f"data.tokenizer={trained[kind]}", f"train.out_dir={tmp_path}"]
+        None,
+        [*MODELS[model], *SMALL, *masking, f"data.tokenizer={trained_tokenizers[kind]}", f"train.out_dir={tmp_path}"],
     )
     trainer = Trainer(cfg, evaluator=None, show_progress=False)
     tokenizer = trainer.tokenizer
@@ -214,13 +190,13 @@ def test_every_architecture_trains_with_each_kind(trained, tmp_path, kind, model
 
 
 # ----- adopted folders and refusals --------------------------------------------------------
-def test_a_folder_of_robertas_slow_files_is_adopted(trained, tmp_path):
+def test_a_folder_of_robertas_slow_files_is_adopted(trained_tokenizers, tmp_path):
     slow = tmp_path / "slow"
     slow.mkdir()
     for name in ("vocab.json", "merges.txt"):
-        shutil.copy(trained[choices.BPE] / name, slow / name)
+        shutil.copy(trained_tokenizers[choices.BPE] / name, slow / name)
     adopted = load_tokenizer(tokenizer_dir_for(str(slow)))
-    original = load_tokenizer(trained[choices.BPE])
+    original = load_tokenizer(trained_tokenizers[choices.BPE])
     assert adopted.get_vocab() == original.get_vocab() and adopted.mask_token == "<mask>"
     text = "Whole words and pieces, measured."
     assert adopted(text)["input_ids"][1:] == RobertaTokenizerFast.from_pretrained(slow)(text)["input_ids"][1:]
@@ -240,30 +216,30 @@ def _without(folder, tmp_path, **changes):
     return copy
 
 
-def test_a_tokenizer_without_a_mask_token_is_refused_in_one_line(trained, tmp_path, capsys):
-    folder = _without(trained[choices.UNIGRAM], tmp_path, mask_token=None)
+def test_a_tokenizer_without_a_mask_token_is_refused_in_one_line(trained_tokenizers, tmp_path, capsys):
+    folder = _without(trained_tokenizers[choices.UNIGRAM], tmp_path, mask_token=None)
     assert main(["pretrain", "--no-progress", f"data.tokenizer={folder}", f"train.out_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "has no mask token" in err, err
 
 
-def test_special_tokens_that_collide_are_refused(trained, tmp_path):
-    folder = _without(trained[choices.BPE], tmp_path, mask_token="<pad>")
+def test_special_tokens_that_collide_are_refused(trained_tokenizers, tmp_path):
+    folder = _without(trained_tokenizers[choices.BPE], tmp_path, mask_token="<pad>")
     with pytest.raises(UserError, match="as both its pad_token and its mask_token"):
         load_tokenizer(folder)
 
 
-def test_packing_separates_documents_with_the_tokenizers_own_separator(trained, tmp_path):
+def test_packing_separates_documents_with_the_tokenizers_own_separator(trained_tokenizers, tmp_path):
     store = TokenStore(
         prepare(
             [CORPUS],
-            tokenizer_dir=trained[choices.BPE],
+            tokenizer_dir=trained_tokenizers[choices.BPE],
             max_seq_length=64,
             objective=choices.MLM,
             out_dir=tmp_path / "packed",
         )
     )
-    tokenizer = load_tokenizer(trained[choices.BPE])
+    tokenizer = load_tokenizer(trained_tokenizers[choices.BPE])
     assert store.meta["pad_token_id"] == tokenizer.pad_token_id
     assert store.meta["special_token_ids"]["<mask>"] == tokenizer.mask_token_id
     inside = {int(i) for index in range(len(store)) for i in store[index]["input_ids"][1:-1]}
