@@ -205,6 +205,18 @@ def pretrain_command(*overrides: str) -> list[str]:
     return [sys.executable, "-m", "mlmlab.cli", "pretrain", "--no-progress", *overrides]
 
 
+def one_line_error(argv: list[str], capsys) -> str:
+    """The error line of ``mlmlab ARGV`` run in this process, which must exit 2 with exactly one error line
+    (after any lines for people: the run's precision, "starting from the weights of")."""
+    from mlmlab.cli import main
+
+    code = main(argv)
+    said = capsys.readouterr().err
+    err = said.splitlines()[-1]
+    assert code == 2 and err.startswith("mlmlab: error: ") and said.count("mlmlab: error") == 1, said
+    return err
+
+
 def _newest_step(run_dir: Path) -> int:
     from mlmlab.train import run_folder
 

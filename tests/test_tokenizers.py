@@ -2,21 +2,19 @@
 AutoTokenizer, their own special tokens and word boundaries used by masking, packing and pairs; adopted folders.
 
 The tokenizers are conftest's trained_tokenizers: trained once per session on the bundled validation sample (2,000
-tokens: a second each).
+tokens: a second each). Every architecture trains with each kind in test_conformance.py.
 """
 
 import json
 import shutil
 
-import numpy as np
 import pytest
 import torch
-from conftest import CORPUS, PMI_TEST_VOCAB
+from conftest import CORPUS
 from transformers import AutoTokenizer, RobertaTokenizerFast
 
 from mlmlab import choices
 from mlmlab.cli import main
-from mlmlab.config import load_config
 from mlmlab.data.build import prepare
 from mlmlab.data.loader import collate
 from mlmlab.data.resolve import tokenizer_dir_for
@@ -25,7 +23,6 @@ from mlmlab.data.tokenizer import load_tokenizer, ordinary_token_ids
 from mlmlab.errors import UserError
 from mlmlab.masking.select import Corruption, continuation_table, mask_batch, token_info_for, word_starts
 from mlmlab.model.pretraining import IGNORE_INDEX
-from mlmlab.train.loop import Trainer
 
 NAMES = {
     choices.WORDPIECE: ("[CLS]", "[SEP]", "[PAD]", "[MASK]"),
@@ -112,81 +109,6 @@ def test_the_begins_a_word_table_agrees_with_word_ids_on_real_text(trained_token
         ][:5]
         checked += int(eligible.sum())
     assert checked > 20000 and 0 < int(table.sum()) < len(table)
-
-
-# ----- training with each kind ---------------------------------------------------------------
-# a model and run small enough to train 20 steps in seconds
-SMALL_RUN = [
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.intermediate_size=64",
-    "train.batch_size=4",
-    "train.eval_every=0",
-    "train.warmup_steps=1",
-    "data.loader_workers=0",
-]
-SMALL = [
-    *SMALL_RUN,
-    f"data.corpus={CORPUS}",
-    f"data.valid_corpus={CORPUS}",
-    "data.max_seq_length=64",
-    "train.precision=fp32",
-]
-MODELS = {
-    "bert-nsp": ["model.architecture=bert", "data.objective=nsp"],
-    "roberta": ["model.architecture=roberta", "data.objective=mlm"],
-    "modernbert": ["model.architecture=modernbert", "data.objective=mlm"],
-}
-# Every strategy and every ADM scorer, each on its own (a constant adapt factor: the scores decide from step 1).
-STRATEGIES = {
-    "dynamic": ["masking.strategy=dynamic"],
-    "static": ["masking.strategy=static"],
-    "whole-word": ["masking.whole_word=true"],
-    "rate-decay": ["masking.rate_schedule=linear_decay"],
-    **{
-        f"adaptive-{scorer}": [
-            "masking.strategy=adaptive",
-            "masking.adapt_schedule=constant",
-            f"masking.scorer={scorer}",
-        ]
-        for scorer in choices.SCORERS
-    },
-}
-# Span and PMI draw whole words by the tokenizer's own word starts (Ġ, ▁ where WordPiece has ##): RoBERTa only,
-# which trains 20 steps; the word-start tables are the kind's, not the architecture's.
-UNIT_STRATEGIES = {
-    "span": ["masking.strategy=span"],
-    "pmi": ["masking.strategy=pmi", f"masking.pmi_vocab_size={PMI_TEST_VOCAB}"],
-}
-# 20 steps of every strategy with each kind on RoBERTa; 3 on BERT and ModernBERT keep the suite's time down
-STEPS = {"roberta": 20}
-CASES = [(model, strategy) for model in MODELS for strategy in STRATEGIES] + [("roberta", s) for s in UNIT_STRATEGIES]
-
-
-def test_every_masking_strategy_is_among_those_trained_with_each_kind():
-    overrides = [override for run in (*STRATEGIES.values(), *UNIT_STRATEGIES.values()) for override in run]
-    named = {override.split("=")[1] for override in overrides if override.startswith("masking.strategy=")}
-    assert named == set(choices.STRATEGIES)
-
-
-@pytest.mark.parametrize("model,strategy", CASES, ids=[f"{model}-{strategy}" for model, strategy in CASES])
-@pytest.mark.parametrize("kind", [choices.BPE, choices.UNIGRAM])
-def test_every_architecture_trains_with_each_kind(trained_tokenizers, tmp_path, kind, model, strategy):
-    masking = {**STRATEGIES, **UNIT_STRATEGIES}[strategy]
-    cfg = load_config(
-        None,
-        [*MODELS[model], *SMALL, *masking, f"data.tokenizer={trained_tokenizers[kind]}", f"train.out_dir={tmp_path}"],
-    )
-    trainer = Trainer(cfg, evaluator=None, show_progress=False)
-    tokenizer = trainer.tokenizer
-    first = trainer.train_store[0]["input_ids"]
-    assert first[0] == tokenizer.cls_token_id and first[-1] == tokenizer.sep_token_id  # framed by its own tokens
-    batches = trainer.batches()
-    for _ in range(STEPS.get(model, 3)):
-        out = trainer.train_step(batches)
-        trainer.state.advance(out["clock"], cfg.train)
-    assert np.isfinite(out["loss"]) and ("nsp_loss" in out) == (model == "bert-nsp")
 
 
 # ----- adopted folders and refusals --------------------------------------------------------

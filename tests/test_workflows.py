@@ -3,7 +3,7 @@
 One small source run (a tiny model, 30 steps at length 64 with 128 positions: BERT's phase 1
 in miniature) serves every test: starting from its weights (its own folder, a
 BertForMaskedLM copy, legacy LayerNorm names), phase 2 at length 128, its model card,
-fill-mask on it, and exporting its checkpoints.
+and exporting its checkpoints. Fill-mask and the Auto classes on every architecture's folder: test_conformance.py.
 """
 
 import json
@@ -371,15 +371,6 @@ def _train_meta(run: Path) -> dict:
     from mlmlab.data.resolve import prepare_datasets
 
     return prepare_datasets(load_config(str(run / "config.yaml")).data)[0].meta
-
-
-def test_the_model_folder_fills_masks_with_the_auto_classes(source):
-    from transformers import AutoModelForMaskedLM, pipeline
-
-    folder = source[0] / "model"
-    AutoModelForMaskedLM.from_pretrained(folder)
-    predictions = pipeline("fill-mask", model=str(folder))("The capital of France is [MASK].")
-    assert len(predictions) == 5 and all(p["token_str"] and 0 <= p["score"] <= 1 for p in predictions)
 
 
 def test_export_of_the_last_checkpoint_is_the_final_model_folder(source, tmp_path, capsys):
