@@ -16,6 +16,7 @@ throughput.py's `--lever data.loader_workers=0` measures what the worker costs.
     python benchmarks/profile_step.py --preset mini --rows 30
     # fast-tiny's step as shipped (bf16 where auto picks it) beside the same step in fp32
     python benchmarks/profile_step.py --preset fast-tiny --arms mlmlab-as-shipped --lever train.precision=fp32
+    python benchmarks/profile_step.py --preset fast-tiny --arms mlmlab-as-shipped --by-shape   # which tensors
 """
 
 import argparse
@@ -72,10 +73,11 @@ def _in_range(label: str, function):
     return wrapped
 
 
-def profiled(step, steps: int, device: torch.device):
-    """The profile of ``steps`` calls of ``step`` (the GPU's kernels too, on a GPU) and their wall seconds."""
+def profiled(step, steps: int, device: torch.device, shapes: bool = False):
+    """The profile of ``steps`` calls of ``step`` (the GPU's kernels too, on a GPU) and their wall seconds; with
+    ``shapes``, each operator's input shapes recorded."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=shapes) as prof:
         start = clock(device)
         for _ in range(steps):
             step()
@@ -137,7 +139,7 @@ def profile_arm(name: str, step, trainer, peaks: dict, args) -> None:
     device = trainer.accelerator.device
     time_arm(step, args.warmup, device)
     totals = time_arm(step, args.steps, device)
-    prof, seconds = profiled(step, args.steps, device)
+    prof, seconds = profiled(step, args.steps, device, shapes=args.by_shape)
     averages = prof.key_averages()
     total = sum(event.self_cpu_time_total for event in averages) / 1e3 / args.steps
     print(f"\n{name}: {total:.1f} ms of operator self time per step")
@@ -148,6 +150,9 @@ def profile_arm(name: str, step, trainer, peaks: dict, args) -> None:
     print(waits_line(averages, seconds, args.steps, device))
     print("\n".join(op_split_lines(averages, args.steps, args.rows)))
     print(averages.table(sort_by="self_cpu_time_total", row_limit=args.rows))
+    if args.by_shape:  # which tensors the costly operators work on: the embedding's, the head's, a weight's cast
+        by_shape = prof.key_averages(group_by_input_shape=True)
+        print(by_shape.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_shapes_column_width=80))
     if device.type == "cuda":
         print(averages.table(sort_by="self_device_time_total", row_limit=args.rows))
 
@@ -160,6 +165,7 @@ def parse_arguments(argv=None):
     parser.add_argument("--steps", type=int, default=10, help="timed steps per arm, then as many profiled")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rows", type=int, default=20)
+    parser.add_argument("--by-shape", action="store_true", help="also list the operators by their input shapes")
     parser.add_argument(
         "--arms",
         nargs="+",

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["pytester"]  # tests/test_suite_guard.py runs a small suite of its own
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The suite checks the CPU path, to the bit where it promises bits, on any machine: on a GPU host
@@ -50,6 +48,7 @@ TINY_RUN = [*TINY_MODEL, *QUICK_RUN]
 
 def pytest_configure(config):
     config.addinivalue_line("markers", f"{SHARED_MARK}(*folders): reads these folders of {SHARED_DATA}")
+    sys.addaudithook(audit_shared_reads)  # for the whole process: an audit hook cannot be removed
 
 
 def pytest_collection_modifyitems(items):
@@ -61,6 +60,47 @@ def pytest_collection_modifyitems(items):
         missing = [SHARED_DATA / name for mark in marks for name in mark.args if not (SHARED_DATA / name).is_dir()]
         if missing:
             item.add_marker(pytest.mark.skip(reason=f"{missing[0]} is not there: the project's data (docs/data.md)"))
+
+
+# A test that reads ../shared/data without naming the folder in its shared_data mark passes here and fails in a
+# user's clone, and CI's clone-alone step runs only the marked tests, so it would never be seen: the read itself is
+# caught instead. An audit hook sees each file this process opens or lists, and each command it starts, while a test
+# runs; the test then fails naming the folder. A subprocess's own reads (and the Rust tokenizers') are not seen.
+AUDITED_EVENTS = {"open", "os.listdir", "os.scandir", "subprocess.Popen"}
+running_test: dict = {"item": None, "reads": set()}
+
+
+def shared_folder(name, cwd=None) -> str | None:
+    """The folder of SHARED_DATA that the path ``name`` (or a ``key=path`` override naming one) lies in, else None."""
+    if isinstance(name, int):  # a file descriptor: its path was seen when it was opened
+        return None
+    text = os.fsdecode(name) if isinstance(name, (str, bytes, os.PathLike)) else None
+    if text is None:
+        return None
+    text = text.partition("=")[2] if "=" in text and not os.path.exists(text) else text
+    try:
+        relative = Path(os.path.abspath(os.path.join(cwd or os.getcwd(), text))).relative_to(SHARED_DATA)
+    except ValueError:
+        return None
+    return relative.parts[0] if relative.parts else "."
+
+
+def audit_shared_reads(event: str, args: tuple) -> None:
+    if running_test["item"] is None or event not in AUDITED_EVENTS:
+        return
+    if event == "subprocess.Popen":
+        _, command, cwd, _ = args
+        names = [command] if isinstance(command, (str, bytes, os.PathLike)) else list(command or [])
+        folders = {shared_folder(name, os.fsdecode(cwd) if cwd else None) for name in names}
+    else:
+        folders = {shared_folder(args[0])}
+    running_test["reads"].update(folders - {None})
+
+
+def undeclared_shared_reads(item) -> list[str]:
+    """The folders of SHARED_DATA the running test read that its shared_data marks do not name."""
+    declared = {name for mark in item.iter_markers(SHARED_MARK) for name in mark.args}
+    return sorted(running_test["reads"] - declared)
 
 
 def corpus_folders(study: str) -> list[str]:
@@ -114,20 +154,28 @@ STATE_BEFORE = pytest.StashKey[dict]()
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item):
     item.stash[STATE_BEFORE] = {name: read() for name, (read, _) in global_state().items()}
+    running_test.update(item=item, reads=set())
     return (yield)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     """One leak is one failure, in the test that leaked: the state is put back, then the test fails naming
-    what it left changed, instead of every later test failing for a reason far from its own code."""
+    what it left changed, instead of every later test failing for a reason far from its own code. A read of
+    SHARED_DATA its marks do not name fails it too."""
     result = yield
+    undeclared = undeclared_shared_reads(item)
+    running_test.update(item=None, reads=set())
     before, state = item.stash.get(STATE_BEFORE, {}), global_state()
     changed = [name for name, value in before.items() if state[name][0]() != value]
     for name in changed:
         state[name][1](before[name])
-    if changed:
-        pytest.fail(f"the test left global state changed (now put back): {', '.join(changed)}", pytrace=False)
+    problems = [f"the test left global state changed (now put back): {', '.join(changed)}"] if changed else []
+    if undeclared:
+        marks = ", ".join(repr(name) for name in undeclared)
+        problems.append(f"the test read {SHARED_DATA} without naming it: mark it shared_data({marks})")
+    if problems:
+        pytest.fail("; ".join(problems), pytrace=False)
     return result
 
 

@@ -158,7 +158,7 @@ def test_profile_step_profiles_fast_tiny_in_bf16_beside_fp32_against_each_ones_p
     out = run_benchmark(
         "profile_step.py",
         *("--preset", "fast-tiny", "--arms", "mlmlab-as-shipped", "--set", "train.precision=bf16"),
-        *("--lever", "train.precision=fp32", "--steps", "1", "--rows", "3", *TINY_RUN),
+        *("--lever", "train.precision=fp32", "--steps", "1", "--rows", "3", "--by-shape", *TINY_RUN),
     )
     assert re.search(r"^measured matmul peak: bfloat16 [\d.]+ TFLOP/s, float32 [\d.]+ TFLOP/s$", out, re.M), out
     arms = re.findall(r"^(\S+): [\d.]+ ms of operator self time per step\n  \d+ tokens/s, (\w+): MFU", out, re.M)
@@ -168,6 +168,7 @@ def test_profile_step_profiles_fast_tiny_in_bf16_beside_fp32_against_each_ones_p
     assert len(re.findall(split + r"everything else [\d.]+ ms \(\d+%\)$", out, re.M)) == 2, out
     listed = out.split("everything else, by self time:")[1]
     assert "aten::mm " not in listed.split("Self CPU time total")[0]  # the matmuls are not among the rest
+    assert out.count("Input Shapes") == 2, out  # --by-shape: each arm's operators by the shapes they work on
 
 
 def test_time_to_a_loss_is_interpolated_between_the_evaluations_around_the_crossing():

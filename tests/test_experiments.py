@@ -179,6 +179,7 @@ def test_bad_study_files_give_one_line_errors(tmp_path, capsys, fields, words):
         assert word in err, err
 
 
+@pytest.mark.shared_data("glue")  # its dry run prices the study's GLUE fine-tuning on the real tasks
 def test_dry_run_of_roberta_base_prints_the_cost_without_training(tmp_path, capsys):
     assert main(["study", "roberta-base-adm", "--dry-run", "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
