@@ -1,7 +1,10 @@
 import gzip
 import os
 import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,27 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 SAMPLE = ROOT / "mlmlab" / "resources" / "sample"
 SHARED_MARK = "shared_data"
 STUDY_PRESETS = ROOT / "mlmlab" / "configs" / "studies"
+CORPUS = SAMPLE / "valid.txt.gz"  # 0.4 MB of text: prepares in about a second
+
+# The suite's tiny model as model.* overrides: one layer of 32 wide, two heads (tiny_encoder's shape).
+TINY_MODEL = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64"]
+# A run that trains a step of it in well under a second: the small validation sample to train and hold out on, in
+# blocks (or NSP pairs) of 64 tokens, no evaluation during training, fp32 named (a run in a subprocess does not get
+# fp32_on_every_host's patch). No model.* key: a run that starts from a folder (train.init) takes its model from it.
+QUICK_RUN = [
+    "train.batch_size=8",
+    "train.eval_batches=2",
+    "train.eval_every=0",
+    "train.warmup_steps=1",
+    "train.log_every=1",
+    "train.precision=fp32",
+    "data.loader_workers=0",
+    f"data.corpus={CORPUS}",
+    f"data.valid_corpus={CORPUS}",
+    "data.max_seq_length=64",
+]
+# The tiny model's quick run. A test adds what it is about after it: a later key=value of the same key wins.
+TINY_RUN = [*TINY_MODEL, *QUICK_RUN]
 
 
 def pytest_configure(config):
@@ -183,6 +207,20 @@ def bert_tokenizer(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def trained_tokenizers(tmp_path_factory) -> dict:
+    """{kind: tokenizer folder} of every kind of choices.TOKENIZER_KINDS, each trained through `mlmlab tokenizer`
+    on the bundled validation sample: 2,000 tokens, a second each."""
+    from mlmlab import choices
+    from mlmlab.cli import main
+
+    root = tmp_path_factory.mktemp("tokenizers")
+    for kind in choices.TOKENIZER_KINDS:
+        argv = ["tokenizer", "--kind", kind, "--corpus", str(CORPUS), "--vocab-size", "2000", "--out", str(root / kind)]
+        assert main([*argv, "--no-progress"]) == 0
+    return {kind: root / kind for kind in choices.TOKENIZER_KINDS}
+
+
+@pytest.fixture(scope="session")
 def sample_paragraphs():
     """Real Wikipedia paragraphs from the bundled sample (body lines of <doc> blocks)."""
     with gzip.open(SAMPLE / "train.txt.gz", "rt", encoding="utf-8") as handle:
@@ -207,3 +245,56 @@ def sample_store():
     from mlmlab.data.resolve import prepare_datasets
 
     return prepare_datasets(DataConfig())[0]
+
+
+def pretrain_command(*overrides: str) -> list[str]:
+    """`mlmlab pretrain` with ``overrides`` as a command for a fresh interpreter (subprocess.run): what a test that
+    kills or signals a run starts. In this process, ``main(["pretrain", "--no-progress", ...])`` runs the same."""
+    return [sys.executable, "-m", "mlmlab.cli", "pretrain", "--no-progress", *overrides]
+
+
+def one_line_error(argv: list[str], capsys) -> str:
+    """The error line of ``mlmlab ARGV`` run in this process, which must exit 2 with exactly one error line
+    (after any lines for people: the run's precision, "starting from the weights of")."""
+    from mlmlab.cli import main
+
+    code = main(argv)
+    said = capsys.readouterr().err
+    err = said.splitlines()[-1]
+    assert code == 2 and err.startswith("mlmlab: error: ") and said.count("mlmlab: error") == 1, said
+    return err
+
+
+def _newest_step(run_dir: Path) -> int:
+    from mlmlab.train import run_folder
+
+    found = run_folder.complete_checkpoints(run_dir, check=False)
+    return int(found[-1].name.split("-")[1]) if found else 0
+
+
+def _final_weights(run_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "model" / "model.safetensors"))
+
+
+def assert_killed_run_resumes_bitwise(tmp_path: Path, command, steps: int = 10) -> None:
+    """command(out_dir, steps) (a pretrain_command) trained straight, and again SIGKILLed after a random checkpoint
+    then resumed, ends in the same weights bit for bit."""
+    import numpy as np
+    import torch
+
+    subprocess.run(command(tmp_path / "straight", steps), check=True, capture_output=True)
+    killed_dir = tmp_path / "killed"
+    kill_at = int(np.random.default_rng().integers(2, steps - 2) // 2 * 2) or 2
+    proc = subprocess.Popen(command(killed_dir, steps), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while _newest_step(killed_dir) < kill_at and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed_dir / "model").exists(), "the run finished before it was killed"
+    resumed = subprocess.run(command(killed_dir, steps), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming from" in resumed.stdout + resumed.stderr
+    straight, again = _final_weights(tmp_path / "straight"), _final_weights(killed_dir)
+    assert straight.keys() == again.keys() and all(torch.equal(straight[name], again[name]) for name in straight)

@@ -11,16 +11,13 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, SAMPLE, tiny_encoder
+from conftest import CORPUS, ROOT, TINY_MODEL, tiny_encoder
 
 import mlmlab
 from mlmlab.cli import main
 from mlmlab.errors import UserError
 from mlmlab.model.architectures import AnyMaskedLM
 from mlmlab.model.pretraining import SparsePretraining
-
-CORPUS = SAMPLE / "valid.txt.gz"
-TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64"]
 
 
 def test_import_mlmlab_stays_light_and_every_public_name_says_what_it_is():
@@ -37,7 +34,7 @@ def test_import_mlmlab_stays_light_and_every_public_name_says_what_it_is():
 def mlmlab_model(tmp_path_factory):
     """A tiny BERT trained by mlmlab.pretrain for a few steps (NSP pairs, as the defaults): its model folder."""
     run = tmp_path_factory.mktemp("api") / "run"
-    overrides = [*TINY, f"train.out_dir={run}", "train.max_steps=3", "train.warmup_steps=1", "train.batch_size=4"]
+    overrides = [*TINY_MODEL, f"train.out_dir={run}", "train.max_steps=3", "train.warmup_steps=1", "train.batch_size=4"]
     summary = mlmlab.pretrain(None, [*overrides, "train.eval_batches=1", "data.loader_workers=0"], show_progress=False)
     assert summary["steps"] == 3
     return run / "model"

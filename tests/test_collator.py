@@ -8,7 +8,7 @@ epoch and the step, must return the same input_ids and labels bit for bit.
 import numpy as np
 import pytest
 import torch
-from conftest import PMI_TEST_VOCAB
+from conftest import PMI_TEST_VOCAB, TINY_MODEL
 
 from mlmlab import choices
 from mlmlab.config import MaskingConfig, load_config
@@ -21,7 +21,6 @@ from mlmlab.model.pretraining import IGNORE_INDEX
 from mlmlab.train.loop import Trainer
 
 STEPS = 2
-TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64"]
 SETTINGS = {
     "dynamic": {},
     "static": {"masking.strategy": choices.STATIC, "masking.dupe_factor": 2},
@@ -39,7 +38,7 @@ def trainer(tmp_path_factory):
     cfg = load_config(
         None,
         [
-            *TINY,
+            *TINY_MODEL,
             f"train.out_dir={tmp_path_factory.mktemp('collator') / 'run'}",
             "train.max_steps=10",
             "train.warmup_steps=1",

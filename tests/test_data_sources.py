@@ -6,7 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_pretrain import _command, assert_killed_run_resumes_bitwise
+from conftest import assert_killed_run_resumes_bitwise
+from test_pretrain import _command
 
 from mlmlab.config import DataConfig, load_config
 from mlmlab.data.loader import LoaderPosition, epoch_plans

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import SAMPLE
+from conftest import CORPUS, SAMPLE, TINY_RUN
 from safetensors.torch import load_file, save_file
 
 from mlmlab.cli import main
@@ -41,21 +41,7 @@ from mlmlab.train import run_folder
 from mlmlab.train.loop import Trainer
 from mlmlab.utils.files import staging_folder
 
-CORPUS = SAMPLE / "valid.txt.gz"  # 0.4 MB of text: prepares in about a second
-TINY = [
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.intermediate_size=64",
-    "train.batch_size=8",
-    "train.eval_batches=2",
-    "train.eval_every=0",
-    "train.warmup_steps=1",
-    "train.log_every=1",
-    "data.loader_workers=0",
-    f"data.corpus={CORPUS}",
-    f"data.valid_corpus={CORPUS}",
-]
+TINY = [*TINY_RUN, "data.max_seq_length=128"]  # the default length, which the world's prepared folders have
 
 
 SHORT_ROBERTA = (

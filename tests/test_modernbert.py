@@ -1,55 +1,33 @@
-"""ModernBERT beside BERT: transformers' own ModernBertForMaskedLM through the same sparse loss,
-masking strategies, exact resume, checkpoints, --init, export, evaluation, GLUE, linear probes and studies.
+"""ModernBERT beside BERT: transformers' own ModernBertForMaskedLM through the same sparse loss, its weight decay
+and FLOP model, its presets, refusals, its folder's classifier (mean pooling, no token types), --init under NSP,
+GLUE, linear probes and studies. What every architecture does (masking variants, exact resume, export, evaluation,
+--init from its own folder) is test_conformance.py's.
 
 A one- or two-layer H32 ModernBERT keeps each test to seconds.
 """
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import SAMPLE, corpus_folders
-from safetensors.torch import load_file
+from conftest import QUICK_RUN, TINY_RUN, corpus_folders, one_line_error
 from test_hostile_inputs import write_glue_task
-from test_pretrain import assert_killed_run_resumes_bitwise
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import (
-    AutoModelForMaskedLM,
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    ModernBertForMaskedLM,
-    pipeline,
-)
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, ModernBertForMaskedLM
 
 from mlmlab import choices
 from mlmlab.cli import main
 from mlmlab.config import ModelConfig, load_config
-from mlmlab.evaluate.perplexity import evaluate_mlm
 from mlmlab.model.architectures.modernbert import local_attention_pairs
 from mlmlab.model.flops import encoder_forward_flops
 from mlmlab.model.pretraining import IGNORE_INDEX, SparsePretraining, build_model
 from mlmlab.train.loop import Trainer
 from mlmlab.train.optim import parameter_groups
 
-CORPUS = SAMPLE / "valid.txt.gz"
 MODERNBERT = ["model.architecture=modernbert", "data.objective=mlm"]
-SMALL = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64"]
-COMMON = [
-    "train.batch_size=8",
-    "train.eval_batches=2",
-    "train.eval_every=0",
-    "train.warmup_steps=1",
-    "train.log_every=1",
-    "data.loader_workers=0",
-    f"data.corpus={CORPUS}",
-    f"data.valid_corpus={CORPUS}",
-    "data.max_seq_length=64",
-    "train.precision=fp32",
-]
 
 pytestmark = pytest.mark.usefixtures("no_progress_bars")
 
@@ -70,14 +48,6 @@ def small_config(**fields) -> ModelConfig:
 def small_modernbert(**fields) -> ModernBertForMaskedLM:
     torch.manual_seed(0)
     return build_model(small_config(**fields), vocab_size=100, pad_token_id=0)
-
-
-def one_line_error(argv: list[str], capsys) -> str:
-    code = main(argv)
-    said = capsys.readouterr().err
-    err = said.splitlines()[-1]  # after any line for people (the run's precision, "starting from the weights of")
-    assert code == 2 and err.startswith("mlmlab: error: ") and said.count("mlmlab: error") == 1, said
-    return err
 
 
 # ----- the model -----------------------------------------------------------------------------
@@ -157,117 +127,25 @@ def test_modernbert_settings_with_bert_are_refused_in_one_line(capsys):
     assert "model.local_attention" in err and "model.architecture=modernbert" in err
 
 
-# ----- training: every masking strategy, exact resume ----------------------------------------
-ADAPTIVE = ["masking.strategy=adaptive", "masking.adapt_schedule=constant"]
-STRATEGIES = {
-    "static": ["masking.strategy=static"],
-    "dynamic": ["masking.strategy=dynamic"],
-    "ankner-decay": ["masking.rate_schedule=linear_decay", "masking.rate=0.15", "masking.rate_start=0.3"],
-    "whole-word": ["masking.whole_word=true"],
-    # a constant a: every step is scored, the first too
-    **{f"adaptive-{scorer}": [*ADAPTIVE, f"masking.scorer={scorer}"] for scorer in choices.SCORERS},
-    "frequency-neutral": [*ADAPTIVE, "masking.scorer=loss_ema", "masking.frequency_neutral=true"],
-}
-
-
-@pytest.mark.parametrize("overrides", STRATEGIES.values(), ids=STRATEGIES.keys())
-def test_every_masking_strategy_trains_a_step(tmp_path, overrides):
-    cfg = load_config(
-        None, [*MODERNBERT, *SMALL, *COMMON, "train.batch_size=4", f"train.out_dir={tmp_path}", *overrides]
-    )
-    trainer = Trainer(cfg, evaluator=None, show_progress=False)
-    assert isinstance(trainer.model, ModernBertForMaskedLM)
-    before = [p.detach().clone() for p in trainer.model.parameters()]
-    batches = trainer.batches()
-    for _ in range(2):  # the second step scores with what the first taught (the loss tables)
-        out = trainer.train_step(batches)
-        trainer.state.advance(out["clock"], cfg.train)
-    assert np.isfinite(out["loss"]) and "nsp_loss" not in out
-    assert not all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
-
-
-def _command(out_dir, steps: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "mlmlab.cli",
-        "pretrain",
-        "--no-progress",
-        *MODERNBERT,
-        *SMALL,
-        *COMMON,
-        f"train.out_dir={out_dir}",
-        f"train.max_steps={steps}",
-        "train.save_every=2",
-        "train.warmup_steps=3",
-        "masking.strategy=adaptive",
-        "masking.scorer=context",  # state that must be restored too
-        "train.optimizer=stable-adamw",
-        "train.max_grad_norm=0",  # ModernBERT's optimizer, its recipe's no clipping
-        "train.grad_accum=3",
-        "train.batch_warmup_steps=6",  # and its batch warmup: a kill can land inside it
-        "model.dropout=0.1",
-    ]  # dropout on, so a bitwise resume must restore its generator too
-
-
-def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
-    assert_killed_run_resumes_bitwise(tmp_path, _command)
-
-
-# ----- the exported folder -------------------------------------------------------------------
+# ----- what only ModernBERT's folder has --------------------------------------------------------
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
-    """A small ModernBERT trained 4 steps (checkpoints at 2 and 4; its batch warms up over the first 2): its run
-    folder."""
+    """A small ModernBERT trained 2 steps: its run folder (test_conformance.py checks what every architecture's
+    folder holds)."""
     run = tmp_path_factory.mktemp("modernbert") / "run"
-    cfg = load_config(
-        None,
-        [
-            *MODERNBERT,
-            *SMALL,
-            *COMMON,
-            f"train.out_dir={run}",
-            "train.max_steps=4",
-            "train.save_every=2",
-            "train.keep_last=0",
-            "train.grad_accum=2",
-            "train.batch_warmup_steps=2",
-        ],
-    )
-    Trainer(cfg, evaluator=evaluate_mlm, show_progress=False).train()
+    cfg = load_config(None, [*MODERNBERT, *TINY_RUN, f"train.out_dir={run}", "train.max_steps=2"])
+    Trainer(cfg, evaluator=None, show_progress=False).train()
     return run
 
 
-def test_the_exported_folder_loads_with_the_auto_classes_and_fill_mask(source):
+def test_its_classifier_pools_the_mean_and_takes_no_token_types(source):
     folder = source / "model"
-    assert json.loads((folder / "config.json").read_text())["model_type"] == choices.MODERNBERT
-    masked_lm = AutoModelForMaskedLM.from_pretrained(folder)
-    assert isinstance(masked_lm, ModernBertForMaskedLM)
-    assert masked_lm.decoder.weight.data_ptr() == masked_lm.model.embeddings.tok_embeddings.weight.data_ptr()  # tied
-    predictions = pipeline("fill-mask", model=str(folder))("the capital of france is [MASK].")
-    assert len(predictions) == 5 and all("[MASK]" not in p["sequence"] for p in predictions)
-    classifier, info = AutoModelForSequenceClassification.from_pretrained(
-        folder, num_labels=2, output_loading_info=True
-    )
-    assert sorted(info["missing_keys"]) == ["classifier.bias", "classifier.weight"]  # the encoder is the pretrained one
+    classifier = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2)
     assert classifier.config.classifier_pooling == "mean"  # as the released ModernBERT folders, not the library's "cls"
     tokenizer = AutoTokenizer.from_pretrained(folder)
     inputs = tokenizer(["a sentence", "and another"], ["with a pair", "b"], padding=True, return_tensors="pt")
     assert "token_type_ids" not in inputs  # ModernBERT has no segment embeddings
     assert classifier(**inputs).logits.shape == (2, 2)
-    card = (folder / "README.md").read_text()
-    assert "ModernBERT L1/H32" in card and "ModernBertForMaskedLM" in card and "objective: `mlm`" in card
-    assert "batch warmup: 1 micro-batch(es) a step growing to 2 over 2 steps" in card
-
-
-def test_evaluate_of_its_model_on_its_held_out_text_is_the_runs_own_figure(source, tmp_path, capsys):
-    # The packed blocks the run validated on, not NSP pairs of the same text (another figure, fewer targets).
-    argv = ["evaluate", "--model", str(source / "model"), "--data", str(CORPUS), "--max-batches", "2"]
-    assert main([*argv, "--json", str(tmp_path / "eval.json")]) == 0
-    report, own = json.loads((tmp_path / "eval.json").read_text()), json.loads((source / "summary.json").read_text())
-    assert report["objective"] == choices.MLM and report["masked_tokens"] == own["eval"]["masked_tokens"]
-    assert report["mlm_loss"] == pytest.approx(own["eval"]["mlm_loss"], abs=1e-4)
-    capsys.readouterr()
 
 
 def test_init_from_it_under_nsp_names_train_init_and_the_remedy_it_suggests_trains(source, tmp_path, capsys):
@@ -278,40 +156,20 @@ def test_init_from_it_under_nsp_names_train_init_and_the_remedy_it_suggests_trai
         "--no-progress",
         "--init",
         str(source / "model"),
-        *COMMON,
+        *QUICK_RUN,
         "train.max_steps=1",
         "train.warmup_steps=0",
     ]
     capsys.readouterr()
     assert main([*argv, f"train.out_dir={tmp_path / 'nsp'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "NSP head" in err  # without data.objective=mlm the run would train NSP, which ModernBERT cannot
     assert f"train.init={source / 'model'} is a ModernBERT model" in err and "model.architecture" not in err, err
     remedy = err.split("; set ")[1].split(" ")[0]
     assert main([*argv, remedy, f"train.out_dir={tmp_path / 'mlm'}"]) == 0
 
 
-def test_export_evaluate_glue_and_probes_work_on_it(source, tmp_path, capsys):
-    assert main(["export", str(source / "ckpt-00000002"), "--out", str(tmp_path / "step2")]) == 0
-    assert AutoModelForMaskedLM.from_pretrained(tmp_path / "step2").config.model_type == choices.MODERNBERT
-    assert "- 2 steps," in (tmp_path / "step2" / "README.md").read_text()
-    assert (
-        main(
-            [
-                "evaluate",
-                "--model",
-                str(source / "model"),
-                "--data",
-                str(CORPUS),
-                "--max-batches",
-                "2",
-                "--json",
-                str(tmp_path / "eval.json"),
-            ]
-        )
-        == 0
-    )
-    report = json.loads((tmp_path / "eval.json").read_text())
-    assert np.isfinite(report["perplexity"]) and report["masked_tokens"] > 0 and "nsp_accuracy" not in report
+def test_glue_and_probes_work_on_it(source, tmp_path, capsys):
     glue = tmp_path / "glue-data"
     write_glue_task(glue / "SST-2", rows=64)
     glue_argv = ["--model", str(source / "model"), "--task", "SST-2", "--data-dir", str(glue)]
@@ -321,47 +179,6 @@ def test_export_evaluate_glue_and_probes_work_on_it(source, tmp_path, capsys):
     assert np.isfinite(results["tasks"]["SST-2"]["score"])
     assert main(["probe", *glue_argv, "--pooling", choices.MEAN_POOLING, "--no-progress"]) == 0  # frozen linear probes
     capsys.readouterr()
-
-
-def test_a_run_starts_from_a_modernbert_folder(source, tmp_path, capsys):
-    cfg = load_config(
-        None,
-        [
-            *COMMON,
-            "data.objective=mlm",
-            f"train.init={source / 'model'}",
-            f"train.out_dir={tmp_path / 'init'}",
-            "train.max_steps=1",
-            "train.warmup_steps=0",
-        ],
-    )
-    trainer = Trainer(cfg, evaluator=None, show_progress=False)  # no model.* keys: taken from the folder
-    assert trainer.cfg.model.architecture == choices.MODERNBERT and trainer.cfg.model.hidden_size == 32
-    saved = load_file(source / "model" / "model.safetensors")
-    assert all(torch.equal(trainer.model.state_dict()[name], tensor) for name, tensor in saved.items())
-    # without data.objective=mlm the run would train NSP, which ModernBERT cannot
-    err = one_line_error(
-        ["pretrain", "--no-progress", *COMMON, "--init", str(source / "model"), f"train.out_dir={tmp_path / 'nsp'}"],
-        capsys,
-    )
-    assert "NSP head" in err
-
-
-def test_a_resume_into_the_other_architecture_is_refused(source, tmp_path, capsys):
-    err = one_line_error(
-        [
-            "pretrain",
-            "--no-progress",
-            *SMALL,
-            *COMMON,
-            "data.objective=mlm",
-            f"train.out_dir={tmp_path / 'bert'}",
-            "--resume",
-            str(source / "ckpt-00000002"),
-        ],
-        capsys,
-    )
-    assert "model_type=modernbert" in err and "model.architecture" in err
 
 
 # ----- studies -------------------------------------------------------------------------------

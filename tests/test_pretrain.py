@@ -1,25 +1,21 @@
-"""End to end on the bundled Wikipedia sample: train, export, load with Auto classes, resume."""
+"""End to end on the bundled Wikipedia sample: a tiny BERT learns NSP, its run folder, held-out evaluation, stop
+signals and damaged checkpoints. What every architecture promises (export, Auto classes, bitwise resume) is
+test_conformance.py's."""
 
 import json
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
-from conftest import SHARED_DATA
-from safetensors.torch import load_file
-from transformers import AutoModelForMaskedLM, AutoTokenizer, BertForPreTraining
+from conftest import SHARED_DATA, pretrain_command
 
 from mlmlab.cli import main
 from mlmlab.config import load_config
 from mlmlab.data.tokenizer import adopt_vocab
 from mlmlab.evaluate.perplexity import evaluate_mlm
-from mlmlab.model.pretraining import encode
 from mlmlab.train import run_folder
 from mlmlab.train.loop import Trainer
 
@@ -96,24 +92,6 @@ def test_run_folder_has_config_metrics_and_checkpoint(trained):
     assert 1e6 < counted / summary["tokens_seen"] < 1e8
 
 
-def test_export_loads_with_auto_classes_and_matches_logits(trained):
-    folder = trained["run_dir"] / "model"
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    assert len(tokenizer) == VOCAB_SIZE
-    auto = AutoModelForMaskedLM.from_pretrained(folder).eval()
-    ours = trained["trainer"].model.eval()
-    batch = tokenizer(
-        ["The city lies on the river.", "She was born in 1990 and plays basketball."], padding=True, return_tensors="pt"
-    )
-    with torch.no_grad():
-        hidden, _ = encode(ours, batch)
-        expected = ours.cls.predictions(hidden)  # (B, T, V)
-        got = auto(**batch).logits
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    pretraining = BertForPreTraining.from_pretrained(folder)
-    assert torch.equal(pretraining.cls.seq_relationship.weight, ours.cls.seq_relationship.weight)
-
-
 @pytest.mark.shared_data("wikitext103_eval")
 def test_evaluate_on_wikitext_is_deterministic_with_chosen_buckets(trained, tmp_path, capsys):
     wikitext = SHARED_DATA / "wikitext103_eval" / "wiki.valid.tokens"
@@ -161,12 +139,8 @@ def test_a_held_out_set_smaller_than_a_batch_is_evaluated_whole(trained):
 
 
 def _command(out_dir, steps):
-    return [
-        sys.executable,
-        "-m",
-        "mlmlab.cli",
-        "pretrain",
-        "--no-progress",
+    """The tiny preset on the bundled sample, as a command (other test files start it too)."""
+    return pretrain_command(
         f"train.out_dir={out_dir}",
         f"train.max_steps={steps}",
         "train.save_every=2",
@@ -176,40 +150,8 @@ def _command(out_dir, steps):
         "train.warmup_steps=1",
         "data.loader_workers=0",
         "train.log_every=1",
-        "model.dropout=0.1",
-    ]  # dropout on, so a bitwise resume must restore its generator too
-
-
-def _newest_step(run_dir):
-    found = run_folder.complete_checkpoints(run_dir, check=False)
-    return int(found[-1].name.split("-")[1]) if found else 0
-
-
-def _weights(run_dir):
-    return load_file(str(run_dir / "model" / "model.safetensors"))
-
-
-def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
-    assert_killed_run_resumes_bitwise(tmp_path, _command)
-
-
-def assert_killed_run_resumes_bitwise(tmp_path, command, steps: int = 10) -> None:
-    """command(out_dir, steps) trained straight, and again SIGKILLed after a random checkpoint then
-    resumed, ends in the same weights bit for bit (the architecture tests reuse it)."""
-    subprocess.run(command(tmp_path / "straight", steps), check=True, capture_output=True)
-    killed_dir = tmp_path / "killed"
-    kill_at = int(np.random.default_rng().integers(2, steps - 2) // 2 * 2) or 2
-    proc = subprocess.Popen(command(killed_dir, steps), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while _newest_step(killed_dir) < kill_at and proc.poll() is None:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (killed_dir / "model").exists(), "the run finished before it was killed"
-    resumed = subprocess.run(command(killed_dir, steps), capture_output=True, text=True)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "resuming from" in resumed.stdout + resumed.stderr
-    straight, again = _weights(tmp_path / "straight"), _weights(killed_dir)
-    assert straight.keys() == again.keys() and all(torch.equal(straight[name], again[name]) for name in straight)
+        "model.dropout=0.1",  # dropout on, so a bitwise resume must restore its generator too (test_units.py)
+    )
 
 
 def test_sigterm_saves_a_checkpoint(tmp_path):

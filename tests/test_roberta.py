@@ -1,43 +1,26 @@
-"""RoBERTa beside BERT and ModernBERT: transformers' own RobertaForMaskedLM through the same sparse loss, masking
-strategies, exact resume, checkpoints, --init, export and evaluation.
+"""RoBERTa beside BERT and ModernBERT: transformers' own RobertaForMaskedLM through the same sparse loss (eager and
+fused head), fused Q/K/V, its positions past the padding id, refusals, its presets, continuing released folders.
+What every architecture does (masking variants, exact resume, export, --init from its own folder) is
+test_conformance.py's.
 
 A one-layer H32 RoBERTa keeps each test to seconds.
 """
 
 import json
-import sys
 
-import numpy as np
 import pytest
 import torch
-from conftest import PMI_TEST_VOCAB, SAMPLE, tiny_encoder
+from conftest import QUICK_RUN, one_line_error, tiny_encoder
 from safetensors.torch import load_file
-from test_pretrain import assert_killed_run_resumes_bitwise
-from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification, RobertaForMaskedLM, pipeline
+from transformers import AutoModelForMaskedLM, RobertaForMaskedLM, pipeline
 
 from mlmlab import choices
 from mlmlab.cli import main
 from mlmlab.config import ModelConfig, load_config
-from mlmlab.evaluate.perplexity import evaluate_mlm
 from mlmlab.model.fused_qkv import fuse_qkv
 from mlmlab.model.pretraining import IGNORE_INDEX, SparsePretraining, build_model, pretraining_loss
-from mlmlab.train.loop import Trainer
 
-CORPUS = SAMPLE / "valid.txt.gz"
 ROBERTA = ["model.architecture=roberta", "data.objective=mlm"]
-SMALL = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64"]
-COMMON = [
-    "train.batch_size=8",
-    "train.eval_batches=2",
-    "train.eval_every=0",
-    "train.warmup_steps=1",
-    "train.log_every=1",
-    "data.loader_workers=0",
-    f"data.corpus={CORPUS}",
-    f"data.valid_corpus={CORPUS}",
-    "data.max_seq_length=64",
-    "train.precision=fp32",
-]
 
 pytestmark = pytest.mark.usefixtures("no_progress_bars")
 
@@ -57,14 +40,6 @@ def small_roberta(pad_token_id: int = 1, **fields) -> RobertaForMaskedLM:
         }
     )
     return build_model(cfg, vocab_size=100, pad_token_id=pad_token_id)
-
-
-def one_line_error(argv: list[str], capsys) -> str:
-    code = main(argv)
-    said = capsys.readouterr().err
-    err = said.splitlines()[-1]
-    assert code == 2 and err.startswith("mlmlab: error: ") and said.count("mlmlab: error") == 1, said
-    return err
 
 
 # ----- the model -----------------------------------------------------------------------------
@@ -119,154 +94,6 @@ def test_modernbert_settings_with_roberta_are_refused_in_one_line(capsys):
     assert "model.rope_theta_local" in err and "model.architecture=modernbert" in err
 
 
-# ----- training: every masking strategy, exact resume ----------------------------------------
-ADAPTIVE = ["masking.strategy=adaptive", "masking.adapt_schedule=constant"]
-STRATEGIES = {
-    "static": ["masking.strategy=static"],
-    "dynamic": ["masking.strategy=dynamic"],
-    "whole-word": ["masking.whole_word=true"],
-    **{f"adaptive-{scorer}": [*ADAPTIVE, f"masking.scorer={scorer}"] for scorer in choices.SCORERS},
-    # units of whole words, by the bundled byte-level BPE's own "Ġ"
-    "span": ["masking.strategy=span", "data.tokenizer=sample-bpe-8k"],
-    "pmi": ["masking.strategy=pmi", f"masking.pmi_vocab_size={PMI_TEST_VOCAB}", "data.tokenizer=sample-bpe-8k"],
-}
-
-
-@pytest.mark.parametrize("overrides", STRATEGIES.values(), ids=STRATEGIES.keys())
-def test_every_masking_strategy_trains_a_step(tmp_path, overrides):
-    cfg = load_config(None, [*ROBERTA, *SMALL, *COMMON, "train.batch_size=4", f"train.out_dir={tmp_path}", *overrides])
-    trainer = Trainer(cfg, evaluator=None, show_progress=False)
-    assert isinstance(trainer.model, RobertaForMaskedLM)
-    before = [p.detach().clone() for p in trainer.model.parameters()]
-    batches = trainer.batches()
-    for _ in range(2):
-        out = trainer.train_step(batches)
-        trainer.state.advance(out["clock"], cfg.train)
-    assert np.isfinite(out["loss"]) and "nsp_loss" not in out
-    assert not all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
-
-
-def _command(out_dir, steps: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "mlmlab.cli",
-        "pretrain",
-        "--no-progress",
-        *ROBERTA,
-        *SMALL,
-        *COMMON,
-        f"train.out_dir={out_dir}",
-        f"train.max_steps={steps}",
-        "train.save_every=2",
-        "train.warmup_steps=3",
-        "masking.strategy=adaptive",
-        "masking.scorer=context",  # state that must be restored too
-        "model.dropout=0.1",
-    ]  # dropout on, so a bitwise resume must restore its generator too
-
-
-def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
-    assert_killed_run_resumes_bitwise(tmp_path, _command)
-
-
-# ----- the exported folder -------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def source(tmp_path_factory):
-    """A small RoBERTa trained 4 steps (checkpoints at 2 and 4): its run folder."""
-    run = tmp_path_factory.mktemp("roberta") / "run"
-    cfg = load_config(
-        None,
-        [
-            *ROBERTA,
-            *SMALL,
-            *COMMON,
-            f"train.out_dir={run}",
-            "train.max_steps=4",
-            "train.save_every=2",
-            "train.keep_last=0",
-        ],
-    )
-    Trainer(cfg, evaluator=evaluate_mlm, show_progress=False).train()
-    return run
-
-
-def test_the_exported_folder_loads_with_the_auto_classes_and_fill_mask(source):
-    folder = source / "model"
-    saved = json.loads((folder / "config.json").read_text())
-    assert saved["model_type"] == choices.ROBERTA
-    assert saved["max_position_embeddings"] == 512 + saved["pad_token_id"] + 1
-    masked_lm = AutoModelForMaskedLM.from_pretrained(folder)
-    assert isinstance(masked_lm, RobertaForMaskedLM)
-    assert masked_lm.lm_head.decoder.weight.data_ptr() == masked_lm.roberta.embeddings.word_embeddings.weight.data_ptr()
-    fill = pipeline("fill-mask", model=str(folder))
-    predictions = fill(f"the capital of france is {fill.tokenizer.mask_token}.")
-    assert len(predictions) == 5 and all(fill.tokenizer.mask_token not in p["sequence"] for p in predictions)
-    _, info = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2, output_loading_info=True)
-    assert all(key.startswith("classifier.") for key in info["missing_keys"])  # the encoder is the pretrained one
-    card = (folder / "README.md").read_text()
-    assert "RoBERTa L1/H32" in card and "RobertaForMaskedLM" in card and "objective: `mlm`" in card
-
-
-def test_export_and_evaluate_work_on_it(source, tmp_path, capsys):
-    assert main(["export", str(source / "ckpt-00000002"), "--out", str(tmp_path / "step2")]) == 0
-    assert AutoModelForMaskedLM.from_pretrained(tmp_path / "step2").config.model_type == choices.ROBERTA
-    assert (
-        main(
-            [
-                "evaluate",
-                "--model",
-                str(source / "model"),
-                "--data",
-                str(CORPUS),
-                "--max-batches",
-                "2",
-                "--json",
-                str(tmp_path / "eval.json"),
-            ]
-        )
-        == 0
-    )
-    report = json.loads((tmp_path / "eval.json").read_text())
-    assert np.isfinite(report["perplexity"]) and report["masked_tokens"] > 0 and "nsp_accuracy" not in report
-    capsys.readouterr()
-
-
-def test_a_run_starts_from_a_roberta_folder(source, tmp_path):
-    cfg = load_config(
-        None,
-        [
-            *COMMON,
-            "data.objective=mlm",
-            f"train.init={source / 'model'}",
-            f"train.out_dir={tmp_path / 'init'}",
-            "train.max_steps=1",
-            "train.warmup_steps=0",
-        ],
-    )
-    trainer = Trainer(cfg, evaluator=None, show_progress=False)  # no model.* keys: taken from the folder
-    assert trainer.cfg.model.architecture == choices.ROBERTA and trainer.cfg.model.max_position_embeddings == 512
-    saved = load_file(source / "model" / "model.safetensors")
-    assert all(torch.equal(trainer.model.state_dict()[name], tensor) for name, tensor in saved.items())
-
-
-def test_a_resume_into_the_other_architecture_is_refused(source, tmp_path, capsys):
-    err = one_line_error(
-        [
-            "pretrain",
-            "--no-progress",
-            *SMALL,
-            *COMMON,
-            "data.objective=mlm",
-            f"train.out_dir={tmp_path / 'bert'}",
-            "--resume",
-            str(source / "ckpt-00000002"),
-        ],
-        capsys,
-    )
-    assert "model_type=roberta" in err and "model.architecture" in err
-
-
 # ----- presets -------------------------------------------------------------------------------
 def test_roberta_base_with_robertas_vocabulary_has_the_released_models_parameters():
     from transformers import RobertaConfig
@@ -315,11 +142,10 @@ def test_pretrain_roberta_tiny_gives_a_roberta_folder_with_its_bpe_tokenizer(tmp
 
 # ----- continuing a released encoder (--init) -------------------------------------------------
 @pytest.fixture(scope="module")
-def bpe_tokenizer(tmp_path_factory):
-    from mlmlab.data.tokenizer import load_tokenizer, train_tokenizer
+def bpe_tokenizer(trained_tokenizers):
+    from mlmlab.data.tokenizer import load_tokenizer
 
-    folder = train_tokenizer(CORPUS, vocab_size=1000, out_dir=tmp_path_factory.mktemp("bpe") / "tok", kind=choices.BPE)
-    return load_tokenizer(folder)
+    return load_tokenizer(trained_tokenizers[choices.BPE])
 
 
 def released_folder(folder, model, tokenizer, extra: dict | None = None):
@@ -355,7 +181,7 @@ def test_init_continues_a_released_folder_with_the_tokenizer_it_brings(kind, bpe
             [
                 "pretrain",
                 "--no-progress",
-                *COMMON,
+                *QUICK_RUN,
                 "data.objective=mlm",
                 "--init",
                 str(source),
@@ -401,7 +227,7 @@ def test_init_of_an_unsupported_architecture_is_refused_listing_the_supported(bp
         [
             "pretrain",
             "--no-progress",
-            *COMMON,
+            *QUICK_RUN,
             "data.objective=mlm",
             "--init",
             str(source),
@@ -420,7 +246,7 @@ def test_init_whose_tokenizer_pads_with_another_id_than_its_weights_is_refused(b
         [
             "pretrain",
             "--no-progress",
-            *COMMON,
+            *QUICK_RUN,
             "data.objective=mlm",
             "--init",
             str(source),

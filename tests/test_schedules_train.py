@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+from conftest import TINY_MODEL
 
 from mlmlab import choices
 from mlmlab.train.optim import lr_factor, parameter_groups
@@ -145,15 +146,7 @@ def small_trainer(tmp_path, name: str, *overrides: str, on_step_end=None):
 
     cfg = load_config(
         "tiny",
-        [
-            f"train.out_dir={tmp_path / name}",
-            "data.loader_workers=0",
-            "model.hidden_size=32",
-            "model.num_layers=1",
-            "model.intermediate_size=64",
-            "train.batch_size=4",
-            *overrides,
-        ],
+        [f"train.out_dir={tmp_path / name}", "data.loader_workers=0", *TINY_MODEL, "train.batch_size=4", *overrides],
     )
     return Trainer(cfg, evaluator=None, show_progress=False, on_step_end=on_step_end)
 

@@ -1,21 +1,20 @@
 """Tokenizers of every kind (WordPiece, byte-level BPE, Unigram): trained with the tokenizers library, loaded with
 AutoTokenizer, their own special tokens and word boundaries used by masking, packing and pairs; adopted folders.
 
-The tokenizers are trained once per session on the bundled validation sample (2,000 tokens: a second each).
+The tokenizers are conftest's trained_tokenizers: trained once per session on the bundled validation sample (2,000
+tokens: a second each). Every architecture trains with each kind in test_conformance.py.
 """
 
 import json
 import shutil
 
-import numpy as np
 import pytest
 import torch
-from conftest import PMI_TEST_VOCAB, SAMPLE
+from conftest import CORPUS
 from transformers import AutoTokenizer, RobertaTokenizerFast
 
 from mlmlab import choices
 from mlmlab.cli import main
-from mlmlab.config import load_config
 from mlmlab.data.build import prepare
 from mlmlab.data.loader import collate
 from mlmlab.data.resolve import tokenizer_dir_for
@@ -24,9 +23,7 @@ from mlmlab.data.tokenizer import load_tokenizer, ordinary_token_ids
 from mlmlab.errors import UserError
 from mlmlab.masking.select import Corruption, continuation_table, mask_batch, token_info_for, word_starts
 from mlmlab.model.pretraining import IGNORE_INDEX
-from mlmlab.train.loop import Trainer
 
-CORPUS = SAMPLE / "valid.txt.gz"
 NAMES = {
     choices.WORDPIECE: ("[CLS]", "[SEP]", "[PAD]", "[MASK]"),
     choices.BPE: ("<s>", "</s>", "<pad>", "<mask>"),
@@ -36,35 +33,10 @@ NAMES = {
 pytestmark = pytest.mark.usefixtures("no_progress_bars")
 
 
-@pytest.fixture(scope="session")
-def trained(tmp_path_factory):
-    """{kind: tokenizer folder}, each trained on the bundled validation sample through the command."""
-    root = tmp_path_factory.mktemp("tokenizers")
-    for kind in choices.TOKENIZER_KINDS:
-        assert (
-            main(
-                [
-                    "tokenizer",
-                    "--kind",
-                    kind,
-                    "--corpus",
-                    str(CORPUS),
-                    "--vocab-size",
-                    "2000",
-                    "--out",
-                    str(root / kind),
-                    "--no-progress",
-                ]
-            )
-            == 0
-        )
-    return {kind: root / kind for kind in choices.TOKENIZER_KINDS}
-
-
 # ----- what each kind is -----------------------------------------------------------------------
 @pytest.mark.parametrize("kind", choices.TOKENIZER_KINDS)
-def test_each_kind_loads_with_autotokenizer_and_its_own_special_tokens(trained, kind):
-    folder = trained[kind]
+def test_each_kind_loads_with_autotokenizer_and_its_own_special_tokens(trained_tokenizers, kind):
+    folder = trained_tokenizers[kind]
     ours, auto = load_tokenizer(folder), AutoTokenizer.from_pretrained(folder)
     assert len(auto) == len(ours) == 2000
     model_type = json.loads((folder / "tokenizer.json").read_text())["model"]["type"]
@@ -83,8 +55,8 @@ def test_each_kind_loads_with_autotokenizer_and_its_own_special_tokens(trained, 
 
 
 @pytest.mark.parametrize("kind", choices.TOKENIZER_KINDS)
-def test_random_replacements_and_selection_avoid_the_tokenizers_special_ids(trained, kind):
-    tokenizer = load_tokenizer(trained[kind])
+def test_random_replacements_and_selection_avoid_the_tokenizers_special_ids(trained_tokenizers, kind):
+    tokenizer = load_tokenizer(trained_tokenizers[kind])
     info = token_info_for(tokenizer)
     texts = ["The quick brown fox jumps over the lazy dog near the river bank today."] * 64
     ids = [tokenizer(text)["input_ids"] for text in texts]
@@ -118,8 +90,8 @@ def reference_word_starts(encoding, text: str, kind: str) -> list[bool]:
 
 
 @pytest.mark.parametrize("kind", choices.TOKENIZER_KINDS)
-def test_the_begins_a_word_table_agrees_with_word_ids_on_real_text(trained, kind, sample_paragraphs):
-    tokenizer = load_tokenizer(trained[kind])
+def test_the_begins_a_word_table_agrees_with_word_ids_on_real_text(trained_tokenizers, kind, sample_paragraphs):
+    tokenizer = load_tokenizer(trained_tokenizers[kind])
     table = continuation_table(tokenizer)  # from the tokenizer's own convention: "##", "Ġ", "▁"
     info = token_info_for(tokenizer)
     checked = 0
@@ -139,88 +111,14 @@ def test_the_begins_a_word_table_agrees_with_word_ids_on_real_text(trained, kind
     assert checked > 20000 and 0 < int(table.sum()) < len(table)
 
 
-# ----- training with each kind ---------------------------------------------------------------
-# a model and run small enough to train 20 steps in seconds (test_units.py trains it too)
-SMALL_RUN = [
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.intermediate_size=64",
-    "train.batch_size=4",
-    "train.eval_every=0",
-    "train.warmup_steps=1",
-    "data.loader_workers=0",
-]
-SMALL = [
-    *SMALL_RUN,
-    f"data.corpus={CORPUS}",
-    f"data.valid_corpus={CORPUS}",
-    "data.max_seq_length=64",
-    "train.precision=fp32",
-]
-MODELS = {
-    "bert-nsp": ["model.architecture=bert", "data.objective=nsp"],
-    "roberta": ["model.architecture=roberta", "data.objective=mlm"],
-    "modernbert": ["model.architecture=modernbert", "data.objective=mlm"],
-}
-# Every strategy and every ADM scorer, each on its own (a constant adapt factor: the scores decide from step 1).
-STRATEGIES = {
-    "dynamic": ["masking.strategy=dynamic"],
-    "static": ["masking.strategy=static"],
-    "whole-word": ["masking.whole_word=true"],
-    "rate-decay": ["masking.rate_schedule=linear_decay"],
-    **{
-        f"adaptive-{scorer}": [
-            "masking.strategy=adaptive",
-            "masking.adapt_schedule=constant",
-            f"masking.scorer={scorer}",
-        ]
-        for scorer in choices.SCORERS
-    },
-}
-# Span and PMI draw whole words by the tokenizer's own word starts (Ġ, ▁ where WordPiece has ##): RoBERTa only,
-# which trains 20 steps; the word-start tables are the kind's, not the architecture's.
-UNIT_STRATEGIES = {
-    "span": ["masking.strategy=span"],
-    "pmi": ["masking.strategy=pmi", f"masking.pmi_vocab_size={PMI_TEST_VOCAB}"],
-}
-# 20 steps of every strategy with each kind on RoBERTa; 3 on BERT and ModernBERT keep the suite's time down
-STEPS = {"roberta": 20}
-CASES = [(model, strategy) for model in MODELS for strategy in STRATEGIES] + [("roberta", s) for s in UNIT_STRATEGIES]
-
-
-def test_every_masking_strategy_is_among_those_trained_with_each_kind():
-    overrides = [override for run in (*STRATEGIES.values(), *UNIT_STRATEGIES.values()) for override in run]
-    named = {override.split("=")[1] for override in overrides if override.startswith("masking.strategy=")}
-    assert named == set(choices.STRATEGIES)
-
-
-@pytest.mark.parametrize("model,strategy", CASES, ids=[f"{model}-{strategy}" for model, strategy in CASES])
-@pytest.mark.parametrize("kind", [choices.BPE, choices.UNIGRAM])
-def test_every_architecture_trains_with_each_kind(trained, tmp_path, kind, model, strategy):
-    masking = {**STRATEGIES, **UNIT_STRATEGIES}[strategy]
-    cfg = load_config(
-        None, [*MODELS[model], *SMALL, *masking, f"data.tokenizer={trained[kind]}", f"train.out_dir={tmp_path}"]
-    )
-    trainer = Trainer(cfg, evaluator=None, show_progress=False)
-    tokenizer = trainer.tokenizer
-    first = trainer.train_store[0]["input_ids"]
-    assert first[0] == tokenizer.cls_token_id and first[-1] == tokenizer.sep_token_id  # framed by its own tokens
-    batches = trainer.batches()
-    for _ in range(STEPS.get(model, 3)):
-        out = trainer.train_step(batches)
-        trainer.state.advance(out["clock"], cfg.train)
-    assert np.isfinite(out["loss"]) and ("nsp_loss" in out) == (model == "bert-nsp")
-
-
 # ----- adopted folders and refusals --------------------------------------------------------
-def test_a_folder_of_robertas_slow_files_is_adopted(trained, tmp_path):
+def test_a_folder_of_robertas_slow_files_is_adopted(trained_tokenizers, tmp_path):
     slow = tmp_path / "slow"
     slow.mkdir()
     for name in ("vocab.json", "merges.txt"):
-        shutil.copy(trained[choices.BPE] / name, slow / name)
+        shutil.copy(trained_tokenizers[choices.BPE] / name, slow / name)
     adopted = load_tokenizer(tokenizer_dir_for(str(slow)))
-    original = load_tokenizer(trained[choices.BPE])
+    original = load_tokenizer(trained_tokenizers[choices.BPE])
     assert adopted.get_vocab() == original.get_vocab() and adopted.mask_token == "<mask>"
     text = "Whole words and pieces, measured."
     assert adopted(text)["input_ids"][1:] == RobertaTokenizerFast.from_pretrained(slow)(text)["input_ids"][1:]
@@ -240,30 +138,30 @@ def _without(folder, tmp_path, **changes):
     return copy
 
 
-def test_a_tokenizer_without_a_mask_token_is_refused_in_one_line(trained, tmp_path, capsys):
-    folder = _without(trained[choices.UNIGRAM], tmp_path, mask_token=None)
+def test_a_tokenizer_without_a_mask_token_is_refused_in_one_line(trained_tokenizers, tmp_path, capsys):
+    folder = _without(trained_tokenizers[choices.UNIGRAM], tmp_path, mask_token=None)
     assert main(["pretrain", "--no-progress", f"data.tokenizer={folder}", f"train.out_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "has no mask token" in err, err
 
 
-def test_special_tokens_that_collide_are_refused(trained, tmp_path):
-    folder = _without(trained[choices.BPE], tmp_path, mask_token="<pad>")
+def test_special_tokens_that_collide_are_refused(trained_tokenizers, tmp_path):
+    folder = _without(trained_tokenizers[choices.BPE], tmp_path, mask_token="<pad>")
     with pytest.raises(UserError, match="as both its pad_token and its mask_token"):
         load_tokenizer(folder)
 
 
-def test_packing_separates_documents_with_the_tokenizers_own_separator(trained, tmp_path):
+def test_packing_separates_documents_with_the_tokenizers_own_separator(trained_tokenizers, tmp_path):
     store = TokenStore(
         prepare(
             [CORPUS],
-            tokenizer_dir=trained[choices.BPE],
+            tokenizer_dir=trained_tokenizers[choices.BPE],
             max_seq_length=64,
             objective=choices.MLM,
             out_dir=tmp_path / "packed",
         )
     )
-    tokenizer = load_tokenizer(trained[choices.BPE])
+    tokenizer = load_tokenizer(trained_tokenizers[choices.BPE])
     assert store.meta["pad_token_id"] == tokenizer.pad_token_id
     assert store.meta["special_token_ids"]["<mask>"] == tokenizer.mask_token_id
     inside = {int(i) for index in range(len(store)) for i in store[index]["input_ids"][1:-1]}

@@ -4,11 +4,9 @@ distribution, units that never cross a special token, the n-gram vocabulary's co
 import numpy as np
 import pytest
 import torch
-from conftest import PMI_TEST_VOCAB
+from conftest import PMI_TEST_VOCAB, TINY_RUN, assert_killed_run_resumes_bitwise
 from scipy.stats import chisquare
 from test_pretrain import _command as bert_command
-from test_pretrain import assert_killed_run_resumes_bitwise
-from test_tokenizers import SMALL_RUN
 
 from mlmlab import choices
 from mlmlab.cli import main
@@ -225,8 +223,8 @@ def test_mask_shows_span_and_pmi_and_pmi_without_data_is_refused(sample_store, c
 
 # ----- training and resume -----------------------------------------------------------------
 SMALL = [
-    *SMALL_RUN,
-    "train.precision=fp32",
+    *TINY_RUN,
+    "train.batch_size=4",
     "masking.rate_schedule=linear_decay",  # Ankner's decay, composed
     *PMI,
 ]

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import PMI_TEST_VOCAB
+from conftest import PMI_TEST_VOCAB, TINY_RUN
 
 from mlmlab import choices
 from mlmlab.cli import main
@@ -21,22 +21,7 @@ from mlmlab.model.pretraining import build_model
 
 pytestmark = pytest.mark.usefixtures("no_progress_bars")
 
-TINY_RUN = [
-    "--config",
-    "tiny",
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.intermediate_size=64",
-    "train.batch_size=8",
-    "train.max_steps=5",
-    "train.warmup_steps=1",
-    "train.eval_batches=2",
-    "train.eval_every=0",
-    "train.log_every=1",
-    "train.precision=fp32",
-    "data.loader_workers=0",
-]
+RUN = ["--config", "tiny", *TINY_RUN, "train.max_steps=5"]
 
 
 class OddPositions(UniformStrategy):
@@ -74,7 +59,7 @@ def registries(monkeypatch):
 def test_a_strategy_added_from_outside_trains_with_its_weights_and_its_facts(tmp_path, registries):
     add_strategy(ODD)
     BUILT.clear()
-    run = ["pretrain", "--no-progress", *TINY_RUN, f"train.out_dir={tmp_path}", "masking.strategy=odd-positions"]
+    run = ["pretrain", "--no-progress", *RUN, f"train.out_dir={tmp_path}", "masking.strategy=odd-positions"]
     assert main(run) == 0
     [strategy] = BUILT  # the run built it from its entry
     positions = torch.cat(strategy.selected_positions)

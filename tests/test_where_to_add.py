@@ -8,22 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import ROOT, TINY_RUN
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parent.parent
-TINY_RUN = [
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.intermediate_size=64",
-    "train.batch_size=4",
-    "train.max_steps=2",
-    "train.warmup_steps=1",
-    "train.eval_batches=1",
-    "train.eval_every=0",
-    "train.precision=fp32",
-    "data.loader_workers=0",
-]
+RUN = [*TINY_RUN, "train.batch_size=4", "train.max_steps=2", "train.eval_batches=1"]
 
 # BERT under a model_type of its own: the least an architecture module can be.
 ARCHITECTURE_MODULE = '''"""A throwaway architecture: BERT's classes under the model_type "throwaway"."""
@@ -104,16 +92,7 @@ def trains(folder: Path, *overrides: str) -> Path:
     """The run folder of a tiny run of the package copy in ``folder`` under ``overrides``."""
     run = folder / "run"
     env = {**os.environ, "PYTHONPATH": str(folder), "HF_HUB_OFFLINE": "1"}
-    argv = [
-        sys.executable,
-        "-m",
-        "mlmlab.cli",
-        "pretrain",
-        "--no-progress",
-        *TINY_RUN,
-        *overrides,
-        f"train.out_dir={run}",
-    ]
+    argv = [sys.executable, "-m", "mlmlab.cli", "pretrain", "--no-progress", *RUN, *overrides, f"train.out_dir={run}"]
     done = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     return run

@@ -3,7 +3,7 @@
 One small source run (a tiny model, 30 steps at length 64 with 128 positions: BERT's phase 1
 in miniature) serves every test: starting from its weights (its own folder, a
 BertForMaskedLM copy, legacy LayerNorm names), phase 2 at length 128, its model card,
-fill-mask on it, and exporting its checkpoints.
+and exporting its checkpoints. Fill-mask and the Auto classes on every architecture's folder: test_conformance.py.
 """
 
 import json
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SAMPLE, tiny_encoder
+from conftest import QUICK_RUN, SAMPLE, TINY_MODEL, tiny_encoder
 from safetensors.torch import load_file, save_file
 
 from mlmlab import choices
@@ -23,22 +23,10 @@ from mlmlab.evaluate.perplexity import evaluate_mlm
 from mlmlab.train import run_folder
 from mlmlab.train.loop import Trainer
 
-CORPUS = SAMPLE / "valid.txt.gz"
-COMMON = [
-    "train.batch_size=8",
-    "train.eval_batches=4",
-    "train.eval_every=0",
-    "train.warmup_steps=1",
-    "train.log_every=1",
-    "data.loader_workers=0",
-    f"data.corpus={CORPUS}",
-    f"data.valid_corpus={CORPUS}",
-]
-TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64"]
+COMMON = [*QUICK_RUN, "train.eval_batches=4"]  # no model.* key: a run that starts from a folder takes its model
 PHASE_1 = [
-    *TINY,
+    *TINY_MODEL,
     *COMMON,
-    "data.max_seq_length=64",
     "model.max_position_embeddings=128",
     "train.max_steps=30",
     "train.lr=3e-3",
@@ -62,9 +50,7 @@ def source(tmp_path_factory):
 
 def trainer_from(model_dir, out_dir, *overrides) -> Trainer:
     """A run that starts from ``model_dir``, on the source's data and evaluation settings, not trained yet."""
-    config = load_config(
-        None, [*COMMON, "data.max_seq_length=64", f"train.init={model_dir}", f"train.out_dir={out_dir}", *overrides]
-    )
+    config = load_config(None, [*COMMON, f"train.init={model_dir}", f"train.out_dir={out_dir}", *overrides])
     return Trainer(config, evaluator=evaluate_mlm, show_progress=False)
 
 
@@ -272,7 +258,7 @@ def test_a_bert_model_folder_trains_and_exports_a_masked_lm_with_its_encoder_and
     folder, source = base_model_folder(tmp_path / "encoder", choices.BERT, bert_tokenizer)
     run, lr = tmp_path / "run", 1e-3
     argv = ["pretrain", "--no-progress", "--init", str(folder), *COMMON, "data.objective=mlm", f"train.lr={lr}"]
-    assert main([*argv, "data.max_seq_length=64", "train.max_steps=2", f"train.out_dir={run}"]) == 0
+    assert main([*argv, "train.max_steps=2", f"train.out_dir={run}"]) == 0
     said = capsys.readouterr()
     assert "it holds the encoder alone (BertModel): the MLM head and the NSP head start fresh" in said.err
     exported = AutoModelForMaskedLM.from_pretrained(run / "model")
@@ -385,15 +371,6 @@ def _train_meta(run: Path) -> dict:
     from mlmlab.data.resolve import prepare_datasets
 
     return prepare_datasets(load_config(str(run / "config.yaml")).data)[0].meta
-
-
-def test_the_model_folder_fills_masks_with_the_auto_classes(source):
-    from transformers import AutoModelForMaskedLM, pipeline
-
-    folder = source[0] / "model"
-    AutoModelForMaskedLM.from_pretrained(folder)
-    predictions = pipeline("fill-mask", model=str(folder))("The capital of France is [MASK].")
-    assert len(predictions) == 5 and all(p["token_str"] and 0 <= p["score"] <= 1 for p in predictions)
 
 
 def test_export_of_the_last_checkpoint_is_the_final_model_folder(source, tmp_path, capsys):

@@ -1,15 +1,18 @@
 """XLM-R continues pretraining: a released XLMRobertaForMaskedLM folder with its SentencePiece Unigram tokenizer,
-through --init, whole-word masking at "▁" word starts, export and evaluation, as RoBERTa's in test_roberta.py.
+through --init, whole-word masking at "▁" word starts, export and evaluation, as RoBERTa's in test_roberta.py. What
+every architecture does (training from scratch with each masking variant, exact resume, its own exported folder) is
+test_conformance.py's.
 
 The folder is what a downloaded xlm-roberta-base is, in miniature and offline: transformers' own classes and
-save_pretrained, the tokenizer trained by `mlmlab tokenizer --kind unigram` on the bundled sample. A one-layer H32
-model and a 1,000-piece vocabulary keep the file to seconds.
+save_pretrained, the tokenizer trained by `mlmlab tokenizer --kind unigram` on the bundled sample (conftest's
+trained_tokenizers). A one-layer H32 model and a 2,000-piece vocabulary keep the file to seconds.
 """
 
 import pytest
 import torch
+from conftest import QUICK_RUN, one_line_error
 from safetensors.torch import load_file
-from test_roberta import COMMON, CORPUS, SMALL, one_line_error, released_folder
+from test_roberta import released_folder
 from test_workflows import assert_same_evaluation
 from tokenizers import Tokenizer
 from transformers import (
@@ -21,7 +24,6 @@ from transformers import (
 )
 
 from mlmlab import choices
-from mlmlab.cli import main
 from mlmlab.config import load_config
 from mlmlab.data.tokenizer import load_tokenizer
 from mlmlab.evaluate.held_out import evaluate_model
@@ -29,17 +31,14 @@ from mlmlab.evaluate.perplexity import evaluate_mlm
 from mlmlab.model.pretraining import IGNORE_INDEX
 from mlmlab.train.loop import Trainer
 
-CONTINUE = [*COMMON, "data.objective=mlm", "masking.whole_word=true", "train.max_steps=20", "train.warmup_steps=0"]
+CONTINUE = [*QUICK_RUN, "data.objective=mlm", "masking.whole_word=true", "train.max_steps=20", "train.warmup_steps=0"]
 
 pytestmark = pytest.mark.usefixtures("no_progress_bars")
 
 
 @pytest.fixture(scope="module")
-def unigram(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("unigram") / "tokenizer"
-    argv = ["tokenizer", "--kind", "unigram", "--corpus", str(CORPUS), "--vocab-size", "1000", "--out", str(folder)]
-    assert main(argv) == 0
-    return folder
+def unigram(trained_tokenizers):
+    return trained_tokenizers[choices.UNIGRAM]
 
 
 @pytest.fixture(scope="module")
@@ -144,27 +143,8 @@ def test_the_exported_folder_is_an_xlm_roberta_with_the_sources_tokenizer(contin
     assert "XLM-R L1/H32" in card and "XLMRobertaForMaskedLM" in card and "objective: `mlm`" in card
 
 
-def test_xlm_roberta_trains_from_scratch(unigram, tmp_path):
-    cfg = load_config(
-        None,
-        [
-            *COMMON,
-            *SMALL,
-            "model.architecture=xlm-roberta",
-            "data.objective=mlm",
-            f"data.tokenizer={unigram}",
-            f"train.out_dir={tmp_path}",
-        ],
-    )
-    trainer = Trainer(cfg, evaluator=None, show_progress=False)
-    assert isinstance(trainer.model, XLMRobertaForMaskedLM)
-    before = [p.detach().clone() for p in trainer.model.parameters()]
-    trainer.state.advance(trainer.train_step(trainer.batches())["clock"], cfg.train)
-    assert not all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
-
-
 @pytest.mark.parametrize("start", ["from scratch", "--init"])
 def test_nsp_with_xlm_roberta_is_refused_in_one_line(start, released, tmp_path, capsys):
     architecture = ["model.architecture=xlm-roberta"] if start == "from scratch" else ["--init", str(released)]
-    err = one_line_error(["pretrain", "--no-progress", *COMMON, *architecture, f"train.out_dir={tmp_path}"], capsys)
+    err = one_line_error(["pretrain", "--no-progress", *QUICK_RUN, *architecture, f"train.out_dir={tmp_path}"], capsys)
     assert "NSP head" in err and "XLM-R" in err and "data.objective=mlm" in err
