@@ -5,10 +5,9 @@ import filecmp
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from conftest import ROOT, TINY_RUN
+from conftest import ROOT, TINY_RUN, pretrain_command
 from safetensors.torch import load_file
 
 RUN = [*TINY_RUN, "train.batch_size=4", "train.max_steps=2", "train.eval_batches=1"]
@@ -92,7 +91,7 @@ def trains(folder: Path, *overrides: str) -> Path:
     """The run folder of a tiny run of the package copy in ``folder`` under ``overrides``."""
     run = folder / "run"
     env = {**os.environ, "PYTHONPATH": str(folder), "HF_HUB_OFFLINE": "1"}
-    argv = [sys.executable, "-m", "mlmlab.cli", "pretrain", "--no-progress", *RUN, *overrides, f"train.out_dir={run}"]
+    argv = pretrain_command(*RUN, *overrides, f"train.out_dir={run}")
     done = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     return run
