@@ -25,7 +25,8 @@ from transformers import PreTrainedModel
 from mlmlab.config import ModelConfig
 from mlmlab.errors import UserError
 from mlmlab.model.architectures import ADAPTERS, AnyMaskedLM, architecture_named, architecture_of
-from mlmlab.model.head_loss import linear_cross_entropy
+from mlmlab.model.attention_fp32 import NAME as SDPA_FP32
+from mlmlab.model.head_loss import linear_cross_entropy, logits_cross_entropy
 from mlmlab.utils.restoring import restoring
 
 IGNORE_INDEX = -100  # the label of every position that is not predicted (HF convention)
@@ -46,7 +47,7 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> PreTrai
     try:
         return architecture.model_class(config)
     except (ValueError, ImportError) as err:
-        if cfg.attention in ("sdpa", "eager"):  # always available on torch 2: the error is not about attention
+        if cfg.attention in ("sdpa", "eager", SDPA_FP32):  # always there on torch 2: the error is not about attention
             raise
         # transformers checks the implementation as the model is made: an unknown name, a package not installed,
         # a kernel this device lacks. Its message says which; a traceback would bury it.
@@ -233,7 +234,7 @@ class SparsePretraining(nn.Module):
             )
         else:
             logits = self.architecture.predict(self.model, hidden_selected)  # (M, V)
-            token_losses = F.cross_entropy(logits.float(), targets, reduction="none")  # (M,)
+            token_losses = self._token_losses(logits, targets)  # (M,)
             mlm_sum = token_losses.sum()
         result = {
             "mlm_loss": mlm_sum / (mlm_denominator or max(len(targets), 1)),
@@ -254,6 +255,15 @@ class SparsePretraining(nn.Module):
             loss = loss + result["nsp_loss"]
         result["loss"] = loss
         return result
+
+    @staticmethod
+    def _token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """(M,) fp32 cross-entropies of (M, V) logits. Low-precision logits on a CPU through logits_cross_entropy
+        (no (M, V) fp32 copies); fp32 logits through F.cross_entropy, which copies nothing, as every fp32 run so far;
+        on a GPU too, where its Python loop over small chunks would launch thousands of kernels a step."""
+        if logits.dtype == torch.float32 or logits.device.type != "cpu":
+            return F.cross_entropy(logits.float(), targets, reduction="none")
+        return logits_cross_entropy(logits, targets)
 
     def _encode(self, input_ids, attention_mask, token_type_ids) -> tuple:
         """The encoder's (B, T, H) and pooled (B, H) of (B, T) inputs, through inputs padded to (B, T')."""
