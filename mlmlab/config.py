@@ -143,7 +143,9 @@ class ModelConfig:
     # Attention probabilities (attention_probs_dropout_prob); null: model.dropout. 0 lets torch's
     # SDPA take its fused kernel on CPU: +15% tokens/s at mini (benchmarks/throughput.py).
     attention_dropout: float | None = ranged(None, BELOW_ONE, example=0.1)
-    attention: str = "sdpa"  # "sdpa" measured faster than "eager" (benchmarks/throughput.py)
+    # transformers' attention implementation: "sdpa" measured faster than "eager" (benchmarks/throughput.py);
+    # "sdpa_fp32" is sdpa on fp32 copies under bf16 autocast (mlmlab/model/attention_fp32.py), a CPU lever.
+    attention: str = "sdpa"
     pad_vocab_multiple: int = ranged(64, at_least(1))  # matmul-friendly vocab size; padded ids are never targets
     # modernbert only (defaults: the published ModernBERT's). Local layers attend within this window
     # (local_attention // 2 tokens each side); layers 0, n, 2n, ... attend globally; RoPE bases of each.

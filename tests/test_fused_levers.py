@@ -1,6 +1,6 @@
-"""The fused levers: train.fused_qkv (one Q/K/V matmul on the same weights) computes what the library's attention
-does, and a run with either fused lever trains as the eager run (train.fused_head's own unit tests:
-test_head_loss.py)."""
+"""The CPU levers: train.fused_qkv (one Q/K/V matmul on the same weights) computes what the library's attention
+does, a run with either fused lever trains as the eager run (train.fused_head's own unit tests: test_head_loss.py),
+and model.attention=sdpa_fp32 runs the attention kernel in fp32 under bf16 autocast, else as sdpa."""
 
 import copy
 import importlib
@@ -8,6 +8,7 @@ import importlib
 import pytest
 import torch
 from test_schedules_train import small_trainer
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from mlmlab.config import ModelConfig
 from mlmlab.model.fused_qkv import fuse_qkv
@@ -15,9 +16,10 @@ from mlmlab.model.pretraining import build_model, pretraining_loss
 from mlmlab.train.launch import fused_head_on
 
 
-def tiny_bert(attention: str):
+def tiny_bert(attention: str, architecture: str = "bert"):
     torch.manual_seed(0)
-    cfg = ModelConfig(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, attention=attention)
+    shape = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 64}
+    cfg = ModelConfig(architecture=architecture, attention=attention, **shape)
     return build_model(cfg, vocab_size=100, pad_token_id=0)
 
 
@@ -118,3 +120,42 @@ def test_a_run_takes_the_eager_head_unless_told_to_fuse(tmp_path, monkeypatch, c
     assert "eager MLM head (train.fused_head=null: auto)" in said.out + said.err
     assert "fused MLM head (train.fused_head=true)" in said.out + said.err
     assert fused_head_on(None) is False and fused_head_on(True) is True
+
+
+class AttentionKernelInputs(TorchDispatchMode):
+    """The dtype of the query each attention kernel dispatched while it is on was given."""
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "scaled_dot_product" in func.__name__:
+            self.dtypes.append(args[0].dtype)
+        return func(*args, **(kwargs or {}))
+
+
+def loss_and_kernel_dtypes(model, autocast: bool) -> tuple[torch.Tensor, set]:
+    with AttentionKernelInputs() as kernels, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = pretraining_loss(model, batch())["loss"]
+    return loss.detach(), set(kernels.dtypes)
+
+
+@pytest.mark.parametrize("architecture", ["bert", "modernbert"])
+def test_sdpa_fp32_runs_the_attention_kernel_in_fp32_under_bf16_autocast_and_is_sdpa_otherwise(architecture):
+    upcast = tiny_bert("sdpa_fp32", architecture)
+    library = copy.deepcopy(upcast)
+    library.config._attn_implementation = "sdpa"
+    (upcast_bf16, upcast_kernels), (library_bf16, library_kernels) = (
+        loss_and_kernel_dtypes(model, autocast=True) for model in (upcast, library)
+    )
+    assert upcast_kernels == {torch.float32} and library_kernels == {torch.bfloat16}  # the probe tells them apart
+    torch.testing.assert_close(upcast_bf16, library_bf16, rtol=2e-2, atol=2e-2)  # bf16 everywhere else
+    upcast_fp32, library_fp32 = (loss_and_kernel_dtypes(model, autocast=False)[0] for model in (upcast, library))
+    assert torch.equal(upcast_fp32, library_fp32)
+
+
+def test_a_model_trained_with_sdpa_fp32_exports_a_folder_transformers_loads_without_mlmlab(tmp_path):
+    """The implementation's name is a setting of the run, not of the model: config.json does not carry it."""
+    tiny_bert("sdpa_fp32", "modernbert").save_pretrained(tmp_path)
+    assert "sdpa_fp32" not in (tmp_path / "config.json").read_text()
