@@ -1,12 +1,4 @@
-"""The MLM head's cross-entropy without the eager loss's (M, V) fp32 copies.
-
-``logits_cross_entropy``: the eager head's loss on low-precision logits. ``F.cross_entropy(logits.float())``
-writes an fp32 copy of the (M, V) logits, log-softmax writes another, the backward fills a third with zeros for the
-one-hot and writes a fourth, then casts it back to the logits' dtype: on fast-tiny's bf16 step those copies, fills and
-log-softmax passes took 40 of its 141 ms (benchmarks/profile_step.py, AMD EPYC with AVX512-BF16). Here each chunk of
-rows is upcast where it is read, and the backward writes the gradient in the logits' dtype: the same fp32 softmax.
-
-``linear_cross_entropy``: the MLM decoder and its cross-entropy fused, chunk by chunk: ``train.fused_head``.
+"""The MLM decoder and its cross-entropy fused, chunk by chunk: ``train.fused_head`` (a throughput lever).
 
 The eager head writes the (M, V) logits, then log-softmax writes another (M, V), and the backward
 reads both and writes a third. Here each chunk of rows computes its logits, its losses and, in
@@ -21,43 +13,6 @@ output (the per-token losses come back detached), which is all that training dif
 import torch
 
 ROWS_PER_CHUNK = 128  # (128, V) fp32 logits: 4 MB at an 8k vocabulary, 16 MB at 30k
-LOGITS_ROWS_PER_CHUNK = 32  # (32, V) fp32: 4 MB at 30k, a share of the cache the chunk's passes stay in
-
-
-class _LogitsCrossEntropy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, targets, rows):
-        token_losses = torch.empty(len(targets), dtype=torch.float32, device=logits.device)  # (M,)
-        log_normalisers = torch.empty_like(token_losses)  # (M,): logsumexp of each row's logits
-        for start in range(0, len(targets), rows):
-            chunk = slice(start, start + rows)
-            x = logits[chunk].float()  # (c, V)
-            log_normalisers[chunk] = torch.logsumexp(x, 1)
-            token_losses[chunk] = log_normalisers[chunk] - x.gather(1, targets[chunk, None]).squeeze(1)
-        ctx.save_for_backward(logits, targets, log_normalisers)
-        ctx.rows = rows
-        return token_losses
-
-    @staticmethod
-    def backward(ctx, grad_losses):
-        logits, targets, log_normalisers = ctx.saved_tensors
-        grad_logits = torch.empty_like(logits)  # (M, V), in the logits' dtype
-        for start in range(0, len(targets), ctx.rows):
-            chunk = slice(start, start + ctx.rows)
-            probs = logits[chunk].float().sub_(log_normalisers[chunk, None]).exp_()  # (c, V) softmax
-            probs[torch.arange(len(probs), device=probs.device), targets[chunk]] -= 1  # softmax - one-hot
-            grad_logits[chunk] = probs.mul_(grad_losses[chunk, None])
-        return grad_logits, None, None
-
-
-def logits_cross_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, rows: int = LOGITS_ROWS_PER_CHUNK
-) -> torch.Tensor:
-    """The (M,) per-token cross-entropies of (M, V) logits against (M,) targets, in fp32 whatever the logits' dtype:
-    ``F.cross_entropy(logits.float(), targets, reduction="none")`` without its (M, V) fp32 copies. Every target is
-    a class (no ignore index: the head selected the labelled positions)."""
-    with torch.autocast(logits.device.type, enabled=False):
-        return _LogitsCrossEntropy.apply(logits, targets, rows)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

@@ -26,7 +26,7 @@ from mlmlab.config import ModelConfig
 from mlmlab.errors import UserError
 from mlmlab.model.architectures import ADAPTERS, AnyMaskedLM, architecture_named, architecture_of
 from mlmlab.model.attention_fp32 import NAME as SDPA_FP32
-from mlmlab.model.head_loss import linear_cross_entropy, logits_cross_entropy
+from mlmlab.model.head_loss import linear_cross_entropy
 from mlmlab.utils.restoring import restoring
 
 IGNORE_INDEX = -100  # the label of every position that is not predicted (HF convention)
@@ -234,7 +234,7 @@ class SparsePretraining(nn.Module):
             )
         else:
             logits = self.architecture.predict(self.model, hidden_selected)  # (M, V)
-            token_losses = self._token_losses(logits, targets)  # (M,)
+            token_losses = F.cross_entropy(logits.float(), targets, reduction="none")  # (M,)
             mlm_sum = token_losses.sum()
         result = {
             "mlm_loss": mlm_sum / (mlm_denominator or max(len(targets), 1)),
@@ -255,15 +255,6 @@ class SparsePretraining(nn.Module):
             loss = loss + result["nsp_loss"]
         result["loss"] = loss
         return result
-
-    @staticmethod
-    def _token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """(M,) fp32 cross-entropies of (M, V) logits. Low-precision logits on a CPU through logits_cross_entropy
-        (no (M, V) fp32 copies); fp32 logits through F.cross_entropy, which copies nothing, as every fp32 run so far;
-        on a GPU too, where its Python loop over small chunks would launch thousands of kernels a step."""
-        if logits.dtype == torch.float32 or logits.device.type != "cpu":
-            return F.cross_entropy(logits.float(), targets, reduction="none")
-        return logits_cross_entropy(logits, targets)
 
     def _encode(self, input_ids, attention_mask, token_type_ids) -> tuple:
         """The encoder's (B, T, H) and pooled (B, H) of (B, T) inputs, through inputs padded to (B, T')."""
