@@ -1,5 +1,7 @@
 """Batch order: each example once per epoch, bucketing pads less, resume continues exactly."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -68,6 +70,24 @@ def test_the_plan_without_a_loader_holds_the_loaders_batches():
         )
         for _ in range(20):  # crosses an epoch boundary (12 batches per epoch)
             assert next(loaded)[1]["example_ids"].tolist() == next(planned).tolist()
+
+
+def test_a_loader_worker_serves_every_epoch_and_gives_the_in_process_batches(tmp_path, monkeypatch):
+    """One worker for the whole run, forked as the loop starts: a worker forked at each epoch shared the grown
+    training process's heap copy-on-write (every page the step then wrote was copied, and the worker kept the
+    stale copies). The batches and positions are those of the in-process loader."""
+
+    def note_the_worker(worker_id: int) -> None:
+        (tmp_path / f"worker-{os.getpid()}").touch()
+
+    monkeypatch.setattr("mlmlab.data.loader.ignore_stop_signals", note_the_worker)
+    store = _FakeStore(100)
+    in_process = iterate_batches(store, batch_size=8, seed=3, start=LoaderPosition(), bucket_batches=4)
+    in_worker = iterate_batches(store, batch_size=8, seed=3, start=LoaderPosition(), bucket_batches=4, workers=1)
+    for _ in range(40):  # three epoch boundaries (12 batches per epoch)
+        (want_position, want), (got_position, got) = next(in_process), next(in_worker)
+        assert got_position == want_position and torch.equal(got["input_ids"], want["input_ids"])
+    assert len(list(tmp_path.glob("worker-*"))) == 1
 
 
 def test_ranks_split_each_global_batch():

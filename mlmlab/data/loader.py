@@ -94,7 +94,8 @@ def collate(examples: list[dict], example_ids, pad_id: int) -> dict:
 
 
 class _BatchDataset(Dataset):
-    """Index = a list of example ids; one call builds a whole batch (cheap in workers)."""
+    """Index = (the loader's position after the batch, a list of example ids); one call builds the whole batch
+    (cheap in workers) and hands the position back beside it."""
 
     def __init__(self, store, pad_id: int):
         self.store = store
@@ -103,8 +104,9 @@ class _BatchDataset(Dataset):
     def __len__(self):
         return len(self.store)
 
-    def __getitem__(self, example_ids):
-        return collate([self.store[int(i)] for i in example_ids], example_ids, self.pad_id)
+    def __getitem__(self, index):
+        position, example_ids = index
+        return position, collate([self.store[int(i)] for i in example_ids], example_ids, self.pad_id)
 
 
 def iterate_batches(
@@ -131,24 +133,27 @@ def iterate_batches(
             f"the dataset has {len(store)} instances, fewer than one global batch of {global_batch}; "
             "use more text or a smaller train.batch_size"
         )
-    for epoch, first, plan in epoch_plans(
-        store, global_batch=global_batch, seed=seed, start=start, bucket_batches=bucket_batches
-    ):
-        # Its own generator: a DataLoader draws a worker base seed when iterated, and from torch's
-        # default generator that would shift the dropout stream of a resumed run.
-        # Its workers leave a stop signal to the training loop, which saves before it exits.
-        loader = DataLoader(
-            dataset,
-            batch_size=None,
-            sampler=list(plan[:, rank::world_size]),
-            num_workers=workers,
-            prefetch_factor=4 if workers else None,
-            persistent_workers=False,
-            generator=torch.Generator().manual_seed(seed),
-            worker_init_fn=ignore_stop_signals,
-        )
-        for offset, batch in enumerate(loader):
-            yield LoaderPosition(epoch, first + offset + 1, global_batch), batch
+    plans = epoch_plans(store, global_batch=global_batch, seed=seed, start=start, bucket_batches=bucket_batches)
+    batches = (
+        (LoaderPosition(epoch, first + offset + 1, global_batch), example_ids[rank::world_size])
+        for epoch, first, plan in plans
+        for offset, example_ids in enumerate(plan)
+    )
+    # One loader over every epoch, its worker forked once, as the loop starts: a worker forked at each epoch
+    # shared the then-grown training process's heap copy-on-write, so every page the step wrote next was copied
+    # (a page fault each), and the worker kept the stale copies. Its own generator: a DataLoader draws a worker
+    # base seed when iterated, and from torch's default generator that would shift the dropout stream of a
+    # resumed run. Its workers leave a stop signal to the training loop, which saves before it exits.
+    loader = DataLoader(
+        dataset,
+        batch_size=None,
+        sampler=batches,
+        num_workers=workers,
+        prefetch_factor=4 if workers else None,
+        generator=torch.Generator().manual_seed(seed),
+        worker_init_fn=ignore_stop_signals,
+    )
+    yield from loader
 
 
 def epoch_plans(store, *, global_batch: int, seed: int, start: LoaderPosition, bucket_batches: int = 0):
