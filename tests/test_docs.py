@@ -4,10 +4,12 @@ pages under studies/ with no dead links.
 Reads files only: no package import, no training.
 """
 
+import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -148,3 +150,37 @@ def test_link_checker_sees_dead_links_and_ignores_code(tmp_path):
     ]
     dead = [target for target in targets if dead_link(page, target)]
     assert dead == ["missing.md", "there.md#nowhere", "also-missing/"]
+
+
+def fast_tiny_sweep():
+    """studies/fast-tiny-sweep/pick.py, the sweep's rule over its rows (json only)."""
+    spec = importlib.util.spec_from_file_location("fast_tiny_sweep_pick", STUDIES / "fast-tiny-sweep" / "pick.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_sweep_rule_ties_within_a_hundredth_toward_the_lower_lr_and_never_picks_a_non_finite_cell():
+    sweep = fast_tiny_sweep()
+    losses = {cell: 5.5 for cell in sweep.CELLS}
+    losses |= {"lr=0.003-rate=0.4": 5.300, "lr=0.002-rate=0.3": 5.305, "lr=0.001-rate=0.15": 5.0}
+    rows = [
+        {
+            "arm": cell,
+            "seed": seed,
+            "eval": {"mlm_loss": float("nan") if (cell, seed) == ("lr=0.001-rate=0.15", 2) else loss},
+        }
+        for cell, loss in losses.items()
+        for seed in sweep.SEEDS
+    ]
+    assert sweep.pick(rows) == (0.002, 0.3)
+    with pytest.raises(ValueError, match="lr=0.003-rate=0.4 seed 2 missing"):
+        sweep.pick(rows[:-1])
+
+
+def test_fast_tiny_trains_at_the_lr_and_rate_its_sweep_picked():
+    """The preset's LR and mask rate are the cell fast-tiny-sweep's pre-registered rule picks from the committed
+    rows."""
+    sweep = fast_tiny_sweep()
+    preset = yaml.safe_load((ROOT / "mlmlab" / "configs" / "fast-tiny.yaml").read_text())
+    assert (preset["train"]["lr"], preset["masking"]["rate"]) == sweep.pick(sweep.load_rows())
