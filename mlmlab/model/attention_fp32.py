@@ -21,9 +21,7 @@ NAME = "sdpa_fp32"
 def sdpa_fp32_attention_forward(module, query, key, value, attention_mask, **kwargs) -> tuple:
     """transformers' sdpa_attention_forward on fp32 query, key, value (each (B, heads, T, d)) and a float mask; the
     (B, T, heads, d) output back in the query's dtype."""
-    dtype = query.dtype
-    if dtype == torch.float32:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    dtype = query.dtype  # in fp32 every cast below returns its input: transformers' sdpa, unchanged
     if attention_mask is not None and attention_mask.is_floating_point():
         attention_mask = attention_mask.float()  # its large negatives stay large in fp32
     with torch.autocast(query.device.type, enabled=False):

@@ -37,9 +37,14 @@ def first_below(curve: list[tuple[int, float]], target: float) -> int | None:
     return next((step for step, loss in curve if loss < target), None)
 
 
+def left_plateau_in_time(run: dict) -> bool:
+    step = first_below(run["curve"], PLATEAU)
+    return step is not None and step <= BY_STEP
+
+
 def pick(runs: dict[float, dict]) -> float | None:
     """The rule's LR among those that left the plateau in time, or None if none did."""
-    eligible = sorted(lr for lr, run in runs.items() if (first_below(run["curve"], PLATEAU) or BY_STEP + 1) <= BY_STEP)
+    eligible = sorted(lr for lr, run in runs.items() if left_plateau_in_time(run))
     chosen = None
     for lr in eligible:  # from the lowest LR up: a higher one displaces only by more than DISPLACE_NATS
         if chosen is None or runs[lr]["final"] < runs[chosen]["final"] - DISPLACE_NATS:
