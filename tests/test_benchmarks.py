@@ -356,3 +356,25 @@ def test_time_to_loss_refuses_a_budget_of_nothing_in_one_line(tmp_path):
         "time_to_loss.py: error: --anchor-minutes=0.0 must be positive and finite; use e.g. --anchor-minutes=60"
     ]
     assert not (tmp_path / "out").exists()
+
+
+def test_allocator_benchmark_measures_one_arm_in_its_own_process(tmp_path):
+    allocator = load_benchmark("allocator.py")
+    args = SimpleNamespace(
+        config="tiny",
+        steps=4,
+        warmup=1,
+        log_every=1,
+        set=["train.batch_size=2", "data.max_seq_length=32", "train.warmup_steps=1"],
+    )
+    measured = allocator.run_arm("command", allocator.ARMS["command"], args, tmp_path / "command")
+    assert measured["tokens_per_s"] > 0
+    assert measured["peak_gb"] >= measured["half_gb"] > 0.05  # torch alone is resident past 50 MB
+    assert measured["faults_per_step"] > 0
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(exited.stdout)
+    assert allocator.resident_bytes(pid) is None and allocator.minor_faults(pid) is None
+    assert allocator.resident_bytes(os.getpid()) > 0
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        allocator.parse_arms([["arena-1", "MALLOC_ARENA_MAX"]])
+    assert allocator.parse_arms([["arena-1", "MALLOC_ARENA_MAX=1"]])["arena-1"] == {"MALLOC_ARENA_MAX": "1"}
