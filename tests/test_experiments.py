@@ -1351,6 +1351,38 @@ def test_named_contrasts_are_the_rules_calls_holm_over_them_with_their_detectabl
     assert "## Every arm against the baseline (descriptive" in text  # the rest stays in the report, as description
 
 
+def test_a_contrast_holm_keeps_only_while_its_partner_is_untested_says_so(tmp_path):
+    """Holm over the named contrasts tested so far is weaker than over the rule's: a call its partner's p-value
+    could still undo is provisional until that contrast is in; one that survives the whole family's factor is not."""
+    rule = {
+        "metric": "eval.mlm_loss",
+        "lower_is_better": True,
+        "min_effect": 0.01,
+        "guard": {},
+        "contrasts": [["weak", "dynamic"], ["later", "dynamic"]],
+    }
+    base = [4.00, 4.05, 3.98, 4.02, 4.01, 3.99]
+    rows = decided_rows("dynamic", base, rule=rule)
+    rows += decided_rows(
+        "weak", [b - 0.02 + d for b, d in zip(base, (0.02, -0.02, 0.015, -0.015, 0.01, -0.01))], rule=rule
+    )
+    weak = compare(rows[6:12], rows[:6], Metric("l", ("eval", "mlm_loss"), True))
+    assert 0.025 < weak.p < 0.05  # a Holm win alone, not beside a second contrast (x2)
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    text = report.write_report(results, tmp_path / "report").read_text()
+    assert "| **weak better (provisional: Holm over 1 of 2 contrasts)** |" in text
+    rows += decided_rows("later", [b + 0.5 for b in base[:1]], rule=rule)  # one seed: still untested
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert "Holm over 1 of 2 contrasts" in report.write_report(results, tmp_path / "report").read_text()
+    strong = [row for row in rows if row["arm"] != "later"]
+    for row in strong[6:]:
+        row["eval"]["mlm_loss"] -= 0.2  # 2 x p < 0.05: final whatever the other contrast shows
+    results.write_text("".join(json.dumps(row) + "\n" for row in strong))
+    text = report.write_report(results, tmp_path / "report").read_text()
+    assert "| **weak better** |" in text
+
+
 def test_the_detectable_effect_is_found_with_the_stated_power():
     """At the effect it names, a paired t-test over n seeds rejects at alpha in 80% of simulated studies."""
     rng = np.random.default_rng(0)

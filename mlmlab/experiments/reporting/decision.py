@@ -45,6 +45,16 @@ def holm_call(call: str, adjusted_p: float) -> str:
     return call if call not in (WIN, LOSE) or adjusted_p < 0.05 else INCONCLUSIVE
 
 
+def holm_family_open(held: str, p: float, tested: int, family: int, members: str) -> str:
+    """What a Holm win or loss says while the family's untested members may still undo it ("" where they cannot).
+
+    Adjusted p-values only grow as members join, so an inconclusive Holm call stays one; a win or a loss is final
+    once every member is tested, or where even the whole family's largest factor (family x p) keeps it below 0.05.
+    """
+    still_open = held in (WIN, LOSE) and tested < family and family * p >= 0.05
+    return f" (provisional: Holm over {tested} of {family} {members})" if still_open else ""
+
+
 def prior_shift(
     primary: Comparison | None, rarest: Comparison | None, lower_is_better: bool, recalibrated_call: str | None = None
 ) -> bool:

@@ -30,7 +30,7 @@ from mlmlab.experiments.reporting.curves import (
     row_sequences_per_step,
     steps_to_target,
 )
-from mlmlab.experiments.reporting.decision import LOSE, WIN, decide, holm_call, prior_shift, rule_text
+from mlmlab.experiments.reporting.decision import LOSE, WIN, decide, holm_call, holm_family_open, prior_shift, rule_text
 from mlmlab.experiments.reporting.measures import (
     Metric,
     by_seed,
@@ -347,12 +347,15 @@ def contrasts_section(rule: dict, groups, seeds: set[int], caveat: list[str]) ->
     found = {pair: compare(groups.get(pair[0], []), groups.get(pair[1], []), primary) for pair in pairs}
     adjusted = dict(zip(pairs, holm([c.p if c is not None else math.nan for c in found.values()])))
     strictest = 0.05 / len(pairs)  # Holm's first step: what the smallest p-value must pass
+    tested = sum(not math.isnan(p) for p in adjusted.values())
     body = []
     for (arm, reference), comparison in found.items():
         call, why = decide({**rule, "guard": {}}, comparison, {})
         held = holm_call(call, adjusted[(arm, reference)])
         n = comparison.n if comparison else 0
         provisional = f" (provisional: {n} of {len(seeds)} seeds)" if n < len(seeds) else ""
+        p = comparison.p if comparison else math.nan
+        holm_provisional = provisional or holm_family_open(held, p, tested, len(pairs), "contrasts")
         sd = comparison.sd if comparison else math.nan
         body.append(
             [
@@ -362,10 +365,10 @@ def contrasts_section(rule: dict, groups, seeds: set[int], caveat: list[str]) ->
                 format_number(sd),
                 format_number(detectable_effect(sd, n)),
                 format_number(detectable_effect(sd, n, strictest)),
-                format_p(comparison.p if comparison else math.nan),
+                format_p(p),
                 format_p(adjusted[(arm, reference)]),
                 f"{contrast_call(call, arm)}{provisional}",
-                f"**{contrast_call(held, arm)}{provisional}**",
+                f"**{contrast_call(held, arm)}{holm_provisional}**",
                 why,
             ]
         )
@@ -442,12 +445,7 @@ def arms_against_baseline(
         # Until every seed is in, both calls are provisional.
         provisional = f" (provisional: {main.n} of {seeds} seeds)" if main and main.n < seeds else ""
         held = holm_call(call, adjusted[arm])
-        # Holm's adjusted p-values only grow as arms join the family, so an inconclusive Holm call stays one; a
-        # win or a loss is final once every arm is tested, or where even the whole family's largest factor
-        # (family x p) keeps it below 0.05.
-        open_family = held in (WIN, LOSE) and tested < family and family * main.p >= 0.05
-        holm_open = f" (provisional: Holm over {tested} of {family} arms)" if open_family else ""
-        holm_provisional = provisional or holm_open
+        holm_provisional = provisional or holm_family_open(held, main.p if main else math.nan, tested, family, "arms")
         body.append(
             [
                 arm,
