@@ -26,7 +26,6 @@ Idle machine only.
 """
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -35,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from mlmlab.train.metrics import metrics_records
 from mlmlab.utils.allocator import MALLOC_TUNING
 from mlmlab.utils.devices import describe_cpu
 
@@ -109,7 +109,7 @@ def run_arm(name: str, settings: dict, args, out_dir: Path) -> dict:
 
 
 def measure(samples: list, faults: int, args, out_dir: Path) -> dict:
-    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_records(out_dir)
     speeds = [row["tokens_per_s"] for row in rows if "tokens_per_s" in row and row["step"] > args.warmup]
     if not speeds or not samples:
         sys.exit(f"no step past the warm-up was logged: raise --steps above --warmup {args.warmup}")
@@ -127,19 +127,19 @@ def summarise(results: list[dict]) -> dict:
 
 
 def print_table(arms: dict, results: dict) -> None:
-    base = summarise(results["command"])
+    medians = {name: summarise(runs) for name, runs in results.items()}
+    base = medians["command"]
     print("| arm | settings | tokens/s (rounds) | peak GB (rounds) | GB at half the run | minor faults a step |")
     print("|---|---|---|---|---|---|")
     for name, settings in arms.items():
-        runs = results[name]
+        runs, middle = results[name], medians[name]
         described = " ".join(f"{key}={value}" for key, value in settings.items()) or "none"
         speeds = " / ".join(f"{run['tokens_per_s']:,.0f}" for run in runs)
         peaks = " / ".join(f"{run['peak_gb']:.2f}" for run in runs)
-        middle = summarise(runs)
         half, faults = f"{middle['half_gb']:.2f}", f"{middle['faults_per_step']:,.0f}"
         print(f"| {name} | {described} | {speeds} | {peaks} | {half} | {faults} |")
     for name in [name for name in arms if name != "command"]:
-        middle = summarise(results[name])
+        middle = medians[name]
         print(
             f"{name} vs command: {middle['tokens_per_s'] / base['tokens_per_s']:.2f}x tokens/s, "
             f"{middle['peak_gb'] / base['peak_gb']:.2f}x peak resident memory (medians over rounds)"
