@@ -14,6 +14,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The suite checks the CPU path, to the bit where it promises bits, on any machine: on a GPU host
 # mlmlab would otherwise pick CUDA, where float atomics vary. tests/gpu_check.py checks the GPU path.
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
+# In a pytest-xdist worker (pyproject's addopts: -n 2), torch and every run the worker starts train on one thread: two
+# workers then use a core each, where two thread pools on two cores would spin at each barrier for a thread the other
+# worker holds (launch.time_bf16_speedup's note). Set before torch is first imported here.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 # The project's data folder beside the repository (docs/data.md says where each of its folders comes from). A clone
@@ -281,20 +286,33 @@ def _final_weights(run_dir: Path) -> dict:
 def assert_killed_run_resumes_bitwise(tmp_path: Path, command, steps: int = 10) -> None:
     """command(out_dir, steps) (a pretrain_command) trained straight, and again SIGKILLed after a random checkpoint
     then resumed, ends in the same weights bit for bit."""
-    import numpy as np
     import torch
 
-    subprocess.run(command(tmp_path / "straight", steps), check=True, capture_output=True)
-    killed_dir = tmp_path / "killed"
+    # The straight run trains beside the other (their folders apart; prepared data is published by a rename either
+    # may win): most of a tiny run is its interpreter's imports, one core's work, so the pair takes little longer
+    # than one run. Its output goes to a file: a pipe nobody reads would stall it once full.
+    with open(tmp_path / "straight.log", "w") as log:
+        straight_run = subprocess.Popen(command(tmp_path / "straight", steps), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _kill_and_resume(command, tmp_path / "killed", steps)
+        assert straight_run.wait() == 0, (tmp_path / "straight.log").read_text()[-2000:]
+    finally:
+        straight_run.kill()
+    straight, again = _final_weights(tmp_path / "straight"), _final_weights(tmp_path / "killed")
+    assert straight.keys() == again.keys() and all(torch.equal(straight[name], again[name]) for name in straight)
+
+
+def _kill_and_resume(command, run_dir: Path, steps: int) -> None:
+    """command(run_dir, steps) SIGKILLed after a random checkpoint, then run again to its end: it must resume."""
+    import numpy as np
+
     kill_at = int(np.random.default_rng().integers(2, steps - 2) // 2 * 2) or 2
-    proc = subprocess.Popen(command(killed_dir, steps), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while _newest_step(killed_dir) < kill_at and proc.poll() is None:
+    proc = subprocess.Popen(command(run_dir, steps), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while _newest_step(run_dir) < kill_at and proc.poll() is None:
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert not (killed_dir / "model").exists(), "the run finished before it was killed"
-    resumed = subprocess.run(command(killed_dir, steps), capture_output=True, text=True)
+    assert not (run_dir / "model").exists(), "the run finished before it was killed"
+    resumed = subprocess.run(command(run_dir, steps), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming from" in resumed.stdout + resumed.stderr
-    straight, again = _final_weights(tmp_path / "straight"), _final_weights(killed_dir)
-    assert straight.keys() == again.keys() and all(torch.equal(straight[name], again[name]) for name in straight)

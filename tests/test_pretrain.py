@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_DATA, pretrain_command
+from conftest import SHARED_DATA, TINY_MODEL, pretrain_command
 
 from mlmlab.cli import main
 from mlmlab.config import load_config
@@ -139,8 +139,9 @@ def test_a_held_out_set_smaller_than_a_batch_is_evaluated_whole(trained):
 
 
 def _command(out_dir, steps):
-    """The tiny preset on the bundled sample, as a command (other test files start it too)."""
+    """The tiny preset at the suite's tiny model on the bundled sample, as a command (other test files start it too)."""
     return pretrain_command(
+        *TINY_MODEL,
         f"train.out_dir={out_dir}",
         f"train.max_steps={steps}",
         "train.save_every=2",
